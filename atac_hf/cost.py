@@ -1,0 +1,434 @@
+"""The cost model: token counts -> seconds, for one transformer layer, forward + backward.
+
+Every planner (packing, sharding) and the simulator cost work through
+:meth:`CostModel.segment_cost`; nothing else hard-codes a cost formula.
+
+A *segment* is a run of query rows ``[start, end)`` of one document, attending
+causally to that document's keys ``[0, end)`` (bottom-right aligned). A whole
+document of length ``L`` is the segment ``[0, L)``; a chunk of a document
+sharded over a context-parallel group is ``[start, end)`` with ``start > 0``.
+
+Attention work is counted in causal (query, key) pairs actually computed by a
+tiled kernel: query rows are cut into tiles of ``tile`` rows starting at
+``start``, keys into tiles starting at 0, and every key tile that holds at least
+one visible key for a query tile counts as ``tile * tile`` pairs. With
+``tile=1`` this is the exact number of causal pairs.
+
+Numpy only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+__all__ = [
+    "CostModel",
+    "HardwarePreset",
+    "ModelDims",
+    "HARDWARE_PRESETS",
+    "MODEL_PRESETS",
+    "default_cost_model",
+]
+
+PROFILE_FORMAT = "atac-hf/cost-profile/v1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class HardwarePreset:
+    """Peak figures of one accelerator, from its public spec sheet.
+
+    Attributes:
+        name: preset key.
+        bf16_flops: dense bf16 tensor-core peak, FLOP/s.
+        intra_node_bw: per-GPU one-direction link bandwidth inside a node, bytes/s.
+        inter_node_bw: per-GPU network bandwidth between nodes, bytes/s.
+        link_latency_s: latency of one collective step.
+        source: where the figures come from.
+    """
+
+    name: str
+    bf16_flops: float
+    intra_node_bw: float
+    inter_node_bw: float
+    link_latency_s: float
+    source: str
+
+
+HARDWARE_PRESETS: dict[str, HardwarePreset] = {
+    # NVIDIA A800 SXM4 80GB (the A100 80GB datasheet figures; A800 caps NVLink at
+    # 400 GB/s bidirectional): 312 TFLOPS dense BF16, NVLink 400 GB/s -> 200 GB/s
+    # one direction; 4x200 Gb/s HDR InfiniBand per 8 GPUs -> 12.5 GB/s per GPU.
+    "A800": HardwarePreset(
+        name="A800",
+        bf16_flops=312e12,
+        intra_node_bw=200e9,
+        inter_node_bw=12.5e9,
+        link_latency_s=10e-6,
+        source="NVIDIA A100 Tensor Core GPU datasheet (A800: NVLink 400 GB/s)",
+    ),
+    # NVIDIA H100 SXM5: 989 TFLOPS dense BF16 (1979 with sparsity), NVLink 900 GB/s
+    # bidirectional -> 450 GB/s one direction; 400 Gb/s NDR per GPU -> 50 GB/s.
+    "H100": HardwarePreset(
+        name="H100",
+        bf16_flops=989e12,
+        intra_node_bw=450e9,
+        inter_node_bw=50e9,
+        link_latency_s=8e-6,
+        source="NVIDIA H100 Tensor Core GPU datasheet (SXM5)",
+    ),
+    # NVIDIA H200 SXM: same compute as H100 SXM (989 TFLOPS dense BF16), 141 GB
+    # HBM3e, NVLink 900 GB/s bidirectional; 400 Gb/s NDR per GPU.
+    "H200": HardwarePreset(
+        name="H200",
+        bf16_flops=989e12,
+        intra_node_bw=450e9,
+        inter_node_bw=50e9,
+        link_latency_s=8e-6,
+        source="NVIDIA H200 Tensor Core GPU datasheet (SXM)",
+    ),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelDims:
+    """The dimensions of a decoder-only transformer that the cost depends on.
+
+    Attributes:
+        hidden_size: model width.
+        num_layers: decoder layers.
+        num_heads: query heads.
+        num_kv_heads: key/value heads (GQA when smaller than ``num_heads``).
+        head_dim: per-head width.
+        intermediate_size: MLP width (gated MLP: three matrices).
+        vocab_size: vocabulary (for the LM head in the simulator).
+        sliding_window: attention window in tokens, or None for full attention.
+    """
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int = 32000
+    sliding_window: int | None = None
+
+    def __post_init__(self) -> None:
+        for f in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, np.integer)) or v <= 0:
+                raise ValueError(f"ModelDims.{f} must be a positive int, got {v!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"ModelDims.num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+
+    @classmethod
+    def from_hf_config(cls, config: Any) -> "ModelDims":
+        """Read dimensions from a transformers ``PretrainedConfig`` (or a dict of its fields)."""
+        get = config.get if isinstance(config, Mapping) else lambda k, d=None: getattr(config, k, d)
+        hidden = get("hidden_size")
+        heads = get("num_attention_heads")
+        if hidden is None or heads is None:
+            raise ValueError(
+                "cannot read model dimensions: the config has no hidden_size/num_attention_heads "
+                "(pass ModelDims(...) explicitly)"
+            )
+        head_dim = get("head_dim") or hidden // heads
+        window = get("sliding_window") if get("use_sliding_window", True) else None
+        return cls(
+            hidden_size=int(hidden),
+            num_layers=int(get("num_hidden_layers")),
+            num_heads=int(heads),
+            num_kv_heads=int(get("num_key_value_heads") or heads),
+            head_dim=int(head_dim),
+            intermediate_size=int(get("intermediate_size") or 4 * hidden),
+            vocab_size=int(get("vocab_size") or 32000),
+            sliding_window=int(window) if window else None,
+        )
+
+    @property
+    def params_per_layer(self) -> int:
+        """Weights of one decoder layer (attention projections + gated MLP)."""
+        attn = self.hidden_size * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
+        mlp = 3 * self.hidden_size * self.intermediate_size
+        return attn + mlp
+
+
+# Public model shapes (Llama-2/3 style configs) used by presets and the simulator.
+MODEL_PRESETS: dict[str, ModelDims] = {
+    "tiny": ModelDims(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, head_dim=32,
+                      intermediate_size=688, vocab_size=512),
+    "1b": ModelDims(hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8, head_dim=64,
+                    intermediate_size=8192, vocab_size=128256),
+    "7b": ModelDims(hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=32, head_dim=128,
+                    intermediate_size=11008, vocab_size=32000),
+    "8b": ModelDims(hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128,
+                    intermediate_size=14336, vocab_size=128256),
+    "13b": ModelDims(hidden_size=5120, num_layers=40, num_heads=40, num_kv_heads=40, head_dim=128,
+                     intermediate_size=13824, vocab_size=32000),
+    "70b": ModelDims(hidden_size=8192, num_layers=80, num_heads=64, num_kv_heads=8, head_dim=128,
+                     intermediate_size=28672, vocab_size=128256),
+}
+
+# Forward + backward FLOPs relative to forward: 3x for matmuls (dX and dW);
+# flash-attention backward recomputes P and does 4 matmuls against 2 forward: 3.5x.
+_LINEAR_FWD_BWD = 3.0
+_ATTN_FWD_BWD = 3.5
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostModel:
+    """Seconds for one transformer layer, forward + backward, on one device.
+
+    Attributes:
+        linear_s_per_token: projections, MLP, norms: seconds per token.
+        attn_s_per_pair: seconds per computed causal (query, key) pair.
+        segment_overhead_s: fixed seconds per attention segment (kernel launch,
+            small-chunk overhead).
+        tile: kernel tile edge in tokens (128 on GPU; 1 for exact pair counts).
+        kv_bytes_per_token: bytes of K and V of one token in one layer
+            (``2 * num_kv_heads * head_dim * dtype_bytes``).
+        link_bandwidth: bytes/s one rank receives over the CP link.
+        link_latency_s: latency of one collective step.
+        sliding_window: attention window in tokens (keys ``(i - w, i]``), or None.
+        name: a label for reports.
+    """
+
+    linear_s_per_token: float
+    attn_s_per_pair: float
+    segment_overhead_s: float = 0.0
+    tile: int = 128
+    kv_bytes_per_token: float = 0.0
+    link_bandwidth: float = 100e9
+    link_latency_s: float = 10e-6
+    sliding_window: int | None = None
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        for f in ("linear_s_per_token", "attn_s_per_pair", "segment_overhead_s", "kv_bytes_per_token",
+                  "link_latency_s"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"CostModel.{f} must be a finite number >= 0, got {v!r}")
+        if not isinstance(self.link_bandwidth, (int, float)) or not self.link_bandwidth > 0:
+            raise ValueError(f"CostModel.link_bandwidth must be > 0 bytes/s, got {self.link_bandwidth!r}")
+        if not isinstance(self.tile, (int, np.integer)) or self.tile < 1:
+            raise ValueError(f"CostModel.tile must be an int >= 1 (128 on GPU, 1 for exact), got {self.tile!r}")
+        if self.sliding_window is not None and (not isinstance(self.sliding_window, (int, np.integer))
+                                                or self.sliding_window < 1):
+            raise ValueError(f"CostModel.sliding_window must be None or an int >= 1, got {self.sliding_window!r}")
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_model(
+        cls,
+        model: ModelDims | str | Any,
+        hardware: str | HardwarePreset = "H100",
+        *,
+        efficiency: float = 0.5,
+        attn_efficiency: float | None = None,
+        dtype_bytes: int = 2,
+        tp_size: int = 1,
+        inter_node: bool = False,
+        segment_overhead_s: float = 15e-6,
+        tile: int = 128,
+    ) -> "CostModel":
+        """Build a cost model from model dimensions and a hardware preset.
+
+        Args:
+            model: a :class:`ModelDims`, a key of :data:`MODEL_PRESETS`, or an HF config.
+            hardware: a key of :data:`HARDWARE_PRESETS` or a :class:`HardwarePreset`.
+            efficiency: achieved share of peak FLOP/s for the linear part.
+            attn_efficiency: achieved share of peak for attention (default: ``efficiency``).
+            dtype_bytes: bytes per K/V element on the wire.
+            tp_size: tensor-parallel degree (divides heads and weights).
+            inter_node: use the inter-node bandwidth for the CP link.
+            segment_overhead_s: fixed cost per attention segment, fwd+bwd.
+            tile: kernel tile edge.
+
+        Raises:
+            ValueError: unknown preset names, efficiencies outside (0, 1].
+        """
+        dims = _resolve_model(model)
+        hw = _resolve_hardware(hardware)
+        attn_eff = efficiency if attn_efficiency is None else attn_efficiency
+        for name, v in (("efficiency", efficiency), ("attn_efficiency", attn_eff)):
+            if not 0 < v <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {v!r}")
+        if tp_size < 1 or dims.num_heads % tp_size:
+            raise ValueError(f"tp_size={tp_size} must be >= 1 and divide num_heads={dims.num_heads}")
+        linear_flops = 2.0 * _LINEAR_FWD_BWD * dims.params_per_layer / tp_size
+        # QK^T and PV: 2 matmuls x 2 FLOPs per multiply-add x head_dim, per head.
+        attn_flops = 4.0 * _ATTN_FWD_BWD * dims.num_heads * dims.head_dim / tp_size
+        kv_heads = max(1, dims.num_kv_heads // tp_size)
+        return cls(
+            linear_s_per_token=linear_flops / (hw.bf16_flops * efficiency),
+            attn_s_per_pair=attn_flops / (hw.bf16_flops * attn_eff),
+            segment_overhead_s=segment_overhead_s,
+            tile=tile,
+            kv_bytes_per_token=2.0 * kv_heads * dims.head_dim * dtype_bytes,
+            link_bandwidth=hw.inter_node_bw if inter_node else hw.intra_node_bw,
+            link_latency_s=hw.link_latency_s,
+            sliding_window=dims.sliding_window,
+            name=f"{_model_label(model)}@{hw.name}",
+        )
+
+    @classmethod
+    def from_profile(cls, path: str | os.PathLike) -> "CostModel":
+        """Load a calibration profile written by :meth:`save` (JSON; never executes code)."""
+        path = os.fspath(path)
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            raise ValueError(f"cost profile {path!r} does not exist (check the profile path setting)") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"cost profile {path!r} is not valid JSON: {e}") from None
+        return cls.from_dict(data, source=path)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "<dict>") -> "CostModel":
+        if not isinstance(data, Mapping):
+            raise ValueError(f"cost profile {source} must be a JSON object, got {type(data).__name__}")
+        if data.get("format") != PROFILE_FORMAT:
+            raise ValueError(
+                f"cost profile {source} has format {data.get('format')!r}; expected {PROFILE_FORMAT!r} "
+                "(write profiles with CostModel.save or `atac-hf calibrate`)"
+            )
+        fields = {f.name for f in dataclasses.fields(cls)}
+        params = data.get("cost_model")
+        if not isinstance(params, Mapping):
+            raise ValueError(f"cost profile {source} has no 'cost_model' object")
+        unknown = sorted(set(params) - fields)
+        if unknown:
+            raise ValueError(f"cost profile {source} has unknown fields {unknown}; legal fields: {sorted(fields)}")
+        return cls(**params)
+
+    def to_dict(self, **metadata: Any) -> dict[str, Any]:
+        return {"format": PROFILE_FORMAT, "cost_model": dataclasses.asdict(self), "metadata": metadata}
+
+    def save(self, path: str | os.PathLike, **metadata: Any) -> None:
+        """Write this model as a JSON profile; ``metadata`` (device, model, fit error) is kept beside it."""
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(**metadata), f, indent=2, sort_keys=True)
+            f.write("\n")
+
+    def replace(self, **changes: Any) -> "CostModel":
+        return dataclasses.replace(self, **changes)
+
+    # ------------------------------------------------------------------ costing
+    def attention_pairs(self, start: Any, end: Any) -> np.ndarray:
+        """Tile-quantised causal pairs for query rows ``[start, end)`` against keys ``[0, end)``.
+
+        Vectorised over ``start``/``end`` (broadcastable int arrays). Empty segments give 0.
+        """
+        s = np.asarray(start, dtype=np.int64)
+        e = np.asarray(end, dtype=np.int64)
+        n = np.maximum(e - s, 0)
+        t = self.tile
+        if t == 1:
+            pairs = n * s + n * (n + 1) // 2
+        else:
+            nq = -(-n // t)  # query tiles
+            c = -(-s // t)
+            # query tile k < nq-1 sees keys [0, s + (k+1) t): ceil(s/t) + k + 1 key tiles;
+            # the last query tile sees ceil(e/t) key tiles.
+            m = np.maximum(nq - 1, 0)
+            tiles = m * (c + 1) + m * (m - 1) // 2 + np.where(n > 0, -(-e // t), 0)
+            pairs = tiles * (t * t)
+        pairs = pairs.astype(np.float64)
+        if self.sliding_window is not None:
+            # query i sees keys (i - w, i]; a tiled kernel rounds each row's band up by < one tile.
+            w = int(self.sliding_window)
+
+            def prefix(x: np.ndarray) -> np.ndarray:  # sum_{i<x} min(i + 1, w)
+                a = np.minimum(x, w)
+                return a * (a + 1) // 2 + np.maximum(x - w, 0) * w
+
+            band = (prefix(e) - prefix(s)).astype(np.float64) + (n * (t - 1) if t > 1 else 0)
+            pairs = np.minimum(pairs, band)
+        return pairs
+
+    def attention_cost(self, start: Any, end: Any) -> np.ndarray:
+        """Seconds of attention (work + per-segment overhead) of segments ``[start, end)``."""
+        s = np.asarray(start, dtype=np.int64)
+        e = np.asarray(end, dtype=np.int64)
+        nonempty = (e > s).astype(np.float64)
+        return self.attention_pairs(s, e) * self.attn_s_per_pair + nonempty * self.segment_overhead_s
+
+    def segment_cost(self, start: Any, end: Any) -> np.ndarray:
+        """Seconds (fwd+bwd, one layer) of segments: linear + attention + overhead.
+
+        The one costing function: a document of length L is ``segment_cost(0, L)``,
+        a chunk of a sharded document is ``segment_cost(start, end)``, and a pack is
+        the sum over its documents (:meth:`pack_cost`).
+        """
+        s = np.asarray(start, dtype=np.int64)
+        e = np.asarray(end, dtype=np.int64)
+        return np.maximum(e - s, 0) * self.linear_s_per_token + self.attention_cost(s, e)
+
+    def doc_cost(self, lengths: Any) -> np.ndarray:
+        """Seconds of whole documents of the given lengths."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        return self.segment_cost(np.zeros_like(lengths), lengths)
+
+    def pack_cost(self, lengths: Any) -> float:
+        """Seconds of one pack holding whole documents of the given lengths."""
+        return float(self.doc_cost(lengths).sum())
+
+    def comm_cost(self, kv_tokens: Any, cp_size: int) -> np.ndarray:
+        """Seconds of the K/V all-gather (forward) plus reduce-scatter of its gradient (backward).
+
+        ``kv_tokens`` is the total number of tokens, over the whole CP group, whose K/V
+        travel; with a ring, each rank receives ``(C - 1) / C`` of them.
+        """
+        kv = np.asarray(kv_tokens, dtype=np.float64)
+        if cp_size <= 1:
+            return np.zeros_like(kv)
+        bytes_in = kv * self.kv_bytes_per_token * (cp_size - 1) / cp_size
+        one_way = np.where(kv > 0, self.link_latency_s * (cp_size - 1) + bytes_in / self.link_bandwidth, 0.0)
+        return 2.0 * one_way
+
+
+def default_cost_model() -> CostModel:
+    """The model planners use when none is given: a Llama-3-8B-like layer on an H100."""
+    return CostModel.from_model("8b", "H100")
+
+
+def _resolve_model(model: Any) -> ModelDims:
+    if isinstance(model, ModelDims):
+        return model
+    if isinstance(model, str):
+        try:
+            return MODEL_PRESETS[model.lower()]
+        except KeyError:
+            raise ValueError(f"unknown model preset {model!r}; legal values: {sorted(MODEL_PRESETS)}") from None
+    return ModelDims.from_hf_config(model)
+
+
+def _model_label(model: Any) -> str:
+    if isinstance(model, str):
+        return model
+    if isinstance(model, ModelDims):
+        return f"h{model.hidden_size}x{model.num_layers}"
+    return str(getattr(model, "model_type", "model"))
+
+
+def _resolve_hardware(hardware: str | HardwarePreset) -> HardwarePreset:
+    if isinstance(hardware, HardwarePreset):
+        return hardware
+    try:
+        return HARDWARE_PRESETS[hardware.upper()]
+    except (KeyError, AttributeError):
+        raise ValueError(
+            f"unknown hardware preset {hardware!r}; legal values: {sorted(HARDWARE_PRESETS)} "
+            "(or calibrate with `atac-hf calibrate` and pass the profile)"
+        ) from None

@@ -1,0 +1,384 @@
+"""Sharding planners: ATP-CP and the baselines, behind :func:`plan_shards`.
+
+Every planner is a pure, deterministic function of (document lengths, cp_size,
+cost model, options): no torch, no communication. No strategy needs document
+lengths divisible by anything and none pads: head-tail splits spread the
+remainder instead.
+
+Strategies:
+    atp          anchor-tail: the j most expensive documents are split head-tail
+                 over all ranks, the rest stay whole; j is chosen by estimated
+                 block time (compute + exposed K/V exchange).
+    contiguous   Llama-3 style all-gather CP: the row cut into C contiguous runs.
+    zigzag       head-tail over the whole row (torch / Accelerate default).
+    per_doc      head-tail inside every document (Megatron THD, WLB-LLM per-doc).
+    wlb_adaptive per pack, the faster of zigzag and per_doc by estimated latency.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from ..cost import CostModel, default_cost_model
+from .plan import ShardPlan
+
+__all__ = ["plan_shards", "STRATEGIES", "head_tail_bounds"]
+
+
+def plan_shards(
+    doc_lengths: Any,
+    cp_size: int,
+    strategy: str = "atp",
+    cost_model: CostModel | None = None,
+    *,
+    max_tokens_per_rank: int | None = None,
+    min_chunk: int = 1,
+    max_anchors: int | None = None,
+) -> ShardPlan:
+    """Plan how the documents of one pack are spread over a CP group.
+
+    Args:
+        doc_lengths: lengths of the pack's documents in row order (ints >= 1).
+        cp_size: ranks in the CP group (>= 1).
+        strategy: one of :data:`STRATEGIES`.
+        cost_model: costs segments; :func:`~atac_hf.cost.default_cost_model` if None.
+        max_tokens_per_rank: memory cap on tokens per rank, or None for no cap.
+        min_chunk: ``atp`` only: a document is an anchor candidate only when each of
+            its ``2 * cp_size`` chunks gets at least this many tokens (128 on GPU).
+        max_anchors: ``atp`` only: largest number of anchors tried (default: all).
+
+    Returns:
+        The :class:`ShardPlan`.
+
+    Raises:
+        ValueError: empty pack, a length < 1 or not an int, cp_size < 1, an unknown
+            strategy, or a cap no placement can respect.
+    """
+    lengths = _check_lengths(doc_lengths)
+    if isinstance(cp_size, bool) or not isinstance(cp_size, (int, np.integer)) or cp_size < 1:
+        raise ValueError(f"cp_size must be an int >= 1, got {cp_size!r} (set cp_size in the ATAC config)")
+    try:
+        fn = STRATEGIES[strategy]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unknown sharding strategy {strategy!r}; legal values: {sorted(STRATEGIES)} (set sharding_strategy)"
+        ) from None
+    if max_tokens_per_rank is not None and max_tokens_per_rank < 1:
+        raise ValueError(f"max_tokens_per_rank must be >= 1 or None, got {max_tokens_per_rank!r}")
+    if min_chunk < 1:
+        raise ValueError(f"min_chunk must be >= 1, got {min_chunk!r}")
+    cm = cost_model if cost_model is not None else default_cost_model()
+    plan = fn(lengths, int(cp_size), cm, max_tokens_per_rank=max_tokens_per_rank,
+              min_chunk=int(min_chunk), max_anchors=max_anchors)
+    if max_tokens_per_rank is not None:
+        worst = int(plan.rank_num_tokens().max())
+        if worst > max_tokens_per_rank:
+            raise ValueError(
+                f"strategy {strategy!r} puts {worst} tokens on one rank, over max_tokens_per_rank="
+                f"{max_tokens_per_rank} ({int(lengths.sum())} tokens over cp_size={cp_size}); raise the cap, "
+                "raise cp_size or pack fewer tokens"
+            )
+    return plan
+
+
+# ---------------------------------------------------------------------------- helpers
+def _check_lengths(doc_lengths: Any) -> np.ndarray:
+    arr = np.asarray(doc_lengths)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"doc_lengths must be a non-empty 1-D sequence of ints, got shape {arr.shape}")
+    if not np.issubdtype(arr.dtype, np.integer):
+        if np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+            arr = arr.astype(np.int64)
+        else:
+            raise ValueError(f"doc_lengths must be integers, got dtype {arr.dtype}")
+    if arr.min() < 1:
+        bad = int(np.argmin(arr))
+        raise ValueError(
+            f"document {bad} has length {int(arr[bad])}; every document must have >= 1 token "
+            "(drop empty documents before packing)"
+        )
+    return arr.astype(np.int64)
+
+
+def head_tail_bounds(lengths: np.ndarray, cp_size: int) -> np.ndarray:
+    """(D, 2C + 1) chunk boundaries of head-tail splits; rank r holds chunks r and 2C-1-r.
+
+    The remainder ``L mod 2C`` is spread over ranks (rank r gets ``rem // C`` or one
+    more extra tokens, half in its head chunk, half in its tail chunk), never padded.
+    """
+    C = cp_size
+    L = np.asarray(lengths, dtype=np.int64)[:, None]
+    base, rem = L // (2 * C), L % (2 * C)
+    r = np.arange(C, dtype=np.int64)[None, :]
+    extra = rem // C + (r < rem % C)
+    sizes = np.empty((len(L), 2 * C), dtype=np.int64)
+    sizes[:, :C] = base + (extra + 1) // 2
+    sizes[:, C:] = (base + extra // 2)[:, ::-1]
+    bounds = np.zeros((len(L), 2 * C + 1), dtype=np.int64)
+    np.cumsum(sizes, axis=1, out=bounds[:, 1:])
+    return bounds
+
+
+def _head_tail_segments(docs: np.ndarray, bounds: np.ndarray, C: int) -> list[np.ndarray]:
+    """Per rank (n, 3) segments of head-tail splits of ``docs`` (bounds from head_tail_bounds)."""
+    out = []
+    for r in range(C):
+        head = np.stack([docs, bounds[:, r], bounds[:, r + 1]], axis=1)
+        tail = np.stack([docs, bounds[:, 2 * C - 1 - r], bounds[:, 2 * C - r]], axis=1)
+        seg = np.stack([head, tail], axis=1).reshape(-1, 3)
+        out.append(seg[seg[:, 2] > seg[:, 1]])
+    return out
+
+
+def _row_ranges_to_segments(offsets: np.ndarray, ranges: list[tuple[int, int]]) -> np.ndarray:
+    """(n, 3) document segments covering row ranges ``[lo, hi)`` (given in ascending order)."""
+    parts = []
+    for lo, hi in ranges:
+        if hi <= lo:
+            continue
+        d0 = int(np.searchsorted(offsets, lo, side="right")) - 1
+        d1 = int(np.searchsorted(offsets, hi, side="left")) - 1
+        docs = np.arange(d0, d1 + 1, dtype=np.int64)
+        starts = np.maximum(offsets[docs], lo) - offsets[docs]
+        ends = np.minimum(offsets[docs + 1], hi) - offsets[docs]
+        parts.append(np.stack([docs, starts, ends], axis=1))
+    return np.concatenate(parts) if parts else np.zeros((0, 3), dtype=np.int64)
+
+
+def _finish(lengths, C, strategy, segments, gathered_docs, cm: CostModel) -> ShardPlan:
+    """Cost the segments and build the plan (block time = max over ranks of
+    gathered-doc compute + max(local-doc attention, K/V exchange) + local linear)."""
+    gathered = np.zeros(len(lengths), dtype=bool)
+    gathered[gathered_docs] = True
+    gdocs = np.flatnonzero(gathered).astype(np.int64)
+    comm = float(cm.comm_cost(int(lengths[gdocs].sum()), C)) if C > 1 else 0.0
+    compute = np.zeros(C)
+    block = 0.0
+    for r, seg in enumerate(segments):
+        if len(seg) == 0:
+            block = max(block, comm if len(gdocs) else 0.0)
+            continue
+        cost = cm.segment_cost(seg[:, 1], seg[:, 2])
+        compute[r] = float(cost.sum())
+        local = ~gathered[seg[:, 0]]
+        local_attn = float(cm.attention_cost(seg[local, 1], seg[local, 2]).sum())
+        # while the gather runs, this rank computes attention of its local documents
+        block = max(block, compute[r] - local_attn + max(local_attn, comm))
+    return ShardPlan(
+        doc_lengths=lengths,
+        cp_size=C,
+        strategy=strategy,
+        segments=tuple(np.ascontiguousarray(s, dtype=np.int64) for s in segments),
+        gathered_docs=gdocs,
+        rank_compute_s=compute,
+        comm_s=comm,
+        block_time_s=block,
+    )
+
+
+def _sort_segments(seg: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    if len(seg) == 0:
+        return seg.reshape(0, 3)
+    order = np.argsort(offsets[seg[:, 0]] + seg[:, 1], kind="stable")
+    return seg[order]
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
+
+
+# ---------------------------------------------------------------------------- baselines
+def _contiguous(lengths, C, cm, **_) -> ShardPlan:
+    offsets = _offsets(lengths)
+    n = int(offsets[-1])
+    cuts = [n * r // C for r in range(C + 1)]
+    segments = [_row_ranges_to_segments(offsets, [(cuts[r], cuts[r + 1])]) for r in range(C)]
+    # Llama-3 style CP all-gathers the K/V of the whole row every layer.
+    return _finish(lengths, C, "contiguous", segments, np.arange(len(lengths)), cm)
+
+
+def _zigzag(lengths, C, cm, **_) -> ShardPlan:
+    offsets = _offsets(lengths)
+    b = head_tail_bounds(np.array([offsets[-1]]), C)[0]
+    segments = [_row_ranges_to_segments(offsets, [(b[r], b[r + 1]), (b[2 * C - 1 - r], b[2 * C - r])])
+                for r in range(C)]
+    # ring / all-gather attention over the whole row moves every document's K/V.
+    return _finish(lengths, C, "zigzag", segments, np.arange(len(lengths)), cm)
+
+
+def _per_doc(lengths, C, cm, **_) -> ShardPlan:
+    docs = np.arange(len(lengths), dtype=np.int64)
+    segments = _head_tail_segments(docs, head_tail_bounds(lengths, C), C)
+    # Megatron THD / WLB per-document CP passes every document's K/V around the ring.
+    return _finish(lengths, C, "per_doc", segments, docs, cm)
+
+
+def _wlb_adaptive(lengths, C, cm, **_) -> ShardPlan:
+    a, b = _zigzag(lengths, C, cm), _per_doc(lengths, C, cm)
+    best = a if a.block_time_s <= b.block_time_s else b
+    return ShardPlan(
+        doc_lengths=best.doc_lengths, cp_size=C, strategy="wlb_adaptive", segments=best.segments,
+        gathered_docs=best.gathered_docs, rank_compute_s=best.rank_compute_s, comm_s=best.comm_s,
+        block_time_s=best.block_time_s,
+    )
+
+
+# ---------------------------------------------------------------------------- ATP
+def _atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1, max_anchors=None, **_) -> ShardPlan:
+    """Anchor-tail placement.
+
+    For a candidate anchor count j (the j most expensive documents): the other
+    documents (tails) are placed whole, longest first, on the least-loaded rank
+    under the token cap; then every anchor is split head-tail over the ranks with
+    per-rank shares that bring all ranks to one level (water filling). A rank's
+    head and tail chunks of an anchor are mirror images of equal size, so its
+    share of the anchor's attention work equals its share of the tokens, wherever
+    the chunks sit. The smallest j whose ranks come out level wins, unless a
+    larger j has a smaller estimated block time (compute + exposed K/V exchange).
+    """
+    D = len(lengths)
+    offsets = _offsets(lengths)
+    if C == 1:
+        return _finish(lengths, 1, "atp", [np.stack([np.arange(D), np.zeros(D, np.int64), lengths], 1)],
+                       np.zeros(0, np.int64), cm)
+    cap = np.inf if max_tokens_per_rank is None else float(max_tokens_per_rank)
+    whole = cm.doc_cost(lengths)
+    whole_attn = cm.attention_cost(np.zeros(D, np.int64), lengths)
+    order = np.argsort(-whole, kind="stable")  # most expensive first (ties: row order)
+    eligible = order[lengths[order] >= 2 * C * min_chunk]
+    jmax = len(eligible) if max_anchors is None else min(len(eligible), int(max_anchors))
+    cand = eligible[:jmax]
+    target = float(whole.sum()) / C
+    # documents costlier than a rank's share must be split; start there.
+    j0 = min(jmax, int(np.count_nonzero(whole[cand] > target)))
+    anchor_len = np.concatenate([[0], np.cumsum(lengths[cand])])
+    zeros_c = np.zeros(C)
+
+    not_tail = np.zeros(D, dtype=bool)
+    not_tail[cand[:j0]] = True
+    best = None
+    stale = 0
+    for j in range(j0, jmax + 1):
+        if j > j0:
+            not_tail[cand[j - 1]] = True
+        tails = order[~not_tail[order]]
+        placed = _place_tails(D, tails, whole[tails], whole_attn[tails], lengths[tails],
+                              zeros_c, np.zeros(C, np.int64), cap)
+        if placed is None:
+            continue  # tails do not fit under the cap: more anchors needed
+        owner, load, tok, tail_attn = placed
+        bounds = None
+        if j:
+            filled = _water_fill(cm, lengths[cand[:j]], whole[cand[:j]], load, tok, cap)
+            if filled is None:
+                continue
+            bounds, added = filled
+            load = load + added
+        comm = float(cm.comm_cost(int(anchor_len[j]), C))
+        block = float(np.max(load - tail_attn + np.maximum(tail_attn, comm if j else 0.0)))
+        if best is None or block < best[0] * (1 - 1e-9):
+            best = (block, j, owner, bounds)
+            stale = 0
+        else:
+            stale += 1
+        level = float(load.max()) <= float(load.mean()) * 1.002
+        if (level and stale >= 1) or stale >= 4:
+            break
+    if best is None:  # no placement fits the cap: split every document evenly
+        plan = _per_doc(lengths, C, cm)
+        return _finish(lengths, C, "atp", list(plan.segments), plan.sharded_docs, cm)
+    _, j, owner, bounds = best
+    anchors = cand[:j]
+    per_rank = _head_tail_segments(anchors, bounds, C) if j else [np.zeros((0, 3), np.int64)] * C
+    tails = np.flatnonzero(owner >= 0)
+    segments = []
+    for rr in range(C):
+        t = tails[owner[tails] == rr]
+        whole_segs = np.stack([t, np.zeros(len(t), np.int64), lengths[t]], axis=1)
+        segments.append(_sort_segments(np.concatenate([per_rank[rr], whole_segs]), offsets))
+    return _finish(lengths, C, "atp", segments, np.sort(anchors), cm)
+
+
+def _water_fill(cm: CostModel, lengths: np.ndarray, costs: np.ndarray, load: np.ndarray,
+                tok: np.ndarray, cap: float):
+    """Split anchors head-tail with per-rank shares that level the loads.
+
+    Args: anchor lengths and whole costs (j,), per-rank load and tokens before them.
+    Returns ((j, 2C+1) chunk bounds, (C,) added cost per rank), or None if the cap forbids it.
+    """
+    C = len(load)
+    total = float(costs.sum())
+    srt = np.sort(load)
+    levels = (total + np.cumsum(srt)) / np.arange(1, C + 1)
+    kk = int(np.flatnonzero(levels >= srt)[-1])
+    share = np.maximum(levels[kk] - load, 0.0)
+    frac = share / share.sum() if share.sum() > 0 else np.full(C, 1.0 / C)
+    want = lengths[:, None] * frac[None, :]
+    n = np.floor(want).astype(np.int64)
+    rest = lengths - n.sum(axis=1)
+    rank_of = np.argsort(-(want - n), axis=1, kind="stable")
+    bump = np.arange(C)[None, :] < rest[:, None]
+    np.add.at(n, (np.repeat(np.arange(len(lengths)), C)[bump.ravel()], rank_of.ravel()[bump.ravel()]), 1)
+    if np.any(tok + n.sum(axis=0) > cap):
+        return None
+    heads = (n + 1) // 2
+    sizes = np.concatenate([heads, (n - heads)[:, ::-1]], axis=1)
+    bounds = np.zeros((len(lengths), 2 * C + 1), dtype=np.int64)
+    np.cumsum(sizes, axis=1, out=bounds[:, 1:])
+    r = np.arange(C)
+    added = (cm.segment_cost(bounds[:, r], bounds[:, r + 1])
+             + cm.segment_cost(bounds[:, 2 * C - 1 - r], bounds[:, 2 * C - r])).sum(axis=0)
+    return bounds, added
+
+
+def _place_tails(num_docs, tails, cost, attn, toks, base_load, base_tok, cap):
+    """Longest-processing-time placement of whole documents (given most expensive first).
+
+    Places in rounds of C: the C next documents go to the C least-loaded ranks
+    (exact LPT for equal loads, vectorised); falls back to one-at-a-time LPT when
+    the token cap binds. Returns (owner per document id, load, tokens, local
+    attention per rank) or None if some document fits on no rank.
+    """
+    C = len(base_load)
+    owner = np.full(num_docs, -1, dtype=np.int64)
+    load = base_load.astype(np.float64).copy()
+    tok = base_tok.astype(np.int64).copy()
+    tail_attn = np.zeros(C)
+    n = len(tails)
+    i = 0
+    while i < n:
+        m = min(C, n - i)
+        ranks = np.argsort(load, kind="stable")[:m]
+        if np.all(tok[ranks] + toks[i:i + m] <= cap):
+            sl = slice(i, i + m)
+            owner[tails[sl]] = ranks
+            load[ranks] += cost[sl]
+            tok[ranks] += toks[sl]
+            tail_attn[ranks] += attn[sl]
+            i += m
+            continue
+        # one at a time: cheapest rank with room
+        for r in np.argsort(load, kind="stable"):
+            if tok[r] + toks[i] <= cap:
+                break
+        else:
+            return None
+        owner[tails[i]] = r
+        load[r] += cost[i]
+        tok[r] += toks[i]
+        tail_attn[r] += attn[i]
+        i += 1
+    return owner, load, tok, tail_attn
+
+
+STRATEGIES: dict[str, Callable[..., ShardPlan]] = {
+    "atp": _atp,
+    "contiguous": _contiguous,
+    "zigzag": _zigzag,
+    "per_doc": _per_doc,
+    "wlb_adaptive": _wlb_adaptive,
+}
