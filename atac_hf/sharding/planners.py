@@ -17,6 +17,7 @@ Strategies:
 
 from __future__ import annotations
 
+import heapq
 from typing import Any, Callable
 
 import numpy as np
@@ -149,33 +150,52 @@ def _row_ranges_to_segments(offsets: np.ndarray, ranges: list[tuple[int, int]]) 
 
 def _finish(lengths, C, strategy, segments, gathered_docs, cm: CostModel) -> ShardPlan:
     """Cost the segments and build the plan (block time = max over ranks of
-    gathered-doc compute + max(local-doc attention, K/V exchange) + local linear)."""
+    gathered-doc compute + max(local-doc attention, K/V exchange) + local linear).
+    ``gathered_docs=None`` gathers exactly the documents held by several ranks."""
     gathered = np.zeros(len(lengths), dtype=bool)
-    gathered[gathered_docs] = True
+    if gathered_docs is None:
+        seen = np.zeros(len(lengths), dtype=np.int64)
+        for s in segments:
+            seen[np.unique(s[:, 0])] += 1
+        gathered = seen > 1
+    else:
+        gathered[gathered_docs] = True
     gdocs = np.flatnonzero(gathered).astype(np.int64)
     comm = float(cm.comm_cost(int(lengths[gdocs].sum()), C)) if C > 1 else 0.0
-    compute = np.zeros(C)
-    block = 0.0
-    for r, seg in enumerate(segments):
-        if len(seg) == 0:
-            block = max(block, comm if len(gdocs) else 0.0)
-            continue
-        cost = cm.segment_cost(seg[:, 1], seg[:, 2])
-        compute[r] = float(cost.sum())
-        local = ~gathered[seg[:, 0]]
-        local_attn = float(cm.attention_cost(seg[local, 1], seg[local, 2]).sum())
-        # while the gather runs, this rank computes attention of its local documents
-        block = max(block, compute[r] - local_attn + max(local_attn, comm))
+    allseg = np.concatenate(segments)
+    rank_of = np.repeat(np.arange(C), [len(x) for x in segments])
+    cost = cm.segment_cost(allseg[:, 1], allseg[:, 2])
+    local = ~gathered[allseg[:, 0]]
+    local_attn = np.bincount(rank_of[local], weights=cm.attention_cost(allseg[local, 1], allseg[local, 2]),
+                             minlength=C)
+    compute = np.bincount(rank_of, weights=cost, minlength=C)
+    # while the gather runs, each rank computes attention of its local documents
+    exposed = np.maximum(local_attn, comm) if len(gdocs) else local_attn
+    block = float(np.max(compute - local_attn + exposed))
     return ShardPlan(
         doc_lengths=lengths,
         cp_size=C,
         strategy=strategy,
-        segments=tuple(np.ascontiguousarray(s, dtype=np.int64) for s in segments),
+        segments=tuple(_merge_adjacent(s) for s in segments),
         gathered_docs=gdocs,
         rank_compute_s=compute,
         comm_s=comm,
         block_time_s=block,
     )
+
+
+def _merge_adjacent(seg: np.ndarray) -> np.ndarray:
+    """Merge consecutive segments of one document that touch (e.g. the two middle
+    chunks of a head-tail split), so the rank runs one kernel call instead of two."""
+    seg = np.ascontiguousarray(seg, dtype=np.int64).reshape(-1, 3)
+    if len(seg) < 2:
+        return seg
+    joins = (seg[1:, 0] == seg[:-1, 0]) & (seg[1:, 1] == seg[:-1, 2])
+    if not joins.any():
+        return seg
+    starts = np.flatnonzero(np.concatenate([[True], ~joins]))
+    ends = np.concatenate([starts[1:], [len(seg)]]) - 1
+    return np.stack([seg[starts, 0], seg[starts, 1], seg[ends, 2]], axis=1)
 
 
 def _sort_segments(seg: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -285,12 +305,23 @@ def _atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1, ma
             stale = 0
         else:
             stale += 1
-        level = float(load.max()) <= float(load.mean()) * 1.002
-        if (level and stale >= 1) or stale >= 4:
+        # level ranks: more anchors only add K/V traffic and remove overlap.
+        if float(load.max()) <= float(load.mean()) * 1.005 or stale >= 3:
             break
-    if best is None:  # no placement fits the cap: split every document evenly
-        plan = _per_doc(lengths, C, cm)
-        return _finish(lengths, C, "atp", list(plan.segments), plan.sharded_docs, cm)
+    # Head-tail inside every document, moving only the K/V of documents it splits,
+    # is a candidate too (ATP is never worse than per_doc); skipped when a lower
+    # bound on its block time shows it cannot win.
+    even = None
+    split_tokens = int(lengths[lengths >= 2].sum())
+    if best is None or best[0] > target + float(cm.comm_cost(split_tokens, C)):
+        even = _finish(lengths, C, "atp", list(_per_doc(lengths, C, cm).segments), None, cm)
+        if even.rank_num_tokens().max() > cap:
+            even = None
+    if best is None or (even is not None and even.block_time_s < best[0]):
+        if even is None:  # nothing fits the cap; plan_shards reports the overflow
+            plan = _per_doc(lengths, C, cm)
+            return _finish(lengths, C, "atp", list(plan.segments), plan.sharded_docs, cm)
+        return even
     _, j, owner, bounds = best
     anchors = cand[:j]
     per_rank = _head_tail_segments(anchors, bounds, C) if j else [np.zeros((0, 3), np.int64)] * C
@@ -311,20 +342,73 @@ def _water_fill(cm: CostModel, lengths: np.ndarray, costs: np.ndarray, load: np.
     Returns ((j, 2C+1) chunk bounds, (C,) added cost per rank), or None if the cap forbids it.
     """
     C = len(load)
+    room = cap - tok
     total = float(costs.sum())
     srt = np.sort(load)
     levels = (total + np.cumsum(srt)) / np.arange(1, C + 1)
     kk = int(np.flatnonzero(levels >= srt)[-1])
     share = np.maximum(levels[kk] - load, 0.0)
     frac = share / share.sum() if share.sum() > 0 else np.full(C, 1.0 / C)
-    want = lengths[:, None] * frac[None, :]
-    n = np.floor(want).astype(np.int64)
-    rest = lengths - n.sum(axis=1)
-    rank_of = np.argsort(-(want - n), axis=1, kind="stable")
-    bump = np.arange(C)[None, :] < rest[:, None]
-    np.add.at(n, (np.repeat(np.arange(len(lengths)), C)[bump.ravel()], rank_of.ravel()[bump.ravel()]), 1)
-    if np.any(tok + n.sum(axis=0) > cap):
+    split = _split_by_share(cm, lengths, frac, room)
+    if split is None:
         return None
+    bounds, n, added = split
+    # Tile quantisation makes per-token cost differ a little between ranks: one
+    # correction step rescales each rank's tokens by its measured cost per token.
+    got = n.sum(axis=0)
+    if share.sum() > 0 and np.all(added[got > 0] > 0):
+        per_tok = np.where(got > 0, added / np.maximum(got, 1), 0.0)
+        adj = np.where((frac > 0) & (per_tok > 0), share / np.where(per_tok > 0, per_tok, 1.0), 0.0)
+        if adj.sum() > 0:
+            split2 = _split_by_share(cm, lengths, adj / adj.sum(), room)
+            if split2 is not None and np.max(load + split2[2]) < np.max(load + added):
+                bounds, n, added = split2
+    return bounds, added
+
+
+def _split_by_share(cm: CostModel, lengths: np.ndarray, frac: np.ndarray, room: np.ndarray):
+    """Head-tail bounds giving rank r about ``frac[r]`` of each document's tokens, with
+    no rank over its ``room`` (tokens left under the cap). Returns (bounds, tokens
+    (j, C), cost per rank), or None if the documents do not fit."""
+    C = len(frac)
+    total = int(lengths.sum())
+    if total > room.sum():
+        return None
+    # clip shares at the cap, handing the excess to ranks with room (a few rounds at most)
+    want_tot = frac * total
+    for _ in range(C):
+        over = want_tot > room
+        if not over.any():
+            break
+        excess = float((want_tot[over] - room[over]).sum())
+        want_tot[over] = room[over]
+        free = (~over) & (want_tot < room)
+        weights = frac * free if (frac * free).sum() > 0 else free.astype(float)
+        if weights.sum() == 0:
+            return None
+        want_tot = want_tot + excess * weights / weights.sum()
+    frac = want_tot / total
+    want = lengths[:, None] * frac[None, :]
+    n = np.floor(want + 1e-9).astype(np.int64)
+    left = room - n.sum(axis=0)
+    rest = lengths - n.sum(axis=1)
+    if rest.any():
+        remainder = want - n
+        for d in np.flatnonzero(rest):
+            for r in np.argsort(-remainder[d], kind="stable"):
+                if rest[d] == 0:
+                    break
+                if left[r] >= 1:
+                    n[d, r] += 1
+                    left[r] -= 1
+                    rest[d] -= 1
+            if rest[d]:
+                for r in np.flatnonzero(left >= 1)[: rest[d]]:
+                    n[d, r] += 1
+                    left[r] -= 1
+                    rest[d] -= 1
+            if rest[d]:
+                return None
     heads = (n + 1) // 2
     sizes = np.concatenate([heads, (n - heads)[:, ::-1]], axis=1)
     bounds = np.zeros((len(lengths), 2 * C + 1), dtype=np.int64)
@@ -332,47 +416,42 @@ def _water_fill(cm: CostModel, lengths: np.ndarray, costs: np.ndarray, load: np.
     r = np.arange(C)
     added = (cm.segment_cost(bounds[:, r], bounds[:, r + 1])
              + cm.segment_cost(bounds[:, 2 * C - 1 - r], bounds[:, 2 * C - r])).sum(axis=0)
-    return bounds, added
+    return bounds, n, added
 
 
 def _place_tails(num_docs, tails, cost, attn, toks, base_load, base_tok, cap):
-    """Longest-processing-time placement of whole documents (given most expensive first).
+    """Longest-processing-time placement of whole documents (given most expensive first):
+    each goes to the least-loaded rank whose token count stays under the cap.
 
-    Places in rounds of C: the C next documents go to the C least-loaded ranks
-    (exact LPT for equal loads, vectorised); falls back to one-at-a-time LPT when
-    the token cap binds. Returns (owner per document id, load, tokens, local
-    attention per rank) or None if some document fits on no rank.
+    Returns (owner per document id, load, tokens, local attention per rank), or None
+    if some document fits on no rank. Pure Python on small lists: faster than numpy here.
     """
     C = len(base_load)
     owner = np.full(num_docs, -1, dtype=np.int64)
-    load = base_load.astype(np.float64).copy()
-    tok = base_tok.astype(np.int64).copy()
-    tail_attn = np.zeros(C)
-    n = len(tails)
-    i = 0
-    while i < n:
-        m = min(C, n - i)
-        ranks = np.argsort(load, kind="stable")[:m]
-        if np.all(tok[ranks] + toks[i:i + m] <= cap):
-            sl = slice(i, i + m)
-            owner[tails[sl]] = ranks
-            load[ranks] += cost[sl]
-            tok[ranks] += toks[sl]
-            tail_attn[ranks] += attn[sl]
-            i += m
-            continue
-        # one at a time: cheapest rank with room
-        for r in np.argsort(load, kind="stable"):
-            if tok[r] + toks[i] <= cap:
-                break
+    load = [float(x) for x in base_load]
+    tok = [int(x) for x in base_tok]
+    tail_attn = [0.0] * C
+    heap = [(load[r], r) for r in range(C)]
+    heapq.heapify(heap)
+    who = [0] * len(tails)
+    for i, (c, a, n) in enumerate(zip(cost.tolist(), attn.tolist(), toks.tolist())):
+        l, r = heap[0]
+        if tok[r] + n > cap:  # least-loaded rank is full: take the least-loaded with room
+            fits = [(load[q], q) for q in range(C) if tok[q] + n <= cap]
+            if not fits:
+                return None
+            l, r = min(fits)
+            heap.remove((l, r))
+            heapq.heapify(heap)
+            heapq.heappush(heap, (l + c, r))
         else:
-            return None
-        owner[tails[i]] = r
-        load[r] += cost[i]
-        tok[r] += toks[i]
-        tail_attn[r] += attn[i]
-        i += 1
-    return owner, load, tok, tail_attn
+            heapq.heapreplace(heap, (l + c, r))
+        load[r] = l + c
+        tok[r] += n
+        tail_attn[r] += a
+        who[i] = r
+    owner[tails] = who
+    return owner, np.asarray(load), np.asarray(tok, dtype=np.int64), np.asarray(tail_attn)
 
 
 STRATEGIES: dict[str, Callable[..., ShardPlan]] = {

@@ -1,0 +1,76 @@
+"""`atac-hf plan`: shard one pack over a CP group with every strategy and compare."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+from ..cost import HARDWARE_PRESETS, MODEL_PRESETS, CostModel
+from .planners import STRATEGIES, plan_shards
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="shard one pack over a CP group (ATP-CP and baselines)",
+        description="Plan how one pack's documents are spread over cp_size ranks, for each strategy.",
+    )
+    p.add_argument("--doc-lengths", required=True,
+                   help="comma-separated document lengths of one pack, or a JSON file holding an array of ints")
+    p.add_argument("--cp-size", type=int, required=True, help="ranks in the context-parallel group")
+    p.add_argument("--strategy", choices=[*STRATEGIES, "all"], default="all")
+    p.add_argument("--model", default="8b", choices=sorted(MODEL_PRESETS), help="model preset for the cost model")
+    p.add_argument("--hardware", default="H100", choices=sorted(HARDWARE_PRESETS))
+    p.add_argument("--profile", help="calibration profile JSON (overrides --model/--hardware)")
+    p.add_argument("--max-tokens-per-rank", type=int, default=None)
+    p.add_argument("--json", action="store_true", help="print one JSON object per strategy, one per line")
+    p.set_defaults(func=run)
+
+
+def _read_lengths(spec: str) -> list[int]:
+    if spec.endswith(".json"):
+        with open(spec, encoding="utf-8") as f:
+            data = json.load(f)
+    else:
+        try:
+            data = [int(x) for x in spec.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"--doc-lengths {spec!r} must be comma-separated ints or a .json file") from None
+    if not isinstance(data, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in data):
+        raise ValueError(f"--doc-lengths {spec!r} must hold a JSON array of ints")
+    return data
+
+
+def run(args: argparse.Namespace) -> int:
+    lengths = _read_lengths(args.doc_lengths)
+    cm = CostModel.from_profile(args.profile) if args.profile else CostModel.from_model(args.model, args.hardware)
+    names = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
+    rows = []
+    for name in names:
+        t0 = time.perf_counter()
+        plan = plan_shards(lengths, args.cp_size, name, cm, max_tokens_per_rank=args.max_tokens_per_rank)
+        ms = (time.perf_counter() - t0) * 1e3
+        row = {
+            "strategy": name,
+            "imbalance": round(plan.imbalance, 4),
+            "block_time_ms": round(plan.block_time_s * 1e3, 4),
+            "kv_tokens": plan.kv_tokens,
+            "kv_mb_per_layer": round(plan.kv_bytes(cm.kv_bytes_per_token) / 2**20, 3),
+            "sharded_docs": plan.sharded_docs.tolist(),
+            "rank_tokens": plan.rank_num_tokens().tolist(),
+            "planner_ms": round(ms, 3),
+            "digest": plan.digest,
+        }
+        rows.append(row)
+        if args.json:
+            print(json.dumps(row))
+    if not args.json:
+        print(f"{len(lengths)} documents, {sum(lengths)} tokens, cp_size={args.cp_size}, cost model {cm.name}")
+        print(f"{'strategy':<13}{'imbalance':>10}{'block ms':>10}{'KV MB':>9}{'anchors':>9}{'plan ms':>9}")
+        for r in rows:
+            print(f"{r['strategy']:<13}{r['imbalance']:>10.3f}{r['block_time_ms']:>10.3f}{r['kv_mb_per_layer']:>9.2f}"
+                  f"{len(r['sharded_docs']):>9}{r['planner_ms']:>9.2f}")
+    return 0
