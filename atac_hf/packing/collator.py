@@ -1,0 +1,220 @@
+"""Padding-free collator: a list of features -> one packed row (batch dim 1).
+
+Output of :class:`PackedDataCollator` (``S`` = tokens in the row, ``D`` = documents):
+
+=================  ==========  ======  ==================================================
+key                shape       dtype   meaning
+=================  ==========  ======  ==================================================
+``input_ids``      (1, S)      int64   every document's tokens, concatenated
+``labels``         (1, S)      int64   the tokens (or a feature's own ``labels``) with
+                                       ``separator_id`` (-100) at each document start
+``position_ids``   (1, S)      int64   restart at 0 for every document
+``seq_lengths``    (D,)        int64   document lengths (sum = S), never 0
+``cu_seqlens``     (D + 1,)    int32   flash-attn style offsets: 0, L0, L0 + L1, ...
+``max_seqlen``     int                 longest document
+``shift_labels``   (1, S)      int64   only with ``return_shift_labels``: ``labels``
+                                       shifted left by one, -100 last
+=================  ==========  ======  ==================================================
+
+``input_ids``, ``labels`` and ``position_ids`` equal those of transformers'
+``DataCollatorWithFlattening(return_position_ids=True)`` for plain samples.
+``cu_seqlens``/``max_seqlen`` describe the *full* row; whoever shards the row over a
+context-parallel group must replace them (the add-on's Trainer does).
+
+Accepted features (mixed freely within one batch):
+
+* a plain sample ``{"input_ids": [...], "labels": [...]?}``: one document;
+* a packed row ``{"input_ids": flat, "seq_lengths": [...], "labels": flat?}`` (from
+  :func:`atac_hf.packing.dataset.pack_dataset` or
+  :class:`atac_hf.packing.feeders.PackedIterableDataset`): several documents;
+* a fragment of a sample as returned by :class:`atac_hf.packing.feeders.SpanDataset`
+  (already sliced: it is a plain sample to the collator). A fragment is its own
+  document in the row: its positions restart at 0 and its first label is -100, since
+  the tokens before it are in another row.
+
+Several packed rows in one batch are concatenated into the one row with their document
+boundaries kept, so ``DataLoader(batch_size=k)`` over pre-packed rows gives rows of up to
+``k`` x the packing cap: use ``batch_size=1`` to keep the cap. Keys other than
+``input_ids``, ``labels`` and ``seq_lengths`` (e.g. ``attention_mask``) are ignored: a
+padding-free row has no padding to mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["CollatorStats", "PackedDataCollator"]
+
+_RETURN_TENSORS = ("pt", "np")
+
+
+@dataclass
+class CollatorStats:
+    """Running counters of one collator instance (per DataLoader worker process).
+
+    Attributes:
+        num_rows: packed rows produced.
+        num_documents: documents placed in rows.
+        num_tokens: tokens placed in rows.
+        num_empty_skipped: zero-length documents dropped (a row never holds a 0-length document).
+    """
+
+    num_rows: int = 0
+    num_documents: int = 0
+    num_tokens: int = 0
+    num_empty_skipped: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackedDataCollator:
+    """Flatten a batch of features into one padding-free packed row.
+
+    Use it as ``data_collator=`` of ``transformers.Trainer`` or ``collate_fn=`` of a
+    ``DataLoader``. The configuration is frozen; only :attr:`stats` changes.
+
+    Attributes:
+        return_tensors: ``"pt"`` (torch tensors) or ``"np"`` (numpy arrays).
+        separator_id: label written at each document start (-100: ignored by the loss).
+        return_seq_lengths: emit ``seq_lengths``, ``cu_seqlens`` and ``max_seqlen``.
+            They travel to ``model(**batch)`` as extra keyword arguments (HF decoder
+            models accept and ignore them); turn off for a model that rejects them.
+        return_shift_labels: also emit ``shift_labels`` (next-token targets), built on
+            the full row as context parallelism requires.
+        stats: counters (rows, documents, tokens, skipped empty documents).
+    """
+
+    return_tensors: str = "pt"
+    separator_id: int = -100
+    return_seq_lengths: bool = True
+    return_shift_labels: bool = False
+    stats: CollatorStats = field(default_factory=CollatorStats, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.return_tensors not in _RETURN_TENSORS:
+            raise ValueError(
+                f"PackedDataCollator.return_tensors={self.return_tensors!r}; legal values: {list(_RETURN_TENSORS)}"
+            )
+
+    def __call__(self, features: Sequence[Mapping[str, Any]], return_tensors: str | None = None) -> dict[str, Any]:
+        """Pack ``features`` into one row.
+
+        Args:
+            features: a list of mappings, each with ``input_ids`` (1-D ints) and optionally
+                ``labels`` (same length) and ``seq_lengths`` (document lengths summing to
+                ``len(input_ids)``).
+            return_tensors: overrides :attr:`return_tensors` for this call.
+
+        Returns:
+            a dict with the keys and shapes in the module docstring.
+
+        Raises:
+            TypeError: ``features`` is not a list of mappings.
+            ValueError: a feature without ``input_ids`` (the message lists its keys), labels
+                or ``seq_lengths`` that disagree with ``input_ids`` (names the feature),
+                negative lengths, or a batch in which every document is empty.
+        """
+        rt = self.return_tensors if return_tensors is None else return_tensors
+        if rt not in _RETURN_TENSORS:
+            raise ValueError(f"return_tensors={rt!r}; legal values: {list(_RETURN_TENSORS)}")
+        if isinstance(features, Mapping) or not isinstance(features, Sequence):
+            raise TypeError(
+                f"PackedDataCollator expects a list of features (dicts), got {type(features).__name__}"
+            )
+        ids_parts: list[np.ndarray] = []
+        label_parts: list[np.ndarray] = []
+        doc_parts: list[np.ndarray] = []
+        num_empty = 0
+        for row, feature in enumerate(features):
+            if not isinstance(feature, Mapping):
+                raise TypeError(f"feature {row} is a {type(feature).__name__}, expected a dict with 'input_ids'")
+            if "input_ids" not in feature:
+                raise ValueError(
+                    f"feature {row} has no 'input_ids'; keys found: {sorted(feature)} "
+                    "(tokenize the text, or rename the token column to 'input_ids')"
+                )
+            ids = _as_1d_ints(feature["input_ids"], row, "input_ids")
+            labels = feature.get("labels")
+            if labels is not None:
+                labels = _as_1d_ints(labels, row, "labels")
+                if labels.shape[0] != ids.shape[0]:
+                    raise ValueError(
+                        f"feature {row}: labels has {labels.shape[0]} entries but input_ids has {ids.shape[0]}"
+                    )
+            seq = feature.get("seq_lengths")
+            if seq is None:
+                docs = np.array([ids.shape[0]], dtype=np.int64)
+            else:
+                docs = _as_1d_ints(seq, row, "seq_lengths")
+                if (docs < 0).any():
+                    raise ValueError(f"feature {row}: seq_lengths has negative entries: {docs[docs < 0].tolist()}")
+                if int(docs.sum()) != ids.shape[0]:
+                    raise ValueError(
+                        f"feature {row}: seq_lengths sum to {int(docs.sum())} but input_ids has "
+                        f"{ids.shape[0]} tokens (the row's document lengths must add up to its length)"
+                    )
+            empty = docs == 0
+            if empty.any():
+                num_empty += int(empty.sum())
+                docs = docs[~empty]
+            if docs.size == 0:
+                continue
+            ids_parts.append(ids)
+            label_parts.append(ids if labels is None else labels)
+            doc_parts.append(docs)
+        self.stats.num_empty_skipped += num_empty
+        if not doc_parts:
+            raise ValueError(
+                f"every document in the batch is empty ({len(features)} features, {num_empty} empty documents)"
+            )
+
+        input_ids = np.concatenate(ids_parts).astype(np.int64, copy=False)
+        labels = np.concatenate(label_parts).astype(np.int64, copy=True)
+        seq_lengths = np.concatenate(doc_parts).astype(np.int64, copy=False)
+        cu = np.zeros(seq_lengths.size + 1, dtype=np.int64)
+        np.cumsum(seq_lengths, out=cu[1:])
+        starts = cu[:-1]
+        labels[starts] = self.separator_id
+        position_ids = np.arange(input_ids.size, dtype=np.int64) - np.repeat(starts, seq_lengths)
+
+        self.stats.num_rows += 1
+        self.stats.num_documents += int(seq_lengths.size)
+        self.stats.num_tokens += int(input_ids.size)
+
+        out: dict[str, Any] = {
+            "input_ids": input_ids[None, :],
+            "labels": labels[None, :],
+            "position_ids": position_ids[None, :],
+        }
+        if self.return_shift_labels:
+            shift = np.full_like(labels, -100)
+            shift[:-1] = labels[1:]
+            out["shift_labels"] = shift[None, :]
+        if self.return_seq_lengths:
+            out["seq_lengths"] = seq_lengths
+            out["cu_seqlens"] = cu.astype(np.int32)
+        if rt == "pt":
+            import torch
+
+            out = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in out.items()}
+        if self.return_seq_lengths:
+            out["max_seqlen"] = int(seq_lengths.max())
+        return out
+
+
+def _as_1d_ints(value: Any, row: int, key: str) -> np.ndarray:
+    """A feature's token/length field as a 1-D int64 array (lists, numpy, torch; (1, n) is flattened)."""
+    if hasattr(value, "detach"):  # torch tensor, without importing torch
+        value = value.detach().cpu().numpy()
+    arr = np.asarray(value)
+    if arr.ndim == 2 and arr.shape[0] == 1:
+        arr = arr[0]
+    if arr.ndim != 1:
+        raise ValueError(f"feature {row}: {key} must be a 1-D sequence of ints, got shape {tuple(arr.shape)}")
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"feature {row}: {key} must hold ints, got dtype {arr.dtype}")
+    return arr.astype(np.int64, copy=False)
