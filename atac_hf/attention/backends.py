@@ -1,0 +1,309 @@
+"""Per-segment attention kernels for one rank's shard.
+
+Every backend computes, for each local segment (a run of one document's queries,
+document positions ``[ds, de)``), attention over that document's key prefix
+``[lo, de)`` with the causal mask bottom-right aligned (query at document position
+``p`` sees keys ``j <= p``, and ``j > p - W`` under a sliding window ``W``).
+Keys of a segment whose document is whole on this rank are local rows; keys of a
+gathered document are rows of the all-gathered buffer. Local segments are computed
+first, so they overlap with the gather; ``wait()`` is called once, before the first
+gathered segment.
+
+Backends: ``sdpa`` (reference, CPU and GPU: a loop of SDPA calls, with an explicit
+bool mask only where alignment or the window needs one), ``flash``
+(``flash_attn_varlen_func``, CUDA), ``flex`` (``flex_attention``; GPU for training,
+forward-only on CPU), ``varlen_reference`` (the flash bookkeeping fed to a pure-torch
+varlen kernel: slow, for tests and debugging).
+
+Shape legend: H query heads, K key/value heads, S local tokens, R gathered rows
+(``C * max_send``), D head dim.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..sharding.plan import LocalLayout
+
+__all__ = ["BACKENDS", "run_backend", "varlen_attention_reference"]
+
+Wait = Callable[[], "tuple[torch.Tensor, torch.Tensor]"]  # -> (k_RKD, v_RKD)
+
+
+# ---------------------------------------------------------------------------- reference kernel
+def varlen_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    causal: bool = True,
+    window: int | None = None,
+    scaling: float | None = None,
+) -> torch.Tensor:
+    """Pure-torch varlen attention with flash-attn (>= 2.1) semantics.
+
+    Args:
+        q: (total_q, H, D); k, v: (total_k, K, D) with H a multiple of K (GQA).
+        cu_seqlens_q, cu_seqlens_k: (B + 1,) segment boundaries.
+        causal: bottom-right aligned: query ``i`` of a segment sees keys ``j <= i + Lk - Lq``.
+        window: sliding window ``W`` as Transformers' ``sliding_window``: additionally
+            ``j > i + Lk - Lq - W`` (flash ``window_size=(W - 1, 0)``).
+        scaling: softmax scale, ``D ** -0.5`` if None.
+
+    Returns:
+        (total_q, H, D) output; a query that sees no key gets zeros (as flash-attn).
+    """
+    H, K = q.shape[1], k.shape[1]
+    scale = q.shape[-1] ** -0.5 if scaling is None else scaling
+    cq, ck = [int(x) for x in cu_seqlens_q.tolist()], [int(x) for x in cu_seqlens_k.tolist()]
+    outs = []
+    for b in range(len(cq) - 1):
+        qs = q[cq[b]:cq[b + 1]].transpose(0, 1)
+        ks = k[ck[b]:ck[b + 1]].transpose(0, 1).repeat_interleave(H // K, dim=0)
+        vs = v[ck[b]:ck[b + 1]].transpose(0, 1).repeat_interleave(H // K, dim=0)
+        Lq, Lk = qs.shape[1], ks.shape[1]
+        if Lq == 0:
+            continue
+        i = torch.arange(Lq, device=q.device)[:, None] + (Lk - Lq)
+        j = torch.arange(Lk, device=q.device)[None, :]
+        allowed = torch.ones(Lq, Lk, dtype=torch.bool, device=q.device)
+        if causal:
+            allowed &= j <= i
+        if window is not None:
+            allowed &= j > i - window
+            if not causal:
+                allowed &= j < i + window
+        scores = (qs @ ks.transpose(1, 2)) * scale
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        p = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+        outs.append((p @ vs).transpose(0, 1))
+    if not outs:
+        return q.new_zeros(q.shape[0], H, v.shape[-1])
+    return torch.cat(outs, dim=0)
+
+
+# ---------------------------------------------------------------------------- segment table
+def _segments(layout: LocalLayout, window: int | None) -> list[tuple]:
+    """Per segment ``(ls, le, ds, de, lo, gathered, doc)``; ``lo`` is the first key position."""
+    out = []
+    for i in range(len(layout.seg_doc)):
+        ls, le = int(layout.seg_local_start[i]), int(layout.seg_local_end[i])
+        ds, de = int(layout.seg_doc_start[i]), int(layout.seg_doc_end[i])
+        lo = 0 if window is None else max(0, ds - int(window) + 1)
+        gathered = bool(layout.seg_gathered[i])
+        if not gathered:
+            # a document that is not gathered is whole on this rank: its prefix precedes locally
+            assert ls - ds >= 0, "a non-gathered segment without its local document prefix"
+        out.append((ls, le, ds, de, lo, gathered, int(layout.seg_doc[i])))
+    return out
+
+
+def _segment_mask(ds: int, de: int, lo: int, window: int | None, device) -> torch.Tensor | None:
+    """(Lq, Lk) bool mask, or None where plain ``is_causal`` (top-left = bottom-right) is exact."""
+    if ds == 0 and lo == 0 and (window is None or window >= de):
+        return None
+    p = torch.arange(ds, de, device=device)[:, None]
+    j = torch.arange(lo, de, device=device)[None, :]
+    m = j <= p
+    if window is not None:
+        m &= j > p - window
+    return m
+
+
+def _sdpa_tables(layout: LocalLayout, window: int | None, device, cache: dict):
+    key = ("sdpa", str(device), window)
+    if key not in cache:
+        segs = _segments(layout, window)
+        rows = {}
+        for ls, le, ds, de, lo, gathered, doc in segs:
+            if gathered and (doc, lo, de) not in rows:
+                rows[(doc, lo, de)] = torch.as_tensor(layout.doc_key_index[doc][lo:de], device=device)
+        cache[key] = (segs, rows)
+    return cache[key]
+
+
+def _sdpa(q, k, v, mask, scaling):
+    """q (H, Lq, D), k/v (K, Lk, D); mask None -> causal."""
+    H, K = q.shape[0], k.shape[0]
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=H != K)
+    if H != K:
+        k = k.repeat_interleave(H // K, dim=0)
+        v = v.repeat_interleave(H // K, dim=0)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
+
+
+def sdpa_backend(q_HSD, k_HSD, v_HSD, layout: LocalLayout, cache: dict, wait: Wait | None, *,
+                 scaling: float, window: int | None) -> torch.Tensor:
+    """Loop of SDPA calls, one per local segment. Returns (S, H, D)."""
+    segs, rows = _sdpa_tables(layout, window, q_HSD.device, cache)
+    outs: list[torch.Tensor | None] = [None] * len(segs)
+    for i, (ls, le, ds, de, lo, gathered, doc) in enumerate(segs):
+        if gathered:
+            continue
+        k0 = ls - ds + lo
+        mask = _segment_mask(ds, de, lo, window, q_HSD.device)
+        outs[i] = _sdpa(q_HSD[:, ls:le], k_HSD[:, k0:le], v_HSD[:, k0:le], mask, scaling)
+    if any(s[5] for s in segs):
+        assert wait is not None, "a gathered segment without a gather"
+        k_RKD, v_RKD = wait()
+        for i, (ls, le, ds, de, lo, gathered, doc) in enumerate(segs):
+            if not gathered:
+                continue
+            idx = rows[(doc, lo, de)]
+            kk = k_RKD.index_select(0, idx).transpose(0, 1)
+            vv = v_RKD.index_select(0, idx).transpose(0, 1)
+            mask = _segment_mask(ds, de, lo, window, q_HSD.device)
+            outs[i] = _sdpa(q_HSD[:, ls:le], kk, vv, mask, scaling)
+    if not outs:
+        return q_HSD.new_zeros(0, q_HSD.shape[0], v_HSD.shape[-1])
+    return torch.cat(outs, dim=1).transpose(0, 1)
+
+
+# ---------------------------------------------------------------------------- varlen (flash)
+def _varlen_tables(layout: LocalLayout, window: int | None, device, cache: dict):
+    """Two parts, local then gathered: (q_index, k_index, cu_q, cu_k, max_q, max_k) each, plus
+    the permutation that puts ``cat(part outputs)`` back in local order (None if identity)."""
+    key = ("varlen", str(device), window)
+    if key in cache:
+        return cache[key]
+    vl = layout.varlen_layout(sliding_window=window)
+    parts = []
+    for want in (False, True):
+        segs = [i for i in range(len(layout.seg_doc)) if bool(layout.seg_gathered[i]) == want]
+        if not segs:
+            parts.append(None)
+            continue
+        q_idx = np.concatenate([np.arange(vl.cu_seqlens_q[i], vl.cu_seqlens_q[i + 1]) for i in segs])
+        k_idx = np.concatenate([vl.k_index[vl.cu_seqlens_k[i]:vl.cu_seqlens_k[i + 1]] for i in segs])
+        if want:
+            k_idx = k_idx - layout.n_local  # rows of the gathered buffer
+        lq = np.array([vl.cu_seqlens_q[i + 1] - vl.cu_seqlens_q[i] for i in segs])
+        lk = np.array([vl.cu_seqlens_k[i + 1] - vl.cu_seqlens_k[i] for i in segs])
+        cu_q = np.concatenate([[0], np.cumsum(lq)])
+        cu_k = np.concatenate([[0], np.cumsum(lk)])
+        as_t = lambda a, dt=torch.long: torch.as_tensor(np.asarray(a, dtype=np.int64), device=device).to(dt)  # noqa: E731
+        parts.append((as_t(q_idx), as_t(k_idx), as_t(cu_q, torch.int32), as_t(cu_k, torch.int32),
+                      int(lq.max()), int(lk.max())))
+    order = np.concatenate([p[0].cpu().numpy() for p in parts if p is not None] or [np.zeros(0, np.int64)])
+    inv = None
+    if not np.array_equal(order, np.arange(len(order))):
+        inv_np = np.empty_like(order)
+        inv_np[order] = np.arange(len(order))
+        inv = torch.as_tensor(inv_np, device=device)
+    cache[key] = (parts, inv)
+    return cache[key]
+
+
+def _varlen_backend(kernel: Callable) -> Callable:
+    def backend(q_HSD, k_HSD, v_HSD, layout: LocalLayout, cache: dict, wait: Wait | None, *,
+                scaling: float, window: int | None) -> torch.Tensor:
+        (local, gathered), inv = _varlen_tables(layout, window, q_HSD.device, cache)
+        q_SHD, k_SKD, v_SKD = q_HSD.transpose(0, 1), k_HSD.transpose(0, 1), v_HSD.transpose(0, 1)
+        outs = []
+        for part, is_gathered in ((local, False), (gathered, True)):
+            if part is None:
+                continue
+            q_idx, k_idx, cu_q, cu_k, max_q, max_k = part
+            if is_gathered:
+                assert wait is not None, "a gathered segment without a gather"
+                k_src, v_src = wait()
+            else:
+                k_src, v_src = k_SKD, v_SKD
+            outs.append(kernel(q_SHD.index_select(0, q_idx), k_src.index_select(0, k_idx),
+                               v_src.index_select(0, k_idx), cu_q, cu_k, max_q, max_k, scaling, window))
+        if not outs:
+            return q_HSD.new_zeros(0, q_HSD.shape[0], v_HSD.shape[-1])
+        out = torch.cat(outs, dim=0)
+        return out if inv is None else out.index_select(0, inv)
+
+    return backend
+
+
+def _reference_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scaling, window):
+    return varlen_attention_reference(q, k, v, cu_q, cu_k, causal=True, window=window, scaling=scaling)
+
+
+def _flash_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scaling, window):
+    try:
+        from flash_attn import flash_attn_varlen_func
+    except ImportError as e:
+        raise ImportError(
+            "backend='flash' needs flash-attn (CUDA only): `pip install atac-hf[flash]`, "
+            "or use backend='sdpa'"
+        ) from e
+    return flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, softmax_scale=scaling, causal=True,
+        window_size=(-1, -1) if window is None else (int(window) - 1, 0),
+    )
+
+
+# ---------------------------------------------------------------------------- flex
+_COMPILED_FLEX: dict = {}
+
+
+def _flex_tables(layout: LocalLayout, window: int | None, num_gathered: int, device, cache: dict):
+    key = ("flex", str(device), window, num_gathered)
+    if key in cache:
+        return cache[key]
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    S = layout.n_local
+    q_doc = np.repeat(layout.seg_doc, layout.seg_local_end - layout.seg_local_start)
+    q_pos = np.concatenate([np.arange(a, b) for a, b in zip(layout.seg_doc_start, layout.seg_doc_end)]
+                           or [np.zeros(0, np.int64)])
+    kv_doc = np.full(S + num_gathered, -1, dtype=np.int64)
+    kv_pos = np.zeros(S + num_gathered, dtype=np.int64)
+    local = ~np.repeat(layout.seg_gathered, layout.seg_local_end - layout.seg_local_start)
+    kv_doc[:S][local], kv_pos[:S] = q_doc[local], q_pos  # gathered docs' local rows come via the buffer
+    for d, rows in layout.doc_key_index.items():
+        kv_doc[S + rows], kv_pos[S + rows] = d, np.arange(len(rows))
+    qd, qp, kd, kp = (torch.as_tensor(a, device=device) for a in (q_doc, q_pos, kv_doc, kv_pos))
+
+    def mask_mod(b, h, qi, ki):
+        m = (kd[ki] == qd[qi]) & (kp[ki] <= qp[qi])
+        if window is not None:
+            m = m & (kp[ki] > qp[qi] - window)
+        return m
+
+    cache[key] = create_block_mask(mask_mod, None, None, S, S + num_gathered, device=device)
+    return cache[key]
+
+
+def flex_backend(q_HSD, k_HSD, v_HSD, layout: LocalLayout, cache: dict, wait: Wait | None, *,
+                 scaling: float, window: int | None) -> torch.Tensor:
+    """One flex_attention call over ``cat(local keys, gathered keys)`` (no overlap). Returns (S, H, D)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    k_all, v_all = k_HSD, v_HSD
+    n_g = 0
+    if wait is not None:
+        k_RKD, v_RKD = wait()
+        n_g = k_RKD.shape[0]
+        k_all = torch.cat([k_HSD, k_RKD.transpose(0, 1)], dim=1)
+        v_all = torch.cat([v_HSD, v_RKD.transpose(0, 1)], dim=1)
+    block_mask = _flex_tables(layout, window, n_g, q_HSD.device, cache)
+    fn = flex_attention
+    if q_HSD.is_cuda:
+        fn = _COMPILED_FLEX.setdefault("fn", torch.compile(flex_attention))
+    out = fn(q_HSD[None], k_all[None], v_all[None], block_mask=block_mask, scale=scaling,
+             enable_gqa=q_HSD.shape[0] != k_HSD.shape[0])
+    return out[0].transpose(0, 1)
+
+
+BACKENDS: dict[str, Callable] = {
+    "sdpa": sdpa_backend,
+    "flash": _varlen_backend(_flash_kernel),
+    "flex": flex_backend,
+    "varlen_reference": _varlen_backend(_reference_kernel),
+}
+
+
+def run_backend(name: str, *args, **kwargs) -> torch.Tensor:
+    """Dispatch to ``BACKENDS[name]`` (see :func:`sdpa_backend` for the arguments)."""
+    return BACKENDS[name](*args, **kwargs)

@@ -1,0 +1,249 @@
+"""The ``atac_cp`` attention implementation for Transformers models.
+
+Per layer on each rank: start an async all-gather of the local K/V rows of gathered
+documents, compute attention of whole local documents while it runs, then attend the
+local chunks of gathered documents to their document's key prefix. The result is
+single-device document-masked causal attention on the full packed row, forward and
+backward (the gather's backward reduce-scatters gradients to the owners).
+
+Shape legend: H query heads, K key/value heads, S local tokens, D head dim.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from .._compat import rope_types
+from ..sharding.plan import ShardPlan
+from .backends import BACKENDS, run_backend
+from .collectives import KVGather, attach
+from .shard import ShardContext
+
+__all__ = [
+    "ATTN_IMPLEMENTATION",
+    "SHARD_KWARG",
+    "atac_cp_attention",
+    "check_model_supported",
+    "emulate_cp_attention",
+    "register_attention",
+]
+
+ATTN_IMPLEMENTATION = "atac_cp"
+SHARD_KWARG = "atac_shard"
+_POSITION_DEPENDENT_ROPE = ("dynamic", "longrope")
+
+
+def check_model_supported(model_or_config: Any) -> None:
+    """Refuse models whose results would change under sharding.
+
+    Raises:
+        ValueError: a RoPE type (``dynamic``, ``longrope``) that depends on the largest
+            position a rank sees.
+    """
+    config = getattr(model_or_config, "config", model_or_config)
+    configs = [config]
+    if hasattr(config, "get_text_config"):
+        text = config.get_text_config()
+        if text is not config:
+            configs.append(text)
+    for cfg in configs:
+        for t in rope_types(cfg):
+            if any(p in t for p in _POSITION_DEPENDENT_ROPE):
+                raise ValueError(
+                    f"rope type {t!r} (config.rope_parameters) depends on the largest position a rank sees and "
+                    "gives wrong results under context parallelism; use a static rope type (default, linear, "
+                    "llama3, yarn) or train with cp_size=1 and another attn_implementation"
+                )
+
+
+def _context(kwargs: dict) -> ShardContext:
+    ctx = kwargs.get(SHARD_KWARG)
+    if ctx is None:
+        raise ValueError(
+            f"attn_implementation={ATTN_IMPLEMENTATION!r} needs the per-batch shard context: call "
+            f"model(**atac_hf.shard_batch(batch, plan, rank, group)) (kwarg {SHARD_KWARG!r} is missing)"
+        )
+    if not isinstance(ctx, ShardContext):
+        raise TypeError(f"{SHARD_KWARG}= must be a ShardContext from shard_batch, got {type(ctx).__name__}")
+    return ctx
+
+
+def _check_call(module: Any, ctx: ShardContext, query: torch.Tensor, key: torch.Tensor, dropout: float,
+                kwargs: dict) -> int | None:
+    if dropout and dropout > 0:
+        raise NotImplementedError(
+            f"attention dropout ({dropout}, config.attention_dropout) is not implemented by "
+            f"{ATTN_IMPLEMENTATION!r}; set attention_dropout=0.0"
+        )
+    if kwargs.get("softcap") is not None:
+        raise NotImplementedError(f"softcap (attention logit soft-capping) is not implemented by {ATTN_IMPLEMENTATION!r}")
+    if kwargs.get("s_aux") is not None:
+        raise NotImplementedError(f"s_aux (attention sinks) is not implemented by {ATTN_IMPLEMENTATION!r}")
+    if getattr(module, "is_causal", True) is False:
+        raise NotImplementedError(f"non-causal attention is not implemented by {ATTN_IMPLEMENTATION!r}")
+    config = getattr(module, "config", None)
+    if config is not None and ctx.cache.get("checked_config") is not config:
+        check_model_supported(config)
+        ctx.cache["checked_config"] = config
+    n = ctx.layout.n_local
+    if query.shape[0] != 1 or query.shape[2] != n or key.shape[2] != n:
+        raise ValueError(
+            f"rank {ctx.rank} expects one local row of {n} tokens (plan {ctx.plan.digest}), got query of shape "
+            f"{tuple(query.shape)}: pass model(**shard_batch(batch, plan, rank, ...)) with the same plan"
+        )
+    window = kwargs.get("sliding_window")
+    if window is not None and (isinstance(window, bool) or int(window) < 1):
+        raise ValueError(f"sliding_window must be None or an int >= 1, got {window!r}")
+    return None if window is None else int(window)
+
+
+def _send_rows(k_KSD: torch.Tensor, v_KSD: torch.Tensor, send_index: torch.Tensor, max_send: int) -> torch.Tensor:
+    """(max_send, K, Dk + Dv): this rank's K/V rows of gathered documents, zero-padded."""
+    kv_SKX = torch.cat([k_KSD, v_KSD], dim=-1).transpose(0, 1)
+    send = kv_SKX.index_select(0, send_index)
+    return F.pad(send, (0, 0, 0, 0, 0, max_send - send.shape[0]))
+
+
+def _split(kv_RKX: torch.Tensor, dk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return kv_RKX[..., :dk], kv_RKX[..., dk:]
+
+
+def atac_cp_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Exact document-masked causal attention of one CP rank's shard.
+
+    Args:
+        module: the attention module (reads ``config`` once per batch for support checks).
+        query: (1, H, S, D); key, value: (1, K, S, D), RoPE applied, not repeated for GQA.
+        attention_mask: ignored: the document mask comes from the plan (Transformers
+            passes None for registered custom implementations).
+        dropout: must be 0.
+        scaling: softmax scale (``D ** -0.5`` if None).
+        **kwargs: ``atac_shard`` (the :class:`ShardContext`), ``sliding_window`` (int W:
+            query at position i sees keys i - W < j <= i), others ignored.
+
+    Returns:
+        ``(out, None)`` with out (1, S, H, D).
+
+    Raises:
+        ValueError: no or a mismatched shard context; unsupported RoPE type.
+        NotImplementedError: dropout > 0, ``softcap``, ``s_aux``, non-causal modules.
+    """
+    ctx = _context(kwargs)
+    window = _check_call(module, ctx, query, key, dropout, kwargs)
+    scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    q_HSD, k_KSD, v_KSD = query[0], key[0], value[0]
+    layout, dk = ctx.layout, key.shape[-1]
+
+    gather, wait = None, None
+    if len(ctx.plan.gathered_docs):
+        idx_key = ("send_index", str(query.device))
+        if idx_key not in ctx.cache:
+            ctx.cache[idx_key] = torch.as_tensor(layout.send_index, device=query.device)
+        send = _send_rows(k_KSD, v_KSD, ctx.cache[idx_key], layout.max_send)
+        if ctx.needs_gather:
+            gather = KVGather(send, ctx.group)
+
+            def wait():
+                return _split(gather.wait(), dk)
+        else:  # cp_size 1: the "gathered" buffer is this rank's own rows, no collective
+
+            def wait():
+                return _split(send, dk)
+
+    out_SHD = run_backend(ctx.backend, q_HSD, k_KSD, v_KSD, layout, ctx.cache, wait, scaling=scale, window=window)
+    if gather is not None and not gather.waited:
+        # this rank attends to no gathered key: still wait, and keep the backward
+        # reduce-scatter in the graph (the other ranks take part in it)
+        out_SHD = attach(out_SHD, gather.wait())
+    return out_SHD.unsqueeze(0).contiguous(), None
+
+
+def register_attention(name: str = ATTN_IMPLEMENTATION) -> str:
+    """Register :func:`atac_cp_attention` in ``transformers.AttentionInterface`` (idempotent).
+
+    Raises:
+        ValueError: ``name`` is already taken by another function (built-in names included).
+    """
+    from transformers import AttentionInterface
+
+    existing = AttentionInterface().get(name)
+    if existing is atac_cp_attention:
+        return name
+    ours = getattr(existing, "__module__", None) == __name__ and getattr(existing, "__qualname__", "") == "atac_cp_attention"
+    if existing is not None and not ours:
+        raise ValueError(
+            f"attention implementation {name!r} is already registered "
+            f"({getattr(existing, '__module__', '?')}.{getattr(existing, '__qualname__', '?')}); pick another name"
+        )
+    AttentionInterface.register(name, atac_cp_attention)
+    return name
+
+
+# ---------------------------------------------------------------------------- emulation
+def emulate_cp_attention(
+    q_HND: torch.Tensor,
+    k_KND: torch.Tensor,
+    v_KND: torch.Tensor,
+    plan: ShardPlan,
+    *,
+    backend: str = "sdpa",
+    scaling: float | None = None,
+    window: int | None = None,
+    caches: list[dict] | None = None,
+    per_rank_hook: Callable[[int, torch.Tensor], None] | None = None,
+) -> torch.Tensor:
+    """Run every rank of ``plan`` in one process (the gather is a concatenation).
+
+    Same bookkeeping and backends as the distributed path; differentiable. For tests
+    and single-GPU checks (e.g. ``flash`` against ``sdpa``).
+
+    Args:
+        q_HND: (H, N, D) queries of the full packed row; k_KND, v_KND: (K, N, D).
+        plan: the shard plan of the row.
+        backend: one of ``BACKENDS``.
+        scaling, window: as in :func:`atac_cp_attention`.
+        caches: optional per-rank dicts for the index tensors (reused across calls).
+        per_rank_hook: called with (rank, out_SHD) after each rank.
+
+    Returns:
+        (N, H, D) output in row order.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}; legal values: {sorted(BACKENDS)}")
+    C, dev = plan.cp_size, q_HND.device
+    scale = q_HND.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    caches = caches if caches is not None else [{} for _ in range(C)]
+    layouts = [plan.local_layout(r) for r in range(C)]
+    tok = [torch.as_tensor(plan.rank_token_indices(r), device=dev) for r in range(C)]
+    local = [(q_HND.index_select(1, t), k_KND.index_select(1, t), v_KND.index_select(1, t)) for t in tok]
+    gathered = None
+    if len(plan.gathered_docs):
+        m = layouts[0].max_send
+        sends = [_send_rows(k, v, torch.as_tensor(lay.send_index, device=dev), m)
+                 for (_, k, v), lay in zip(local, layouts)]
+        gathered = _split(torch.cat(sends, dim=0), k_KND.shape[-1])
+    outs = []
+    for r in range(C):
+        q, k, v = local[r]
+        out = run_backend(backend, q, k, v, layouts[r], caches[r], (lambda: gathered) if gathered else None,
+                          scaling=scale, window=window)
+        if per_rank_hook is not None:
+            per_rank_hook(r, out)
+        outs.append(out)
+    order = torch.cat(tok)
+    inv = torch.empty_like(order)
+    inv[order] = torch.arange(len(order), device=dev)
+    return torch.cat(outs, dim=0).index_select(0, inv)
+
