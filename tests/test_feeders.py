@@ -12,7 +12,7 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from accelerate.data_loader import BatchSamplerShard
+from accelerate.data_loader import BatchSamplerShard, prepare_data_loader
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
@@ -23,6 +23,7 @@ from atac_hf.packing.config import PackingConfig
 from atac_hf.packing.dataset import dataset_lengths, pack_dataset
 from atac_hf.packing.stream import pack_lengths
 from atac_hf.packing.feeders import (
+    _WindowPlanner,
     PackedIterableDataset,
     SpanDataset,
     WFAPBatchSampler,
@@ -198,10 +199,31 @@ def test_sampler_with_accelerate_batch_sampler_shard():
     per_rank = [list(BatchSamplerShard(sampler, num_processes=replicas, process_index=r)) for r in range(replicas)]
     assert [full[b] for b in range(0, len(full), replicas)] == per_rank[0]
     _assert_covers([p for rank in per_rank for p in rank], lengths)
-    # balance: per-replica cost sums are closer than dealing the same packs in plain order
+
+
+def test_windows_are_balanced_over_replicas():
+    """Each window's share per replica (what one optimizer step waits for) is balanced."""
+    lengths = _lengths(n=300, seed=16)
+    lengths = lengths[lengths > 0]
+    replicas = 3
     cost = lambda p: float(COST.doc_cost([e - s for _, s, e in p]).sum())  # noqa: E731
-    sums = [sum(cost(p) for p in rank) for rank in per_rank]
-    assert max(sums) - min(sums) <= max(cost(p) for p in full) + 1e-9
+    planner = _WindowPlanner(_config(packs_per_window=6), COST, window_size=None, num_replicas=replicas,
+                             even_batches=False)
+    csum = np.cumsum(planner.packer.supply_tokens(lengths))
+    pos, checked, gain = 0, 0, []
+    while pos < lengths.size:
+        k = planner.window_count(csum, pos)
+        first = planner.num_batches
+        packs = planner.add(list(range(pos, pos + k)), lengths[pos:pos + k].tolist())
+        pos += k
+        if len(packs) % replicas or first % replicas:
+            continue
+        sums = [sum(cost(p) for p in packs[r::replicas]) for r in range(replicas)]
+        naive = [sum(cost(p) for p in sorted(packs)[r::replicas]) for r in range(replicas)]
+        assert max(sums) - min(sums) <= max(cost(p) for p in packs) + 1e-9
+        gain.append((max(naive) - min(naive)) - (max(sums) - min(sums)))
+        checked += 1
+    assert checked >= 10 and sum(gain) > 0  # better than dealing the packs in an arbitrary order
 
 
 def test_sampler_dataloader_end_to_end_with_fragments():
@@ -338,6 +360,22 @@ def test_streaming_through_dataloader_and_collator():
     loader = DataLoader(PackedIterableDataset(samples, _config()), batch_size=1, collate_fn=PackedDataCollator())
     total = sum(int(b["seq_lengths"].sum()) for b in loader)
     assert total == sum(len(s["input_ids"]) for s in samples)
+
+
+def test_streaming_with_accelerate_prepare_data_loader():
+    """dispatch_batches=False: every process packs the stream, IterableDatasetShard deals row r to r % R."""
+    samples = _samples(n=70, seed=15)
+    full = list(PackedIterableDataset(samples, _config(), num_replicas=2))
+    got = []
+    for rank in range(2):
+        loader = DataLoader(PackedIterableDataset(samples, _config(), num_replicas=2), batch_size=1,
+                            collate_fn=PackedDataCollator())
+        loader = prepare_data_loader(loader, num_processes=2, process_index=rank, put_on_device=False,
+                                     dispatch_batches=False)
+        got.append([b["seq_lengths"].tolist() for b in loader])
+    n = len(full) // 2
+    for rank in range(2):
+        assert got[rank][:n] == [r["seq_lengths"] for r in full[rank::2]][:n]
 
 
 def test_streaming_errors(monkeypatch):

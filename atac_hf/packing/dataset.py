@@ -12,6 +12,12 @@ Each output row is one pack::
 Feed the rows to :class:`~atac_hf.packing.collator.PackedDataCollator` with
 ``batch_size=1`` (one pack per step and replica), in order and unshuffled if the packs
 were ordered for data parallelism (``num_replicas``).
+
+Pitfall: ``transformers.Trainer`` drops dataset columns that are not arguments of
+``model.forward`` (``remove_unused_columns=True``, the default). Without ``seq_lengths`` a
+packed row looks like one long document to the collator and its documents would attend to
+each other: set ``remove_unused_columns=False``, or keep ``seq_lengths`` among the
+signature columns (TRL's SFTTrainer does).
 """
 
 from __future__ import annotations

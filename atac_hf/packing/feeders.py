@@ -174,16 +174,19 @@ class _WindowPlanner:
         return float(self.cost_model.doc_cost([e - s for _, s, e in pack]).sum())
 
     def _even_out(self, packs: list[list[Span]]) -> list[list[Span]]:
-        """Split the last window's packs until the pass's pack count is a multiple of num_replicas.
+        """Re-cut the last window's packs so the pass's pack count is a multiple of num_replicas.
 
-        Packs with several documents are split at a document boundary (costliest first);
-        failing that, under ``overlength="split"``, the longest document is cut in two
-        fragments (each >= ``min_fragment``). Splitting never raises a pack's tokens or cost.
+        First splits: a pack with several documents at a document boundary (costliest
+        first), else, under ``overlength="split"``, the longest document into two fragments
+        (each >= ``min_fragment``); splitting never raises a pack's tokens or cost. If no
+        pack can be split, merges the two packs with the fewest tokens while they fit the
+        cap (re-joining adjacent fragments of one sample).
         """
         need = -(self.num_batches + len(packs)) % self.num_replicas
         min_fragment = max(1, int(getattr(self.config, "min_fragment", 1) or 1))
         while need:
             multi = [i for i, p in enumerate(packs) if len(p) >= 2]
+            long = [i for i, p in enumerate(packs) if p[0][2] - p[0][1] >= 2 * min_fragment]
             if multi:
                 i = max(multi, key=lambda i: (self.pack_cost(packs[i]), -i))
                 halves: list[list[Span]] = [[], []]
@@ -193,21 +196,34 @@ class _WindowPlanner:
                     halves[h].append(span)
                     load[h] += self.pack_cost([span])
                 packs[i:i + 1] = halves
-            else:
-                long = [i for i, p in enumerate(packs) if p[0][2] - p[0][1] >= 2 * min_fragment]
-                if self.config.overlength != "split" or not long:
-                    warnings.warn(
-                        f"even_batches: the pass ends with {self.num_batches + len(packs)} packs, not a multiple "
-                        f"of num_replicas={self.num_replicas}, and its last packs cannot be split further; "
-                        "Accelerate will even out the last round by repeating batches",
-                        stacklevel=3,
-                    )
-                    break
+            elif long and self.config.overlength == "split":
                 i = max(long, key=lambda i: (packs[i][0][2] - packs[i][0][1], -i))
                 sid, start, end = packs[i][0]
                 mid = start + (end - start) // 2
                 packs[i:i + 1] = [[(sid, start, mid)], [(sid, mid, end)]]
+            else:
+                return self._merge_out(packs)
             need -= 1
+        return packs
+
+    def _merge_out(self, packs: list[list[Span]]) -> list[list[Span]]:
+        excess = (self.num_batches + len(packs)) % self.num_replicas
+        tokens = lambda p: sum(e - s for _, s, e in p)  # noqa: E731
+        while excess:
+            order = sorted(range(len(packs)), key=lambda i: (tokens(packs[i]), i))
+            if len(order) < 2 or tokens(packs[order[0]]) + tokens(packs[order[1]]) > self.config.max_tokens:
+                warnings.warn(
+                    f"even_batches: the pass ends with {self.num_batches + len(packs)} packs, not a multiple "
+                    f"of num_replicas={self.num_replicas}, and its last packs can be neither split nor merged; "
+                    "Accelerate will even out the last round by repeating batches",
+                    stacklevel=4,
+                )
+                break
+            a, b = sorted(order[:2])
+            merged = _coalesce(packs[a] + packs[b])
+            packs[a] = merged
+            del packs[b]
+            excess -= 1
         return packs
 
     def state_dict(self) -> dict[str, Any]:
@@ -219,6 +235,17 @@ class _WindowPlanner:
         self.prev_empty = bool(state["prev_empty"])
         self.num_batches = int(state["num_batches"])
         self.loads = [float(x) for x in state["loads"]]
+
+
+def _coalesce(pack: list[Span]) -> list[Span]:
+    """Join spans of one sample that meet end to start (fragments back into one document)."""
+    out: list[Span] = []
+    for sid, start, end in sorted(pack):
+        if out and out[-1][0] == sid and out[-1][2] == start:
+            out[-1] = (sid, out[-1][1], end)
+        else:
+            out.append((sid, start, end))
+    return out
 
 
 def plan_packs(lengths: Sequence[int], config: PackingConfig, *, order: Sequence[int] | None = None,
@@ -483,8 +510,9 @@ class PackedIterableDataset(IterableDataset):
     the packs of the current window not yet yielded, and the tokens (and labels) of every
     sample not yet fully yielded. ``load_state_dict`` restores them; the next ``iter()``
     re-positions the source by skipping ``consumed`` samples (``datasets.IterableDataset.skip``,
-    else reading and discarding them), so no sample is lost or repeated. Use it with
-    ``num_workers <= 1``; with Accelerate, ``dispatch_batches=False`` (rows differ in length,
+    else reading and discarding them), so no sample is lost or repeated. Iterate it in the
+    process that saves the state (``num_workers=0``; with one worker the state lives in the
+    worker; more workers are refused). With Accelerate, ``dispatch_batches=False`` (rows differ in length,
     so the dispatcher cannot concatenate them) - each process then packs the stream and
     ``IterableDatasetShard`` deals rows round-robin, as :func:`replica_order` assumes.
     """
