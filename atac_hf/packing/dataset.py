@@ -30,7 +30,7 @@ import numpy as np
 
 from ..cost import CostModel
 from .config import PackingConfig
-from .feeders import plan_packs
+from .feeding import plan_packs
 
 __all__ = ["dataset_lengths", "pack_dataset"]
 
@@ -110,7 +110,7 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
 
     if isinstance(dataset, datasets.IterableDataset):
         raise TypeError("pack_dataset needs a datasets.Dataset; for an IterableDataset use "
-                        "atac_hf.packing.feeders.PackedIterableDataset (streaming packing)")
+                        "atac_hf.packing.streaming.PackedIterableDataset (streaming packing)")
     if not isinstance(dataset, datasets.Dataset):
         raise TypeError(f"pack_dataset needs a datasets.Dataset, got {type(dataset).__name__}")
     if "input_ids" not in dataset.column_names:
