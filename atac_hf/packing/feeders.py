@@ -50,12 +50,14 @@ class WFAPBatchSampler(Sampler[list[Span]]):
         lengths: token count of every sample of the dataset (0 = skipped, counted in
             :attr:`num_empty_skipped`).
         config: packing configuration (cap, packs per window, strategy, overlength policy).
-        window_size: new samples per window; ``None`` sizes windows by tokens (see module doc).
+        window_size: new samples per window; ``None`` sizes windows by tokens
+            (:class:`~atac_hf.packing.feeding.WindowPlanner`).
         num_replicas: DP replicas the prepared DataLoader deals batches to (not counting CP).
         shuffle: shuffle sample order each epoch (seeded by ``(seed, epoch)``).
         seed: shuffle seed; must be the same on every rank.
         cost_model: costs packs for the packer and for DP ordering (default: the package default).
-        even_batches: make the epoch's batch count a multiple of ``num_replicas`` (module doc).
+        even_batches: make the epoch's batch count a multiple of ``num_replicas``
+            (:mod:`atac_hf.packing.feeding`).
 
     State (``state_dict``, JSON): ``epoch``, ``seed``, ``position`` (batches of the epoch
     already taken), ``num_batches`` and a ``fingerprint`` of lengths + config. Resuming
