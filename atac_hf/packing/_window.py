@@ -1,0 +1,157 @@
+"""Shared pieces of the per-window planners: the pool item, the window context, and the
+generic post-steps every strategy gets (fill empty packs, split overdue samples).
+
+A pool *item* is a tuple ``(sample_id, start, end, arrival, seq, frag)``: the span
+``[start, end)`` of a sample, the window it arrived in, its position in data order
+(``seq``, unique and increasing), and ``frag`` = 1 when the span is a fragment of a
+split sample (0 for a whole sample, or the kept head of a truncated one).
+
+Numpy only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..cost import CostModel
+from .config import PackingConfig
+
+Item = tuple  # (sample_id, start, end, arrival, seq, frag)
+SID, START, END, ARRIVAL, SEQ, FRAG = range(6)
+
+# planner(items, ctx) -> (packs, carry, newly_split): packs = ctx.num_packs lists of items
+# (some may be empty); carry = items left for later windows; newly_split = (sample_id,
+# tokens) of every item that was a whole sample and was split by the planner.
+Planner = Callable[[list, "WindowContext"], tuple[list[list[Item]], list[Item], list[tuple[int, int]]]]
+
+
+@dataclass(frozen=True)
+class WindowContext:
+    """What one planning decision sees besides the pool.
+
+    Attributes:
+        config: the packing configuration.
+        cost_model: costs documents (a fragment costs as its own document).
+        window: index of the window being planned (0, 1, ...).
+        final: end of stream: nothing may be held back.
+        ref_cost_per_token: cost per token of a full pack of short documents
+            (``reference_doc_tokens`` long): the cheapest way to fill a pack.
+    """
+
+    config: PackingConfig
+    cost_model: CostModel
+    window: int
+    final: bool
+    ref_cost_per_token: float
+
+    @property
+    def max_tokens(self) -> int:
+        return int(self.config.max_tokens)
+
+    @property
+    def num_packs(self) -> int:
+        return int(self.config.packs_per_window)
+
+    @property
+    def light_pack_cost(self) -> float:
+        """Cost of a pack filled to the cap with short documents."""
+        return self.ref_cost_per_token * self.max_tokens
+
+    def is_overdue(self, item: Item) -> bool:
+        """The item has waited ``max_defer`` windows: it must be placed in this window."""
+        return self.window - item[ARRIVAL] >= self.config.max_defer
+
+    def is_due(self, item: Item) -> bool:
+        """The item goes first: it is overdue, or the stream ends."""
+        return self.final or self.window - item[ARRIVAL] >= self.config.max_defer
+
+
+def ref_cost_per_token(config: PackingConfig, cost_model: CostModel) -> float:
+    ref = min(int(config.reference_doc_tokens), int(config.max_tokens))
+    return float(cost_model.doc_cost([ref])[0]) / ref
+
+
+def span_len(item: Item) -> int:
+    return item[END] - item[START]
+
+
+def fill_empty_packs(packs: list[list[Item]], carry: list[Item], ctx: WindowContext) -> list[Item]:
+    """Give every empty pack one carried item (oldest due first, then in data order), so a
+    window yields ``packs_per_window`` packs whenever the pool holds that many items.
+    Every item fits an empty pack (spans never exceed the cap)."""
+    empty = [j for j, p in enumerate(packs) if not p]
+    if not empty or not carry:
+        return carry
+    order = sorted(range(len(carry)), key=lambda i: (not ctx.is_due(carry[i]), carry[i][SEQ], carry[i][START]))
+    take = order[: len(empty)]
+    for j, i in zip(empty, take):
+        packs[j].append(carry[i])
+    taken = set(take)
+    return [it for i, it in enumerate(carry) if i not in taken]
+
+
+def place_overdue(packs: list[list[Item]], carry: list[Item], ctx: WindowContext) -> tuple[list[Item], list[tuple[int, int]]]:
+    """Place overdue items that the strategy left over: whole into the cheapest pack with room,
+    else (``split_overdue``) over the ends of the packs with the most room, in fragments
+    >= ``min_fragment``. Returns the new carry and ``(sample_id, tokens)`` of every item that
+    was whole before and is split now."""
+    if not carry or not any(ctx.is_overdue(it) for it in carry):
+        return carry, []
+    cfg = ctx.config
+    C, m = ctx.max_tokens, int(cfg.min_fragment)
+    room = [C - sum(span_len(it) for it in p) for p in packs]
+    cost = [float(costs_of(p, ctx.cost_model).sum()) for p in packs]
+    out: list[Item] = []
+    newly: list[tuple[int, int]] = []
+    for it in carry:
+        L = span_len(it)
+        if not ctx.is_overdue(it):
+            out.append(it)
+            continue
+        fits = [j for j in range(len(packs)) if room[j] >= L]
+        if fits:
+            j = min(fits, key=lambda j: (cost[j], j))
+            packs[j].append(it)
+            room[j] -= L
+            cost[j] += float(costs_of([it], ctx.cost_model)[0])
+            continue
+        if not cfg.split_overdue or L < 2 * m:
+            out.append(it)
+            continue
+        pieces: list[tuple[int, int]] = []  # (pack, size)
+        left = L
+        for j in sorted(range(len(packs)), key=lambda j: (-room[j], j)):
+            if left == 0:
+                break
+            take = min(room[j], left)
+            if 0 < left - take < m:
+                take = left - m  # leave a legal fragment behind
+            if take < m:
+                continue
+            pieces.append((j, take))
+            left -= take
+        if not pieces or 0 < left < m:
+            out.append(it)
+            continue
+        sid, s, e, arr, seq, _f = it
+        pos = s
+        for j, size in pieces:
+            piece = (sid, pos, pos + size, arr, seq, 1)
+            packs[j].append(piece)
+            room[j] -= size
+            cost[j] += float(costs_of([piece], ctx.cost_model)[0])
+            pos += size
+        if left:
+            out.append((sid, pos, e, arr, seq, 1))
+        if it[FRAG] == 0:
+            newly.append((sid, L))
+    return out, newly
+
+
+def costs_of(items: list[Item], cost_model: CostModel) -> np.ndarray:
+    if not items:
+        return np.zeros(0)
+    return cost_model.doc_cost(np.fromiter((it[END] - it[START] for it in items), dtype=np.int64, count=len(items)))

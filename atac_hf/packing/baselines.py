@@ -1,0 +1,153 @@
+"""Baseline packers behind the same per-window interface as WFAP.
+
+* ``sequential``: next-fit in data order (what naive pipelines do): fill the current pack
+  until the next sample does not fit, then open the next one.
+* ``bfd``: best-fit decreasing on tokens (TRL's ``pack_dataset`` default): longest first,
+  each into the pack with the least room that still fits it.
+* ``wlb``: WLB-LLM (OSDI'25) variable-length packing with outlier delay: documents of
+  length >= ``L_1`` wait in per-threshold FIFO queues; a queue holding ``packs_per_window``
+  documents releases that many, one to each pack. The rest is sorted longest first; each
+  goes to the pack with the least estimated workload (cost model) if it fits under the
+  cap, else to the pack with the fewest tokens if it fits, else it is carried.
+
+Every strategy places overdue items (waited ``max_defer`` windows) before the others so the
+delay stays bounded; apart from that they follow the published rules. Numpy only.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from ._window import ARRIVAL, END, SEQ, START, Item, WindowContext, costs_of
+
+__all__ = ["plan_sequential", "plan_bfd", "plan_wlb", "wlb_held_tokens"]
+
+
+def _data_order(it: Item) -> tuple:
+    return (it[ARRIVAL], it[SEQ], it[START])
+
+
+def plan_sequential(items: list[Item], ctx: WindowContext) -> tuple[list[list[Item]], list[Item], list]:
+    """Next-fit in data order (oldest first)."""
+    P, C = ctx.num_packs, ctx.max_tokens
+    packs: list[list[Item]] = [[] for _ in range(P)]
+    j, used = 0, 0
+    carry: list[Item] = []
+    for it in sorted(items, key=_data_order):
+        n = it[END] - it[START]
+        if j < P and used + n > C:
+            j, used = j + 1, 0
+        if j >= P:
+            carry.append(it)
+            continue
+        packs[j].append(it)
+        used += n
+    return packs, carry, []
+
+
+def plan_bfd(items: list[Item], ctx: WindowContext) -> tuple[list[list[Item]], list[Item], list]:
+    """Best-fit decreasing on tokens into at most ``packs_per_window`` packs."""
+    P, C = ctx.num_packs, ctx.max_tokens
+    packs: list[list[Item]] = []
+    rooms: list[tuple[int, int]] = []  # sorted (room, pack) of open packs
+    carry: list[Item] = []
+    order = sorted(items, key=lambda it: (not ctx.is_due(it), -(it[END] - it[START]), it[SEQ], it[START]))
+    for it in order:
+        n = it[END] - it[START]
+        k = bisect.bisect_left(rooms, (n, -1))
+        if k < len(rooms):
+            room, j = rooms.pop(k)
+        elif len(packs) < P:
+            room, j = C, len(packs)
+            packs.append([])
+        else:
+            carry.append(it)
+            continue
+        packs[j].append(it)
+        if room - n > 0:
+            bisect.insort(rooms, (room - n, j))
+    packs.extend([] for _ in range(P - len(packs)))
+    carry.sort(key=_data_order)
+    return packs, carry, []
+
+
+def _wlb_queues(items: list[Item], ctx: WindowContext) -> tuple[list[int], list[list[int]]]:
+    """Split the pool into (free item indices, FIFO queue per threshold)."""
+    th = ctx.config.resolved_wlb_thresholds
+    queues: list[list[int]] = [[] for _ in th]
+    free: list[int] = []
+    for i in sorted(range(len(items)), key=lambda i: _data_order(items[i])):
+        n = items[i][END] - items[i][START]
+        k = bisect.bisect_right(th, n) - 1
+        if k < 0:
+            free.append(i)
+        else:
+            queues[k].append(i)
+    return free, queues
+
+
+def _wlb_release(items: list[Item], queues: list[list[int]], ctx: WindowContext) -> tuple[list[list[int]], list[int]]:
+    """Per queue, the documents released to the packs this window (a full queue releases
+    ``packs_per_window``, oldest first); plus overdue queued documents not in those."""
+    P = ctx.num_packs
+    released: list[list[int]] = []
+    overdue: list[int] = []
+    for q in queues:
+        out = q[:P] if len(q) >= P else []
+        released.append(out)
+        taken = set(out)
+        overdue.extend(i for i in q if i not in taken and ctx.is_due(items[i]))
+    return released, overdue
+
+
+def wlb_held_tokens(items: list[Item], ctx: WindowContext) -> int:
+    """Tokens of queued documents the next window would keep waiting."""
+    _free, queues = _wlb_queues(items, ctx)
+    released, overdue = _wlb_release(items, queues, ctx)
+    out = set(overdue).union(*map(set, released))
+    return sum(items[i][END] - items[i][START] for q in queues for i in q if i not in out)
+
+
+def plan_wlb(items: list[Item], ctx: WindowContext) -> tuple[list[list[Item]], list[Item], list]:
+    """WLB-LLM packing with outlier-delay queues (see the module doc)."""
+    P, C = ctx.num_packs, ctx.max_tokens
+    packs: list[list[Item]] = [[] for _ in range(P)]
+    if not items:
+        return packs, [], []
+    cost = costs_of(items, ctx.cost_model).tolist()
+    free, queues = _wlb_queues(items, ctx)
+    released, overdue = _wlb_release(items, queues, ctx)
+    work = [0.0] * P
+    tok = [0] * P
+    carry: list[Item] = []
+    placed: set[int] = set()
+    for group in released:  # one per pack, heaviest of the group to the least loaded pack
+        for i in sorted(group, key=lambda i: (-cost[i], items[i][SEQ])):
+            n = items[i][END] - items[i][START]
+            cands = [j for j in range(P) if tok[j] + n <= C]
+            if not cands:
+                continue  # stays queued
+            j = min(cands, key=lambda j: (work[j], j))
+            packs[j].append(items[i])
+            work[j] += cost[i]
+            tok[j] += n
+            placed.add(i)
+    rest = [i for i in free + overdue if i not in placed]
+    rest.sort(key=lambda i: (not ctx.is_due(items[i]), -(items[i][END] - items[i][START]), items[i][SEQ],
+                             items[i][START]))
+    for i in rest:
+        n = items[i][END] - items[i][START]
+        j = min(range(P), key=lambda j: (work[j], j))
+        if tok[j] + n > C:
+            j = min(range(P), key=lambda j: (tok[j], j))
+            if tok[j] + n > C:
+                carry.append(items[i])
+                continue
+        packs[j].append(items[i])
+        work[j] += cost[i]
+        tok[j] += n
+        placed.add(i)
+    carry.extend(items[i] for q in queues for i in q if i not in placed)
+    carry = list({(it[SEQ], it[START]): it for it in carry}.values())
+    carry.sort(key=_data_order)
+    return packs, carry, []

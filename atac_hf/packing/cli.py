@@ -1,0 +1,110 @@
+"""``atac-hf pack``: pack sample lengths with one strategy and print the packs or a summary.
+
+Examples::
+
+    atac-hf pack --lengths ../shared/workloads/wlbllm_doc_lengths.json --max-tokens 65536 \\
+        --packs-per-window 64 --strategy wfap --model 7b --hardware A800
+    atac-hf pack --workload longtail --num-samples 20000 --max-tokens 65536 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from ..cost import HARDWARE_PRESETS, MODEL_PRESETS, CostModel
+from ..workloads import WORKLOADS, load_lengths, make_workload
+from .config import OVERLENGTH_POLICIES, STRATEGIES, PackingConfig
+from .stream import pack_lengths
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``pack`` sub-command to an argparse sub-parser set."""
+    p = subparsers.add_parser(
+        "pack",
+        help="pack sample lengths (WFAP or a baseline) and report balance, padding, fragmentation",
+        description="Pack sample lengths window by window and print the packs (--json) or a summary.",
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--lengths", metavar="FILE.json", help="JSON array of sample lengths (ints >= 0)")
+    src.add_argument("--workload", choices=sorted(WORKLOADS), help="a built-in parametric workload instead")
+    p.add_argument("--num-samples", type=int, default=100_000, help="samples of --workload (default 100000)")
+    p.add_argument("--seed", type=int, default=0, help="seed of --workload (default 0)")
+    p.add_argument("--max-tokens", type=int, required=True, help="token cap of one pack")
+    p.add_argument("--packs-per-window", type=int, default=64,
+                   help="packs per window, e.g. DP replicas x gradient accumulation (default 64)")
+    p.add_argument("--window", type=int, default=None,
+                   help="new samples per window (default: size windows by tokens)")
+    p.add_argument("--strategy", choices=STRATEGIES, default="wfap", help="packing strategy (default wfap)")
+    p.add_argument("--overlength", choices=OVERLENGTH_POLICIES, default="split",
+                   help="samples longer than --max-tokens (default split)")
+    p.add_argument("--max-defer", type=int, default=None, help="windows a sample may be held back")
+    p.add_argument("--model", default="8b", help=f"model preset for the cost model: {sorted(MODEL_PRESETS)}")
+    p.add_argument("--hardware", default="H100", help=f"hardware preset: {sorted(HARDWARE_PRESETS)}")
+    p.add_argument("--cost-profile", default=None, help="calibrated cost profile JSON (overrides --model/--hardware)")
+    p.add_argument("--json", action="store_true", help="print one JSON object {packs, deferred, metrics}")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Execute ``atac-hf pack``; user errors raise ValueError (the main CLI prints them)."""
+    if args.lengths is not None:
+        lengths = load_lengths(args.lengths)
+        source = args.lengths
+    else:
+        lengths = make_workload(args.workload, args.num_samples, seed=args.seed)
+        source = f"workload {args.workload} (n={args.num_samples}, seed={args.seed})"
+    if args.cost_profile:
+        cm = CostModel.from_profile(args.cost_profile)
+    else:
+        cm = CostModel.from_model(args.model, args.hardware)
+    options: dict[str, Any] = {}
+    if args.max_defer is not None:
+        options["max_defer"] = args.max_defer
+    config = PackingConfig(max_tokens=args.max_tokens, packs_per_window=args.packs_per_window,
+                           strategy=args.strategy, overlength=args.overlength, **options)
+    t0 = time.perf_counter()
+    result = pack_lengths(lengths, config, cm, window=args.window)
+    seconds = time.perf_counter() - t0
+    if args.json:
+        out = {
+            "packs": [[list(span) for span in pack] for pack in result.packs],
+            "deferred": [list(d) for d in result.deferred],
+            "metrics": {**result.metrics, "planner_seconds": seconds},
+        }
+        json.dump(out, sys.stdout, separators=(",", ":"))
+        sys.stdout.write("\n")
+        return 0
+    m = result.metrics
+    print(f"{source}: {m['num_samples']} samples, {m['tokens']} tokens -> {m['num_packs']} packs in "
+          f"{m['num_windows']} windows ({config.strategy}, cap {config.max_tokens}, "
+          f"{config.packs_per_window} packs/window, cost model {cm.name})")
+    print(f"  pack cost max/mean per window: mean {m['imbalance_mean']:.3f}, worst {m['imbalance_worst']:.3f}; "
+          f"CV {m['cost_cv']:.3f}; est. time {m['est_time_s']:.2f} s/layer")
+    print(f"  padding {100 * m['padding']:.2f}%  split samples {100 * m['fragmentation']:.2f}%  "
+          f"truncated tokens {m['truncated_tokens']}  zero-length skipped {m['zero_length_skipped']}")
+    print(f"  deferred {100 * m['deferred_share']:.2f}% of samples, delay mean {m['delay_mean_deferred']:.2f} "
+          f"max {m['delay_max']} windows; planned in {seconds:.2f} s")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``pack`` on its own (``python -m atac_hf.packing.cli ...``)."""
+    parser = argparse.ArgumentParser(prog="atac-hf")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["pack", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return int(args.func(args) or 0)
+    except ValueError as e:
+        print(f"atac-hf pack: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""PackingConfig: every knob of the packing planners, validated once.
+
+Numpy only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+__all__ = ["PackingConfig", "STRATEGIES", "OVERLENGTH_POLICIES"]
+
+STRATEGIES = ("wfap", "sequential", "bfd", "wlb")
+OVERLENGTH_POLICIES = ("split", "truncate", "error")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackingConfig:
+    """How samples are packed into rows of at most ``max_tokens`` tokens, window by window.
+
+    Attributes:
+        max_tokens: token cap of one pack (memory), > 0.
+        packs_per_window: packs produced per window (>= 1), e.g. DP replicas x
+            gradient-accumulation micro-batches of one optimizer step.
+        strategy: ``"wfap"`` (cost-balanced, deferral of heavy samples), ``"sequential"``
+            (next-fit in data order), ``"bfd"`` (best-fit decreasing on tokens, TRL's
+            default) or ``"wlb"`` (WLB-LLM variable-length packing with outlier delay).
+        overlength: what happens to a sample longer than ``max_tokens``: ``"split"`` into
+            the fewest near-equal fragments that fit (each its own document in its row),
+            ``"truncate"`` to the first ``max_tokens`` tokens (the rest is dropped and
+            counted), or ``"error"`` (raise ValueError).
+        min_fragment: shortest fragment a split may leave, in tokens (>= 1). Default
+            ``None``: ``min(128, max_tokens // 2)`` (at least 1). Must be at most
+            ``max_tokens // 2`` so that an overlength split can always respect it.
+        max_defer: windows a sample may be held back (>= 0). A sample that has waited this
+            many windows is placed first in the next window; with ``split_overdue`` it is
+            split over pack ends if it fits nowhere whole. ``0`` disables deferral.
+        split_overdue: split a sample that has waited ``max_defer`` windows and fits in no
+            pack whole over pack ends (fragments >= ``min_fragment``) rather than let it
+            wait longer. Rare: overdue samples are placed before everything else.
+        balance_tolerance: ``wfap``: target max/mean pack cost of a window (> 1). A sample
+            is *heavy* (held back as an anchor) when it alone costs more than
+            ``balance_tolerance`` x a full pack of short documents; held samples are
+            released together as soon as the pool holds ``packs_per_window`` of them whose
+            packs would be balanced within this tolerance (or when they are overdue).
+        local_search: ``wfap``: after the greedy placement, move or swap tails between the
+            most and least expensive packs while that lowers the maximum.
+        balance_split: ``wfap``: an overdue heavy sample that no group of similar anchors
+            can balance is split into the fewest near-equal fragments (>= ``min_fragment``)
+            that each cost no more than a full pack of short documents, and placed as
+            tails. Counted in ``fragmentation`` when the sample was whole. ``False``
+            releases it as an anchor anyway (the window is then unbalanced).
+        defer_heavy: ``wfap``: hold heavy samples back (bounded by ``max_defer``) until a
+            window can give each pack an anchor of similar cost. ``False`` places every
+            sample in the window it arrives in (cost-balanced greedy only).
+        wlb_thresholds: ``wlb``: outlier-delay length thresholds ``L1 < ... < Ln`` in
+            tokens; a document of length >= ``L_k`` (and < ``L_{k+1}``) waits in queue
+            ``k``, which releases ``packs_per_window`` documents, one per pack, once it
+            holds that many. Default ``None``: ``(max_tokens // 4, max_tokens // 2)``.
+            An empty tuple disables the outlier delay.
+        reference_doc_tokens: length of the "short document" used as the reference
+            when costing a full pack of light work (``wfap`` heavy threshold), >= 1.
+    """
+
+    max_tokens: int
+    packs_per_window: int
+    strategy: str = "wfap"
+    overlength: str = "split"
+    min_fragment: int | None = None
+    max_defer: int = 16
+    split_overdue: bool = True
+    balance_tolerance: float = 1.05
+    local_search: bool = True
+    balance_split: bool = True
+    defer_heavy: bool = True
+    wlb_thresholds: tuple[int, ...] | None = None
+    reference_doc_tokens: int = 2048
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.max_tokens) or self.max_tokens <= 0:
+            raise ValueError(
+                f"max_tokens={self.max_tokens!r} is invalid: it must be an int > 0 "
+                "(the per-pack token cap; set max_tokens / --max-tokens)"
+            )
+        if not _is_int(self.packs_per_window) or self.packs_per_window < 1:
+            raise ValueError(
+                f"packs_per_window={self.packs_per_window!r} is invalid: it must be an int >= 1 "
+                "(e.g. DP replicas x gradient-accumulation steps; set packs_per_window / --packs-per-window)"
+            )
+        if self.strategy not in STRATEGIES:
+            raise ValueError(
+                f"unknown packing strategy {self.strategy!r}; legal values: {list(STRATEGIES)} (set strategy / --strategy)"
+            )
+        if self.overlength not in OVERLENGTH_POLICIES:
+            raise ValueError(
+                f"unknown overlength policy {self.overlength!r}; legal values: {list(OVERLENGTH_POLICIES)} "
+                "(set overlength / --overlength)"
+            )
+        limit = max(1, int(self.max_tokens) // 2)
+        if self.min_fragment is None:
+            object.__setattr__(self, "min_fragment", min(128, limit))
+        elif not _is_int(self.min_fragment) or not 1 <= self.min_fragment <= limit:
+            raise ValueError(
+                f"min_fragment={self.min_fragment!r} is invalid: it must be an int in [1, max_tokens // 2 = {limit}] "
+                "(set min_fragment, or None for the default)"
+            )
+        if not _is_int(self.max_defer) or self.max_defer < 0:
+            raise ValueError(
+                f"max_defer={self.max_defer!r} is invalid: it must be an int >= 0 windows (0 disables deferral)"
+            )
+        for name in ("split_overdue", "local_search", "balance_split", "defer_heavy"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise TypeError(f"{name}={getattr(self, name)!r} must be True or False")
+        tol = self.balance_tolerance
+        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not math.isfinite(tol) or tol <= 1.0:
+            raise ValueError(
+                f"balance_tolerance={tol!r} is invalid: it must be a number > 1 (target max/mean pack cost, "
+                "e.g. 1.05)"
+            )
+        if self.wlb_thresholds is not None:
+            th = self.wlb_thresholds
+            if isinstance(th, (str, bytes)) or not hasattr(th, "__iter__"):
+                raise TypeError(f"wlb_thresholds={th!r} must be None or a sequence of ints")
+            th = tuple(th)
+            if not all(_is_int(x) and 1 <= x for x in th) or any(a >= b for a, b in zip(th, th[1:])):
+                raise ValueError(
+                    f"wlb_thresholds={th!r} is invalid: it must be strictly increasing ints >= 1 "
+                    "(token lengths L1 < ... < Ln; () disables the outlier delay)"
+                )
+            object.__setattr__(self, "wlb_thresholds", tuple(int(x) for x in th))
+        if not _is_int(self.reference_doc_tokens) or self.reference_doc_tokens < 1:
+            raise ValueError(f"reference_doc_tokens={self.reference_doc_tokens!r} must be an int >= 1")
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def window_tokens(self) -> int:
+        """Token capacity of one window: ``packs_per_window * max_tokens``."""
+        return int(self.max_tokens) * int(self.packs_per_window)
+
+    @property
+    def resolved_wlb_thresholds(self) -> tuple[int, ...]:
+        """``wlb_thresholds`` with the default filled in."""
+        if self.wlb_thresholds is not None:
+            return self.wlb_thresholds
+        c = int(self.max_tokens)
+        return tuple(sorted({max(1, c // 4), max(1, c // 2)}))
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def for_training(cls, max_tokens: int, *, dp_size: int = 1, grad_accum: int = 1, **options: Any) -> "PackingConfig":
+        """One window per optimizer step: ``packs_per_window = dp_size * grad_accum``."""
+        for name, v in (("dp_size", dp_size), ("grad_accum", grad_accum)):
+            if not _is_int(v) or v < 1:
+                raise ValueError(f"{name}={v!r} must be an int >= 1")
+        return cls(max_tokens=max_tokens, packs_per_window=int(dp_size) * int(grad_accum), **options)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "PackingConfig":
+        """Build from a mapping (e.g. a JSON/YAML config section); unknown keys are an error."""
+        if not isinstance(data, Mapping):
+            raise TypeError(f"a packing config must be a mapping, got {type(data).__name__}")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - fields)
+        if unknown:
+            raise ValueError(f"unknown packing config keys {unknown}; legal keys: {sorted(fields)}")
+        kwargs = dict(data)
+        if isinstance(kwargs.get("wlb_thresholds"), list):
+            kwargs["wlb_thresholds"] = tuple(kwargs["wlb_thresholds"])
+        return cls(**kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable fields (inverse of :meth:`from_dict`)."""
+        d = dataclasses.asdict(self)
+        if d["wlb_thresholds"] is not None:
+            d["wlb_thresholds"] = list(d["wlb_thresholds"])
+        return d

@@ -1,0 +1,398 @@
+"""StreamPacker: window-by-window packing of a sample stream, resumable; and
+:func:`pack_lengths`, the same over a whole array of lengths.
+
+Numpy only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..cost import CostModel, default_cost_model
+from ._window import ARRIVAL, END, FRAG, SEQ, SID, START, Item, Planner, WindowContext, fill_empty_packs
+from ._window import place_overdue, ref_cost_per_token
+from .baselines import plan_bfd, plan_sequential, plan_wlb, wlb_held_tokens
+from .config import PackingConfig
+from .metrics import MetricsAccumulator, pack_costs
+from .wfap import plan_wfap, wfap_held_tokens
+
+__all__ = ["StreamPacker", "PackResult", "pack_lengths", "PLANNERS"]
+
+Span = tuple[int, int, int]
+Pack = list[Span]
+
+PLANNERS: dict[str, Planner] = {
+    "wfap": plan_wfap,
+    "sequential": plan_sequential,
+    "bfd": plan_bfd,
+    "wlb": plan_wlb,
+}
+_HELD = {"wfap": wfap_held_tokens, "wlb": wlb_held_tokens}
+_STATE_FORMAT = "atac-hf/stream-packer/v1"
+
+
+class StreamPacker:
+    """Packs a stream of samples window by window; stateful, deterministic, resumable.
+
+    Each :meth:`add_window` call packs the new samples together with those carried from
+    earlier windows (held back on purpose, or that did not fit) into up to
+    ``packs_per_window`` packs. A pack is a list of spans ``(sample_id, start, end)``: a
+    whole sample is ``(i, 0, len_i)``; a split sample appears as several fragments, each
+    its own document in its row. :meth:`flush` ends the stream: everything left is packed,
+    nothing is lost.
+
+    Args:
+        config: the packing configuration.
+        cost_model: costs documents (default: :func:`~atac_hf.cost.default_cost_model`).
+
+    Attributes:
+        config, cost_model: as given.
+    """
+
+    def __init__(self, config: PackingConfig, cost_model: CostModel | None = None) -> None:
+        if not isinstance(config, PackingConfig):
+            raise TypeError(f"config must be a PackingConfig, got {type(config).__name__}")
+        if cost_model is not None and not isinstance(cost_model, CostModel):
+            raise TypeError(f"cost_model must be a CostModel or None, got {type(cost_model).__name__}")
+        self.config = config
+        self.cost_model = cost_model if cost_model is not None else default_cost_model()
+        self._ref = ref_cost_per_token(config, self.cost_model)
+        self._planner = PLANNERS[config.strategy]
+        self._window = 0
+        self._seq = 0
+        self._pool: list[Item] = []
+        self._open: dict[int, list[int]] = {}  # split sample -> [tokens not yet emitted, max delay so far]
+        self._metrics = MetricsAccumulator(config.max_tokens, config.max_defer)
+
+    # ------------------------------------------------------------------ read-only views
+    @property
+    def window_index(self) -> int:
+        """Index of the next window (= windows planned so far, flush windows included)."""
+        return self._window
+
+    @property
+    def pending_ids(self) -> list[int]:
+        """Sample ids carried into the next window (in data order, each once)."""
+        return list(dict.fromkeys(it[SID] for it in sorted(self._pool, key=lambda it: (it[SEQ], it[START]))))
+
+    @property
+    def pending_tokens(self) -> int:
+        """Tokens carried into the next window."""
+        return sum(it[END] - it[START] for it in self._pool)
+
+    @property
+    def tokens_wanted(self) -> int:
+        """Tokens of new samples the next window can use: the window's capacity
+        (``packs_per_window * max_tokens``) minus the carried tokens it will pack (carried
+        samples the strategy keeps holding back do not count). Feeders that size windows by
+        tokens should add samples until their tokens reach this."""
+        held_fn = _HELD.get(self.config.strategy)
+        held = held_fn(self._pool, self._context(final=False)) if held_fn and self._pool else 0
+        return self.config.window_tokens - (self.pending_tokens - held)
+
+    def supply_tokens(self, lengths: Sequence[int]) -> np.ndarray:
+        """Tokens each of these (new) samples would add to a window's packable supply: its
+        length after ``overlength`` handling, or 0 for a sample the strategy holds back on
+        arrival (``wfap`` heavy samples, ``wlb`` outliers). Feeders that size windows by
+        tokens add samples until the cumulative supply reaches :attr:`tokens_wanted`."""
+        lens = np.asarray(lengths, dtype=np.int64)
+        C = int(self.config.max_tokens)
+        eff = np.minimum(lens, C) if self.config.overlength == "truncate" else lens.copy()
+        if self.config.strategy == "wfap" and self.config.defer_heavy:
+            pieces = -(-lens // C)
+            piece = np.minimum(eff, -(-eff // np.maximum(pieces, 1)))  # longest piece after splitting
+            heavy = self.cost_model.doc_cost(piece) > self.config.balance_tolerance * self._ref * C
+            eff[heavy] = 0
+        elif self.config.strategy == "wlb":
+            th = self.config.resolved_wlb_thresholds
+            if th:
+                piece = np.minimum(eff, -(-eff // np.maximum(-(-lens // C), 1)))
+                eff[piece >= th[0]] = 0
+        return eff
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """Running metrics of everything emitted so far (see :mod:`atac_hf.packing.metrics`)."""
+        return self._metrics.summary()
+
+    # ------------------------------------------------------------------ packing
+    def add_window(self, sample_ids: Sequence[int], lengths: Sequence[int]) -> list[Pack]:
+        """Pack one window: the new samples plus those carried from earlier windows.
+
+        Args:
+            sample_ids: ids of the new samples (ints, unique, not pending).
+            lengths: their token counts (ints >= 0; 0 is skipped and counted).
+
+        Returns:
+            up to ``packs_per_window`` packs (exactly that many unless too few samples are
+            available), each a list of ``(sample_id, start, end)``.
+
+        Raises:
+            ValueError / TypeError: bad ids or lengths (nothing is changed then), or a
+                sample over ``max_tokens`` with ``overlength="error"``.
+        """
+        ids, lens = _check_window(sample_ids, lengths, self.config)
+        pending = {it[SID] for it in self._pool} | set(self._open)
+        clash = [i for i in ids if i in pending]
+        if clash:
+            raise ValueError(
+                f"sample id {clash[0]} is still pending in the packer (carried from an earlier window); "
+                "every sample id of a stream must be unique"
+            )
+        self._ingest(ids, lens)
+        return self._step(final=False)
+
+    def flush(self) -> list[Pack]:
+        """End of stream: pack everything carried (as many windows as it takes)."""
+        return [p for window in self.flush_windows() for p in window]
+
+    def flush_windows(self) -> list[list[Pack]]:
+        """Like :meth:`flush`, but keeps the window structure (each window up to
+        ``packs_per_window`` packs)."""
+        out = []
+        while self._pool:
+            before = len(self._pool), self.pending_tokens
+            out.append(self._step(final=True))
+            if not out[-1] and (len(self._pool), self.pending_tokens) == before:  # pragma: no cover
+                raise AssertionError("flush made no progress; this is a bug in the packer")
+        return out
+
+    def _context(self, final: bool) -> WindowContext:
+        return WindowContext(self.config, self.cost_model, self._window, final, self._ref)
+
+    def _ingest(self, ids: list[int], lens: list[int]) -> None:
+        cfg, C, w = self.config, int(self.config.max_tokens), self._window
+        m = self._metrics
+        for sid, L in zip(ids, lens):
+            if L == 0:
+                m.zero_length_skipped += 1
+                continue
+            seq = self._seq
+            self._seq += 1
+            if L <= C:
+                self._pool.append((sid, 0, L, w, seq, 0))
+            elif cfg.overlength == "truncate":
+                self._pool.append((sid, 0, C, w, seq, 0))
+                m.truncated_tokens += L - C
+            else:  # split into the fewest near-equal fragments that fit
+                k = -(-L // C)
+                base, extra = divmod(L, k)
+                pos = 0
+                for f in range(k):
+                    size = base + (f < extra)
+                    self._pool.append((sid, pos, pos + size, w, seq, 1))
+                    pos += size
+                self._open[sid] = [L, 0]
+                m.num_split += 1
+
+    def _step(self, final: bool) -> list[Pack]:
+        ctx = self._context(final)
+        packs, carry, newly_split = self._planner(self._pool, ctx)
+        carry = fill_empty_packs(packs, carry, ctx)
+        carry, more = place_overdue(packs, carry, ctx)
+        for sid, tokens in newly_split + more:
+            self._open[sid] = [tokens, 0]
+            self._metrics.num_split += 1
+        packs = [sorted(p, key=lambda it: (it[SEQ], it[START])) for p in packs if p]
+        self._pool = carry
+        out = [[(it[SID], it[START], it[END]) for it in p] for p in packs]
+        self._metrics.add_window(pack_costs(out, self.cost_model), sum(e - s for p in out for _, s, e in p))
+        w = self._window
+        for p in packs:
+            for it in p:
+                delay = w - it[ARRIVAL]
+                if it[FRAG]:
+                    rec = self._open[it[SID]]
+                    rec[0] -= it[END] - it[START]
+                    rec[1] = max(rec[1], delay)
+                    if rec[0] == 0:
+                        del self._open[it[SID]]
+                        self._metrics.add_sample(rec[1])
+                else:
+                    self._metrics.add_sample(delay)
+        self._window += 1
+        return out
+
+    # ------------------------------------------------------------------ resume
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume, JSON-serialisable."""
+        return {
+            "format": _STATE_FORMAT,
+            "config": self.config.to_dict(),
+            "cost_model": dataclasses.asdict(self.cost_model),
+            "window": self._window,
+            "seq": self._seq,
+            "pool": [list(it) for it in self._pool],
+            "open": [[sid, rec[0], rec[1]] for sid, rec in self._open.items()],
+            "metrics": self._metrics.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore from :meth:`state_dict` (also after a JSON round trip).
+
+        Raises:
+            ValueError: the state is not a packer state, or was saved with a different
+                config or cost model.
+        """
+        if not isinstance(state, Mapping) or state.get("format") != _STATE_FORMAT:
+            raise ValueError(f"not a StreamPacker state (expected format {_STATE_FORMAT!r})")
+        mine = self.config.to_dict()
+        diff = sorted(k for k in mine if state["config"].get(k) != mine[k])
+        if diff:
+            saved = ", ".join(f"{k}={state['config'].get(k)!r}" for k in diff)
+            have = ", ".join(f"{k}={mine[k]!r}" for k in diff)
+            raise ValueError(
+                f"packer state was saved with a different PackingConfig ({saved}; this packer has {have}): "
+                "resume with the same config"
+            )
+        if state["cost_model"] != dataclasses.asdict(self.cost_model):
+            raise ValueError("packer state was saved with a different cost model: resume with the same CostModel")
+        self._window = int(state["window"])
+        self._seq = int(state["seq"])
+        self._pool = [tuple(int(x) for x in it) for it in state["pool"]]
+        self._open = {int(sid): [int(left), int(d)] for sid, left, d in state["open"]}
+        self._metrics.load_state_dict(state["metrics"])
+
+
+@dataclass(frozen=True)
+class PackResult:
+    """Output of :func:`pack_lengths`.
+
+    Attributes:
+        packs: every pack in emission order; spans ``(sample, start, end)`` with sample =
+            index into the input lengths.
+        deferred: ``(sample, delay)`` of every sample emitted ``delay >= 1`` windows after it
+            arrived, by sample index.
+        metrics: the metrics table (:mod:`atac_hf.packing.metrics`).
+        pack_window: window index of each pack.
+        arrival: window each sample arrived in (index into the input lengths).
+    """
+
+    packs: list[Pack]
+    deferred: list[tuple[int, int]]
+    metrics: dict[str, Any]
+    pack_window: list[int] = field(default_factory=list)
+    arrival: list[int] = field(default_factory=list)
+
+    def windows(self) -> list[list[Pack]]:
+        """The packs grouped by window (empty windows included)."""
+        n = (max(self.pack_window) + 1) if self.pack_window else 0
+        out: list[list[Pack]] = [[] for _ in range(n)]
+        for p, w in zip(self.packs, self.pack_window):
+            out[w].append(p)
+        return out
+
+
+def pack_lengths(lengths: Sequence[int], config: PackingConfig, cost_model: CostModel | None = None, *,
+                 window: int | None = None) -> PackResult:
+    """Pack a whole array of sample lengths window by window (a :class:`StreamPacker`
+    fed in data order, then flushed).
+
+    Args:
+        lengths: token count of every sample (ints >= 0; zeros are skipped and counted).
+        config: the packing configuration.
+        cost_model: default :func:`~atac_hf.cost.default_cost_model`.
+        window: new samples per window; ``None`` sizes each window by tokens: samples are
+            added until they reach the packer's :attr:`StreamPacker.tokens_wanted`.
+
+    Returns:
+        :class:`PackResult`; sample ids are indices into ``lengths``.
+
+    Raises:
+        ValueError / TypeError: empty input, non-integer or negative lengths, a bad
+            ``window``, or (``overlength="error"``) a sample over ``max_tokens``.
+    """
+    arr = _check_lengths(lengths, "lengths")
+    if arr.size == 0:
+        raise ValueError("lengths is empty: nothing to pack (pass at least one sample length)")
+    if window is not None and (not isinstance(window, (int, np.integer)) or isinstance(window, bool) or window < 1):
+        raise ValueError(f"window={window!r} is invalid: it must be None (size windows by tokens) or an int >= 1 samples")
+    _check_overlength(arr, np.arange(arr.size), config)
+    packer = StreamPacker(config, cost_model)
+    csum = np.cumsum(packer.supply_tokens(arr))
+    n = arr.size
+    arrival = np.zeros(n, dtype=np.int64)
+    windows: list[list[Pack]] = []
+    pos = 0
+    while pos < n:
+        if window is not None:
+            k = int(window)
+        else:
+            before = int(csum[pos - 1]) if pos else 0
+            k = int(np.searchsorted(csum, before + packer.tokens_wanted, side="left")) + 1 - pos
+            if k <= 0 and (not windows or not windows[-1]):
+                k = 1
+        k = max(0, min(k, n - pos))
+        arrival[pos:pos + k] = packer.window_index
+        windows.append(packer.add_window(range(pos, pos + k), arr[pos:pos + k].tolist()))
+        pos += k
+    windows.extend(packer.flush_windows())
+    packs = [p for win in windows for p in win]
+    pack_window = [w for w, win in enumerate(windows) for _ in win]
+    last = np.full(n, -1, dtype=np.int64)
+    for p, w in zip(packs, pack_window):
+        for sid, _s, _e in p:
+            last[sid] = w
+    delay = np.where(last >= 0, last - arrival, 0)
+    deferred = [(int(i), int(delay[i])) for i in np.flatnonzero(delay > 0)]
+    return PackResult(packs=packs, deferred=deferred, metrics=packer.metrics, pack_window=pack_window,
+                      arrival=arrival.tolist())
+
+
+# ---------------------------------------------------------------------------- validation
+def _check_lengths(lengths: Any, name: str) -> np.ndarray:
+    if isinstance(lengths, (str, bytes, Mapping)):
+        raise TypeError(f"{name} must be a sequence of ints, got {type(lengths).__name__}")
+    values = lengths if isinstance(lengths, np.ndarray) else list(lengths)
+    try:
+        arr = np.asarray(values)
+    except ValueError:  # ragged nesting
+        raise ValueError(f"{name} must be a flat sequence of ints") from None
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a flat sequence of ints, got shape {arr.shape}")
+    bools = arr.dtype == bool or (not isinstance(values, np.ndarray)
+                                  and any(isinstance(v, (bool, np.bool_)) for v in values))
+    if bools or not np.issubdtype(arr.dtype, np.integer):
+        items = values.tolist() if isinstance(values, np.ndarray) else values
+        bad = next((i for i, v in enumerate(items)
+                    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer))), 0)
+        raise TypeError(
+            f"{name}[{bad}] = {items[bad]!r} is not an int: sample lengths must be integer token counts >= 0"
+        )
+    if arr.min() < 0:
+        bad = int(np.argmin(arr))
+        raise ValueError(f"{name}[{bad}] = {int(arr[bad])} is negative: sample lengths must be token counts >= 0")
+    return arr.astype(np.int64)
+
+
+def _check_overlength(arr: np.ndarray, ids: Sequence[int], config: PackingConfig) -> None:
+    if config.overlength != "error" or arr.size == 0 or arr.max() <= config.max_tokens:
+        return
+    k = int(np.argmax(arr > config.max_tokens))
+    raise ValueError(
+        f"sample {ids[k]} has {int(arr[k])} tokens, more than max_tokens={config.max_tokens}, and "
+        f"overlength='error'; set overlength to 'split' or 'truncate', or raise max_tokens"
+    )
+
+
+def _check_window(sample_ids: Sequence[int], lengths: Sequence[int], config: PackingConfig) -> tuple[list[int], list[int]]:
+    lens = _check_lengths(lengths, "lengths")
+    ids_arr = np.asarray(list(sample_ids))
+    if ids_arr.size != lens.size:
+        raise ValueError(f"got {ids_arr.size} sample_ids but {lens.size} lengths: pass one length per sample id")
+    if ids_arr.size and (ids_arr.dtype == bool or not np.issubdtype(ids_arr.dtype, np.integer)):
+        raise TypeError(f"sample_ids must be ints, got {ids_arr.tolist()[:3]!r}...")
+    ids = [int(i) for i in ids_arr.tolist()]
+    if len(set(ids)) != len(ids):
+        seen: set[int] = set()
+        dup = next(i for i in ids if i in seen or seen.add(i))
+        raise ValueError(f"sample id {dup} appears twice in one window; sample ids must be unique")
+    _check_overlength(lens, ids, config)
+    return ids, lens.tolist()
+
