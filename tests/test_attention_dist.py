@@ -95,10 +95,46 @@ def _compare(ref, got, batch, dtype, label, stats):
     stats["cases"] += 1
 
 
+def _group_checks(rank: int, world: int) -> None:
+    """shard_batch against the process group: debug digest mismatch, wrong rank, group size."""
+    from atac_hf.attention import doc_lengths_from_batch, shard_batch
+    from atac_hf.sharding import plan_shards
+
+    b = _dist.make_batch([[40, 3, 1, 20]], seed=0)
+    lengths = doc_lengths_from_batch(b)
+    # debug mode: every rank must hold the same plan
+    mine = plan_shards(lengths, 2, "atp" if rank == 0 else "zigzag")
+    try:
+        shard_batch(b, mine, rank, debug=True)
+    except RuntimeError as e:
+        msg = str(e)
+        assert f"rank 0: {plan_shards(lengths, 2, 'atp').digest}" in msg, msg
+        assert f"rank 1: {plan_shards(lengths, 2, 'zigzag').digest}" in msg, msg
+        assert "different shard plans" in msg
+    else:
+        raise AssertionError("mismatched plans were not detected")
+    same = plan_shards(lengths, 2, "atp")
+    shard_batch(b, same, rank, debug=True)  # agrees: no error
+    try:
+        shard_batch(b, same, 1 - rank)
+    except ValueError as e:
+        assert f"rank={1 - rank} but this process is rank {rank}" in str(e)
+    else:
+        raise AssertionError("wrong rank not detected")
+    try:
+        shard_batch(b, plan_shards(lengths, 4, "atp"), rank)
+    except ValueError as e:
+        assert "the process group has 2 ranks but the plan is for cp_size=4" in str(e)
+    else:
+        raise AssertionError("group size mismatch not detected")
+
+
 def equivalence_worker(rank: int, world: int, out_path: str) -> None:
     from atac_hf.attention import doc_lengths_from_batch
     from atac_hf.sharding import STRATEGIES, plan_shards
 
+    if world == 2:
+        _group_checks(rank, world)
     stats: dict = defaultdict(float)
     seen = defaultdict(int)
     for model_name in MODELS:

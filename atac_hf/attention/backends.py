@@ -306,4 +306,7 @@ BACKENDS: dict[str, Callable] = {
 
 def run_backend(name: str, *args, **kwargs) -> torch.Tensor:
     """Dispatch to ``BACKENDS[name]`` (see :func:`sdpa_backend` for the arguments)."""
+    q_HSD, v_HSD = args[0], args[2]
+    if q_HSD.shape[1] == 0:  # a rank without tokens (tiny packs): nothing to attend
+        return q_HSD.new_zeros(0, q_HSD.shape[0], v_HSD.shape[-1])
     return BACKENDS[name](*args, **kwargs)

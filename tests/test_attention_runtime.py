@@ -1,0 +1,190 @@
+"""The ``atac_cp`` attention function in one process: registration, user-facing errors,
+cp_size=1 equivalence with stock sdpa on packed rows, and the collective on a 1-rank group."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import types
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import atac_hf.attention as A
+from atac_hf.attention import ShardContext, atac_cp_attention, check_model_supported, shard_batch
+from atac_hf.attention.collectives import KVGather
+from atac_hf.sharding import plan_shards
+
+sys.path.insert(0, os.path.dirname(__file__))
+import _dist  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _ctx(lengths=(5, 3), backend="sdpa"):
+    plan = plan_shards(list(lengths), 1)
+    batch = _dist.make_batch([list(lengths)], seed=0)
+    return shard_batch(batch, plan, 0, backend=backend)["atac_shard"]
+
+
+def _call(ctx=None, n=8, dropout=0.0, module=None, **kw):
+    q = torch.randn(1, 4, n, 16)
+    k = torch.randn(1, 2, n, 16)
+    module = module or types.SimpleNamespace(is_causal=True, config=_dist.tiny_config("llama"))
+    if ctx is not None:
+        kw["atac_shard"] = ctx
+    return atac_cp_attention(module, q, k, k, None, dropout=dropout, scaling=None, **kw)
+
+
+# ---------------------------------------------------------------------------- registration
+def test_registered_and_idempotent():
+    from transformers import AttentionInterface
+
+    assert AttentionInterface().get("atac_cp") is atac_cp_attention
+    assert A.register_attention() == "atac_cp"
+    assert AttentionInterface().get("atac_cp") is atac_cp_attention
+    assert AttentionInterface().get("sdpa") is not atac_cp_attention  # built-ins untouched
+
+
+def test_register_refuses_taken_names():
+    with pytest.raises(ValueError, match="'sdpa' is already registered"):
+        A.register_attention("sdpa")
+
+
+# ---------------------------------------------------------------------------- errors
+def test_call_without_context():
+    with pytest.raises(ValueError, match="kwarg 'atac_shard' is missing"):
+        _call()
+    with pytest.raises(TypeError, match="must be a ShardContext"):
+        _call(ctx="plan")
+
+
+def test_unsupported_settings():
+    ctx = _ctx()
+    with pytest.raises(NotImplementedError, match=r"attention dropout \(0.1, config.attention_dropout\)"):
+        _call(ctx, dropout=0.1)
+    with pytest.raises(NotImplementedError, match="softcap"):
+        _call(ctx, softcap=30.0)
+    with pytest.raises(NotImplementedError, match="s_aux"):
+        _call(ctx, s_aux=torch.zeros(4))
+    enc = types.SimpleNamespace(is_causal=False, config=_dist.tiny_config("llama"))
+    with pytest.raises(NotImplementedError, match="non-causal"):
+        _call(ctx, module=enc)
+    with pytest.raises(ValueError, match="sliding_window must be None or an int >= 1"):
+        _call(ctx, sliding_window=0)
+
+
+def test_shape_mismatch_names_rank_and_plan():
+    ctx = _ctx()
+    with pytest.raises(ValueError, match=r"rank 0 expects one local row of 8 tokens .* same plan"):
+        _call(ctx, n=9)
+
+
+def test_unknown_backend():
+    plan = plan_shards([4], 1)
+    with pytest.raises(ValueError, match=r"unknown attention backend 'cuda'; legal values: \['flash', 'flex'"):
+        ShardContext(plan=plan, rank=0, layout=plan.local_layout(0), backend="cuda")
+
+
+@pytest.mark.parametrize("params", [
+    {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
+    {"rope_parameters": {"full_attention": {"rope_type": "default"}, "sliding_attention": {"rope_type": "longrope"}}},
+    {"rope_scaling": {"type": "dynamic", "factor": 2.0}},
+])
+def test_position_dependent_rope_refused(params):
+    with pytest.raises(ValueError, match=r"rope type '(dynamic|longrope)' .* depends on the largest position"):
+        check_model_supported(types.SimpleNamespace(**params))
+
+
+def test_static_rope_accepted():
+    for name in ("llama", "qwen3_sw", "mistral_sw"):
+        check_model_supported(_dist.tiny_config(name))
+    check_model_supported(types.SimpleNamespace(rope_parameters={"rope_type": "yarn", "factor": 4.0}))
+    check_model_supported(types.SimpleNamespace())
+
+
+def test_dynamic_rope_model_refused_at_first_call():
+    cfg = _dist.tiny_config("llama")
+    cfg.rope_parameters = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="atac_cp")
+    batch = _dist.make_batch([[5, 7]], seed=0)
+    local = shard_batch(batch, plan_shards([5, 7], 1), 0)
+    with pytest.raises(ValueError, match="rope type 'dynamic'"):
+        model(**local)
+
+
+# ---------------------------------------------------------------------------- cp_size 1 vs stock sdpa
+@pytest.mark.parametrize("name,dtype", [("llama", torch.float64), ("mistral_sw", torch.float64),
+                                        ("qwen3_sw", torch.float32)])
+def test_cp1_equals_stock_sdpa_packed(name, dtype):
+    """cp_size=1: plain exact document-masked attention; B=2 rows become one local row."""
+    tol = 1e-10 if dtype == torch.float64 else 1e-5
+    rows = [[30, 1, 2, 40, 27], [1, 50, 3, 1, 45]]
+    batch = _dist.make_batch(rows, seed=3)
+    model = _dist.tiny_model(name, dtype)
+    ref = _dist.reference_run(model, batch)
+    lengths = [n for r in rows for n in r]
+    for strategy in ("atp", "per_doc"):  # per_doc: every document "gathered" (no collective at cp 1)
+        plan = plan_shards(lengths, 1, strategy)
+        for backend in ("sdpa", "varlen_reference"):
+            _dist.set_attn(model, "atac_cp")
+            model.zero_grad(set_to_none=True)
+            local = shard_batch(batch, plan, 0, backend=backend)
+            out = model(**local)
+            out.loss.backward()
+            assert _dist.rel_err(out.logits[0], ref["logits"]) <= tol
+            assert _dist.rel_err(out.loss, ref["loss"]) <= max(tol, 1e-6)  # HF loss is fp32
+            for n, p in model.named_parameters():
+                assert _dist.rel_err(p.grad, ref["grads"][n]) <= tol, n
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = model(**shard_batch(batch, plan, 0, backend="flex"))
+        assert _dist.rel_err(out.logits[0], ref["logits"]) <= tol
+
+
+# ---------------------------------------------------------------------------- collective, 1-rank group
+@pytest.fixture
+def one_rank_group():
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    fd, path = tempfile.mkstemp(prefix="atac_gloo1_")
+    os.close(fd)
+    os.unlink(path)
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        if os.path.exists(path):
+            os.unlink(path)
+
+
+def test_kv_gather_waits_once_and_is_differentiable(one_rank_group):
+    x = torch.randn(3, 2, 4, dtype=torch.float64, requires_grad=True)
+    g = KVGather(x * 2)
+    assert not g.waited
+    out = g.wait()
+    assert g.waited
+    torch.testing.assert_close(out, x.detach() * 2)
+    with pytest.raises(RuntimeError, match=r"wait\(\) called twice"):
+        g.wait()
+    (out * 3).sum().backward()
+    torch.testing.assert_close(x.grad, torch.full_like(x, 6.0))
+
+
+def test_kv_gather_needs_process_group():
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):
+        KVGather(torch.zeros(2, 1, 1))
