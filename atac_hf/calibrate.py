@@ -1,0 +1,349 @@
+"""`atac-hf calibrate`: measure one transformer-layer-like block on this device and fit
+the :class:`~atac_hf.cost.CostModel` coefficients.
+
+What is measured (forward + backward, median of ``repeats`` timed runs after a warm-up):
+
+* **linear**: RMSNorm, Q/K/V/O projections and a gated MLP on ``n`` tokens (the
+  attention is replaced by an element-wise stand-in), for a grid of ``n``;
+  fits ``linear_s_per_token`` (least squares on ``n`` plus an intercept that is
+  dropped: the cost model has no per-call constant).
+* **attention**: ``torch.nn.functional.scaled_dot_product_attention`` with
+  ``is_causal=True`` run once per document of a pack (document-masked causal
+  attention the way the runtime runs it), for single documents and packs of many
+  documents; fits ``attn_s_per_pair`` and ``segment_overhead_s`` (non-negative
+  least squares on tokens, tile-quantised causal pairs and segment count, relative
+  errors; the per-token part of attention joins ``linear_s_per_token``).
+* **held out**: the whole block (linear + per-document attention) on packs the
+  fit never saw; the report gives the fitted model's relative error on them.
+
+Times are the minimum over ``repeats`` rounds that visit every measurement in a
+shuffled order (other processes only add time, and interleaving spreads their load).
+CPU: float32, ``tile=1`` (exact pair counts), one thread by default and the
+process CPU clock, so that other processes sharing the cores do not leak into the
+profile (the profile then describes one core). CUDA: bfloat16, ``tile=128``, wall
+clock with synchronisation.
+
+This is the only planning-side module that imports torch (lazily, inside the functions).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .cost import MODEL_PRESETS, CostModel, ModelDims
+
+__all__ = ["CalibrationResult", "calibrate", "fit_coefficients"]
+
+
+@dataclass
+class CalibrationResult:
+    """Fitted model and how well it predicts held-out measurements.
+
+    Attributes:
+        cost_model: the fitted :class:`CostModel`.
+        device: ``"cpu"`` or the CUDA device name.
+        dims: the model dimensions measured.
+        linear: rows ``(tokens, seconds)``; attention: rows ``(lengths, seconds)``.
+        heldout: rows ``{"lengths", "measured_s", "predicted_s", "rel_err"}``.
+        seconds: wall time of the calibration.
+    """
+
+    cost_model: CostModel
+    device: str
+    dims: ModelDims
+    tp_size: int
+    linear: list[tuple[int, float]] = field(default_factory=list)
+    attention: list[tuple[list[int], float]] = field(default_factory=list)
+    heldout: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def max_rel_err(self) -> float:
+        return max((abs(h["rel_err"]) for h in self.heldout), default=float("nan"))
+
+    @property
+    def mean_rel_err(self) -> float:
+        return float(np.mean([abs(h["rel_err"]) for h in self.heldout])) if self.heldout else float("nan")
+
+    def metadata(self) -> dict[str, Any]:
+        """What :meth:`CostModel.save` stores beside the coefficients (the simulator checks ``model``/``tp_size``)."""
+        return {
+            "device": self.device,
+            "model": dataclasses.asdict(self.dims),
+            "tp_size": self.tp_size,
+            "heldout_max_rel_err": self.max_rel_err,
+            "heldout_mean_rel_err": self.mean_rel_err,
+            "num_measurements": len(self.linear) + len(self.attention) + len(self.heldout),
+            "seconds": self.seconds,
+            "tool": "atac-hf calibrate",
+        }
+
+    def save(self, path: str) -> None:
+        self.cost_model.save(path, **self.metadata())
+
+    def summary(self) -> str:
+        cm = self.cost_model
+        lines = [
+            f"device {self.device}; {len(self.linear)} linear + {len(self.attention)} attention measurements "
+            f"in {self.seconds:.1f} s",
+            f"linear_s_per_token {cm.linear_s_per_token:.3e}  attn_s_per_pair {cm.attn_s_per_pair:.3e}  "
+            f"segment_overhead_s {cm.segment_overhead_s:.3e}  tile {cm.tile}",
+            f"held-out whole-block packs: mean |error| {100 * self.mean_rel_err:.1f}%, "
+            f"max |error| {100 * self.max_rel_err:.1f}% over {len(self.heldout)} packs",
+        ]
+        for h in self.heldout:
+            lens = h["lengths"]
+            desc = f"{len(lens)} docs, {sum(lens)} tok" if len(lens) > 3 else "+".join(map(str, lens))
+            lines.append(f"  {desc:<24} measured {1e3 * h['measured_s']:8.2f} ms  predicted "
+                         f"{1e3 * h['predicted_s']:8.2f} ms  ({100 * h['rel_err']:+.1f}%)")
+        return "\n".join(lines)
+
+
+def fit_coefficients(X: np.ndarray, y: np.ndarray, *, relative: bool = True) -> np.ndarray:
+    """Non-negative least squares for a few columns (active set by refitting without
+    negative coefficients). ``relative`` weights rows by ``1 / y`` (fits relative error).
+
+    Raises:
+        ValueError: shapes disagree or fewer rows than columns.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if X.ndim != 2 or X.shape[0] != y.shape[0] or X.shape[0] < X.shape[1]:
+        raise ValueError(f"fit needs rows >= columns and matching shapes, got X {X.shape}, y {y.shape}")
+    w = 1.0 / np.maximum(y, 1e-12) if relative else np.ones_like(y)
+    active = list(range(X.shape[1]))
+    coef = np.zeros(X.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(X[:, active] * w[:, None], y * w, rcond=None)
+        if (sol >= 0).all():
+            coef[:] = 0.0
+            coef[active] = sol
+            break
+        active.pop(int(np.argmin(sol)))
+    return coef
+
+
+# ---------------------------------------------------------------------------- measuring
+def _grid(quick: bool, cuda: bool) -> dict[str, Any]:
+    s = 8 if cuda else 1  # GPUs need far longer rows before times stop being launch-bound
+    if quick:
+        lin = [256, 512, 1024, 2048]
+        attn = [[256], [512], [1024], [1536], [128] * 8, [32] * 32, [512] * 2, [64] * 8]
+        held = [[768, 256], [1024, 128, 128, 64], [96] * 12]
+        repeats = 2
+    else:
+        lin = [256, 512, 1024, 2048, 3072, 4096]
+        attn = [[256], [512], [1024], [1536], [2048], [3072], [256] * 8, [128] * 16, [64] * 32, [32] * 64,
+                [1024, 512, 256], [1536] * 2, [128] * 4, [512] * 4]
+        held = [[2560, 512], [1536, 256, 128, 128], [96] * 24, [2304], [700, 300, 1100, 40] + [20] * 10]
+        repeats = 5
+    return dict(linear=[n * s for n in lin], attention=[[x * s for x in p] for p in attn],
+                heldout=[[x * s for x in p] for p in held], repeats=repeats)
+
+
+def _interleaved_min_times(fns: Sequence[Callable[[], None]], repeats: int, sync: Callable[[], None],
+                           clock: Callable[[], float], seed: int, say: Callable[[str], None]) -> list[float]:
+    """Minimum time of each closure over ``repeats`` rounds after a warm-up round.
+
+    Rounds visit the closures in a fresh shuffled order, so that load from other
+    processes (which only ever adds time) spreads over all measurements instead of
+    biasing the ones that happened to run during it.
+    """
+    rng = np.random.default_rng(seed)
+    best = [math.inf] * len(fns)
+    for rnd in range(repeats + 1):
+        for i in rng.permutation(len(fns)):
+            t0 = clock()
+            fns[i]()
+            sync()
+            if rnd:
+                best[i] = min(best[i], clock() - t0)
+        say(f"round {rnd}/{repeats} done" if rnd else "warm-up round done")
+    return best
+
+
+class _Block:
+    """A Llama-like decoder layer split into its linear part and its attention (torch)."""
+
+    def __init__(self, dims: ModelDims, tp_size: int, device: Any, dtype: Any, seed: int) -> None:
+        import torch
+        from torch import nn
+
+        g = torch.Generator().manual_seed(seed)
+        h = dims.hidden_size
+        self.heads, self.kv_heads = dims.num_heads // tp_size, max(1, dims.num_kv_heads // tp_size)
+        self.hd = dims.head_dim
+        inter = dims.intermediate_size // tp_size
+
+        def lin(i: int, o: int) -> nn.Linear:
+            m = nn.Linear(i, o, bias=False)
+            with torch.no_grad():
+                m.weight.copy_(torch.randn(o, i, generator=g) / math.sqrt(i))
+            return m.to(device=device, dtype=dtype)
+
+        self.q, self.k, self.v = lin(h, self.heads * self.hd), lin(h, self.kv_heads * self.hd), lin(h, self.kv_heads * self.hd)
+        self.o = lin(self.heads * self.hd, h)
+        self.gate, self.up, self.down = lin(h, inter), lin(h, inter), lin(inter, h)
+        self.n1 = nn.RMSNorm(h).to(device=device, dtype=dtype)
+        self.n2 = nn.RMSNorm(h).to(device=device, dtype=dtype)
+        self.h, self.device, self.dtype, self.g = h, device, dtype, g
+
+    def input(self, n: int):
+        import torch
+
+        return torch.randn(n, self.h, generator=self.g).to(self.device, self.dtype).requires_grad_(True)
+
+    def _attend(self, q, k, v, lengths: Sequence[int] | None):
+        import torch
+        import torch.nn.functional as F
+
+        rep = self.heads // self.kv_heads
+        k = k.repeat_interleave(rep, dim=0) if rep > 1 else k
+        v = v.repeat_interleave(rep, dim=0) if rep > 1 else v
+        if lengths is None:  # stand-in for the linear-only measurement
+            return q + k + v
+        outs, start = [], 0
+        for L in lengths:  # one causal kernel per document, as the runtime runs it
+            sl = slice(start, start + L)
+            outs.append(F.scaled_dot_product_attention(q[:, sl].unsqueeze(0), k[:, sl].unsqueeze(0),
+                                                       v[:, sl].unsqueeze(0), is_causal=True)[0])
+            start += L
+        return torch.cat(outs, dim=1)
+
+    def layer(self, x, lengths: Sequence[int] | None):
+        """Forward of the whole layer on a packed row ``x`` (n, hidden)."""
+        import torch.nn.functional as F
+
+        n = x.shape[0]
+        y = self.n1(x)
+        q = self.q(y).view(n, self.heads, self.hd).transpose(0, 1)
+        k = self.k(y).view(n, self.kv_heads, self.hd).transpose(0, 1)
+        v = self.v(y).view(n, self.kv_heads, self.hd).transpose(0, 1)
+        a = self._attend(q, k, v, lengths).transpose(0, 1).reshape(n, self.heads * self.hd)
+        x = x + self.o(a)
+        y = self.n2(x)
+        return x + self.down(F.silu(self.gate(y)) * self.up(y))
+
+    def attention_only(self, lengths: Sequence[int]):
+        """Leaf q/k/v for a pack, and a closure running its attention forward + backward."""
+        import torch
+
+        n = int(sum(lengths))
+        mk = lambda h: torch.randn(h, n, self.hd, generator=self.g).to(self.device, self.dtype).requires_grad_(True)
+        q, k, v = mk(self.heads), mk(self.kv_heads), mk(self.kv_heads)
+        return lambda: self._attend(q, k, v, lengths).float().sum().backward()
+
+
+def _resolve_dims(model: Any) -> ModelDims:
+    if isinstance(model, ModelDims):
+        return model
+    if isinstance(model, str):
+        if model.lower() not in MODEL_PRESETS:
+            raise ValueError(f"calibration model {model!r} is unknown; legal presets: {sorted(MODEL_PRESETS)}")
+        return MODEL_PRESETS[model.lower()]
+    return ModelDims.from_hf_config(model)
+
+
+def calibrate(model: Any = "tiny", *, device: str | None = None, quick: bool = False, tp_size: int = 1,
+              seed: int = 0, threads: int | None = None, progress: Callable[[str], None] | None = None,
+              grid: dict[str, Any] | None = None) -> CalibrationResult:
+    """Measure the block on ``device`` and fit a :class:`CostModel`.
+
+    Args:
+        model: a :data:`~atac_hf.cost.MODEL_PRESETS` key, :class:`ModelDims` or an HF config
+            (the layer measured; heads and MLP are divided by ``tp_size``).
+        device: ``"cpu"``, ``"cuda"`` or None (CUDA when available).
+        quick: a small grid (< 15 s on a laptop CPU with the ``tiny`` model).
+        tp_size: tensor-parallel degree the profile is for.
+        seed: weights and inputs.
+        threads: torch CPU threads (default 1: see module doc; more threads are timed by
+            wall clock, which picks up other processes' load).
+        progress: called with a short message per measurement.
+        grid: override the measurement grid (keys ``linear``, ``attention``, ``heldout``, ``repeats``).
+
+    Returns:
+        The :class:`CalibrationResult` (``.save(path)`` writes the profile JSON).
+
+    Raises:
+        ValueError: unknown model, ``tp_size`` not dividing the heads, CUDA requested but absent.
+    """
+    import torch
+
+    dims = _resolve_dims(model)
+    if tp_size < 1 or dims.num_heads % tp_size:
+        raise ValueError(f"tp_size={tp_size} must be >= 1 and divide num_heads={dims.num_heads}")
+    cuda_ok = torch.cuda.is_available()
+    dev = device or ("cuda" if cuda_ok else "cpu")
+    if dev.startswith("cuda") and not cuda_ok:
+        raise ValueError(f"device={dev!r} requested but CUDA is not available (use device='cpu')")
+    cuda = dev.startswith("cuda")
+    clock = time.perf_counter
+    old_threads = torch.get_num_threads()
+    if not cuda:
+        torch.set_num_threads(int(threads or 1))
+        if (threads or 1) == 1:
+            clock = time.process_time
+    try:
+        return _measure_and_fit(dims, tp_size, dev, cuda, clock, dict(_grid(quick, cuda), **(grid or {})), seed,
+                                progress or (lambda msg: None))
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+def _measure_and_fit(dims: ModelDims, tp_size: int, dev: str, cuda: bool, clock: Callable[[], float],
+                     g: dict[str, Any], seed: int, say: Callable[[str], None]) -> CalibrationResult:
+    import torch
+
+    dtype = torch.bfloat16 if cuda else torch.float32
+    tile = 128 if cuda else 1
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    t_start = time.perf_counter()
+    blk = _Block(dims, tp_size, dev, dtype, seed)
+    probe = CostModel(linear_s_per_token=0.0, attn_s_per_pair=0.0, tile=tile)
+
+    def whole(lengths: Sequence[int] | None, n: int) -> Callable[[], None]:
+        x = blk.input(n)
+        return lambda: blk.layer(x, lengths).float().sum().backward()
+
+    jobs = ([("linear", int(n), whole(None, int(n))) for n in g["linear"]]
+            + [("attention", [int(x) for x in ls], blk.attention_only(ls)) for ls in g["attention"]]
+            + [("heldout", [int(x) for x in ls], whole(ls, int(sum(ls)))) for ls in g["heldout"]])
+    times = _interleaved_min_times([fn for _, _, fn in jobs], g["repeats"], sync, clock, seed, say)
+    linear_rows = [(key, t) for (kind, key, _), t in zip(jobs, times) if kind == "linear"]
+    attn_rows = [(key, t) for (kind, key, _), t in zip(jobs, times) if kind == "attention"]
+    held_rows = [(key, t) for (kind, key, _), t in zip(jobs, times) if kind == "heldout"]
+    del jobs
+
+    n_arr = np.array([r[0] for r in linear_rows], dtype=np.float64)
+    lin_coef = fit_coefficients(np.stack([n_arr, np.ones_like(n_arr)], 1), np.array([r[1] for r in linear_rows]))
+    # attention kernels also cost per query token (softmax statistics, the backward's
+    # delta): that part joins the linear coefficient, as the cost model has no other home for it.
+    Xa = np.array([[float(sum(ls)), float(probe.attention_pairs(np.zeros(len(ls), np.int64), ls).sum()), len(ls)]
+                   for ls, _ in attn_rows])
+    attn_coef = fit_coefficients(Xa, np.array([r[1] for r in attn_rows]))
+    kv_bytes = 2.0 * blk.kv_heads * dims.head_dim * (2 if cuda else 4)
+    cm = CostModel(linear_s_per_token=float(lin_coef[0] + attn_coef[0]), attn_s_per_pair=float(attn_coef[1]),
+                   segment_overhead_s=float(attn_coef[2]), tile=tile, kv_bytes_per_token=kv_bytes,
+                   sliding_window=dims.sliding_window, name=f"calibrated@{_device_name(dev)}")
+    held = []
+    for lens, meas in held_rows:
+        pred = cm.pack_cost(lens)
+        held.append({"lengths": lens, "measured_s": meas, "predicted_s": pred, "rel_err": (pred - meas) / meas})
+    return CalibrationResult(cost_model=cm, device=_device_name(dev), dims=dims, tp_size=tp_size, linear=linear_rows,
+                             attention=attn_rows, heldout=held, seconds=time.perf_counter() - t_start)
+
+
+def _device_name(dev: str) -> str:
+    if dev.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(dev))
+    import platform
+
+    return f"cpu ({platform.processor() or platform.machine()})"

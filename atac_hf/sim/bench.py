@@ -1,0 +1,145 @@
+"""The default scenario grid of `atac-hf bench` and its runner (process pool, tqdm).
+
+Numpy only (tqdm for the progress bar).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from .cluster import ClusterConfig
+from .simulate import SimResult, simulate
+from .workloads import load_workload, workload_name
+
+__all__ = ["Scenario", "default_grid", "run_grid", "wlbllm_path", "PAPER_SCENARIO"]
+
+PAPER_SCENARIO = "paper-7b-128K"
+
+
+def wlbllm_path() -> str:
+    """``../shared/workloads/wlbllm_doc_lengths.json`` relative to the repository root."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.path.normpath(os.path.join(root, "..", "shared", "workloads", "wlbllm_doc_lengths.json"))
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One grid point: a name, a cluster, a workload spec and the stream length in steps."""
+
+    name: str
+    cluster: dict[str, Any]
+    workload: str
+    num_steps: int = 16
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def config(self, profile: str | None = None) -> ClusterConfig:
+        kw = dict(self.cluster)
+        if profile:
+            kw["profile"] = profile
+        return ClusterConfig(**kw)
+
+
+def default_grid(workload_file: str | None = None) -> list[Scenario]:
+    """Model sizes 1B-70B; 32K/64K/128K packs; CP 2/4/8; PP 1 and 4; DP 2-8; the built-in
+    workloads, plus the ``wlbllm`` lengths (``workload_file``, default :func:`wlbllm_path`)
+    when that file exists. The first scenario is the paper-like one when the file exists."""
+    wl = workload_file or wlbllm_path()
+    have = os.path.exists(wl)
+    real = wl if have else "longtail"
+    tag = "wlbllm" if have else "longtail"
+
+    def c(model, hw, pack_k, cp, pp, dp, mb, tp=1):
+        return dict(model=model, hardware=hw, max_tokens=pack_k * 1024, cp_size=cp, pp_size=pp, dp_size=dp,
+                    num_micro_batches=mb, tp_size=tp)
+
+    grid = [
+        Scenario(PAPER_SCENARIO if have else "7b-128K-cp8-pp4", c("7b", "A800", 128, 8, 4, 4, 8), real, 12),
+        Scenario(f"7b-64K-cp4-pp4-{tag}", c("7b", "A800", 64, 4, 4, 4, 8), real, 12),
+        Scenario(f"7b-32K-cp2-pp1-{tag}", c("7b", "A800", 32, 2, 1, 8, 4), real, 16),
+        Scenario(f"13b-64K-cp8-pp4-{tag}", c("13b", "A800", 64, 8, 4, 2, 8), real, 16),
+        Scenario("8b-128K-cp8-pp1-longtail", c("8b", "H100", 128, 8, 1, 4, 4), "longtail", 16),
+        Scenario("8b-64K-cp4-pp4-longtail", c("8b", "H100", 64, 4, 4, 2, 8), "longtail", 16),
+        Scenario("8b-32K-cp2-pp4-longtail", c("8b", "H100", 32, 2, 4, 2, 8), "longtail", 16),
+        Scenario("70b-128K-cp8-pp4-tp8-longtail", c("70b", "H100", 128, 8, 4, 2, 8, tp=8), "longtail", 16),
+        Scenario("1b-32K-cp4-pp1-sft", c("1b", "H100", 32, 4, 1, 8, 4), "sft", 16),
+        Scenario("8b-64K-cp2-pp1-uniform", c("8b", "H100", 64, 2, 1, 4, 4), "uniform", 16),
+    ]
+    return grid
+
+
+@functools.lru_cache(maxsize=8)
+def _lengths(spec: str) -> np.ndarray:
+    return load_workload(spec, num_samples=200_000, seed=1)
+
+
+def run_scenario(scenario: Scenario, *, seed: int = 0, profile: str | None = None,
+                 combos: Sequence[tuple[str, str]] | None = None) -> SimResult:
+    t0 = time.perf_counter()
+    res = simulate(_lengths(scenario.workload), scenario.config(profile), num_steps=scenario.num_steps, seed=seed,
+                   combos=combos, workload=workload_name(scenario.workload), packing_options=scenario.options)
+    res.name = scenario.name  # type: ignore[attr-defined]
+    res.seconds = time.perf_counter() - t0  # type: ignore[attr-defined]
+    return res
+
+
+def _run_one(args: tuple) -> tuple[int, SimResult]:
+    i, scenario, seed, profile, combos = args
+    return i, run_scenario(scenario, seed=seed, profile=profile, combos=combos)
+
+
+def run_grid(scenarios: Sequence[Scenario], *, seed: int = 0, workers: int | None = None, profile: str | None = None,
+             combos: Sequence[tuple[str, str]] | None = None, progress: bool = True) -> list[SimResult]:
+    """Run every scenario (in a process pool when ``workers > 1``), in grid order.
+
+    Raises:
+        ValueError: a scenario with an inconsistent cluster or a bad workload (checked
+            up front, before any worker starts).
+    """
+    for s in scenarios:  # fail fast on user errors, in this process
+        s.config(profile)
+        _lengths(s.workload)
+    workers = min(len(scenarios), workers if workers is not None else (os.cpu_count() or 1))
+    jobs = [(i, s, seed, profile, combos) for i, s in enumerate(scenarios)]
+    out: list[SimResult | None] = [None] * len(jobs)
+    bar = _bar(len(jobs), progress)
+    if workers <= 1:
+        for job in jobs:
+            i, res = _run_one(job)
+            out[i] = res
+            bar.update(1)
+    else:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+        # heaviest first, so that the pool's tail is short
+        jobs.sort(key=lambda j: -j[1].num_steps * j[1].cluster["dp_size"] * j[1].cluster["num_micro_batches"])
+        with ctx.Pool(workers) as pool:
+            for i, res in pool.imap_unordered(_run_one, jobs):
+                out[i] = res
+                bar.update(1)
+    bar.close()
+    return [r for r in out if r is not None]
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _bar(total: int, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        return _NoBar()
+    return tqdm(total=total, desc="scenarios", unit="scenario")

@@ -1,0 +1,243 @@
+"""`atac-hf simulate`, `atac-hf bench` and `atac-hf calibrate`.
+
+:func:`add_parser` adds all three sub-commands (each only once, so listing this
+module under several command names is harmless); :func:`add_simulate_parser`,
+:func:`add_bench_parser` and :func:`add_calibrate_parser` add one each. Every parser
+sets ``func``, which returns the exit code. ``calibrate`` imports torch when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from ..cost import HARDWARE_PRESETS, MODEL_PRESETS
+
+__all__ = ["add_parser", "add_simulate_parser", "add_bench_parser", "add_calibrate_parser", "parse_tokens",
+           "run_simulate", "run_bench", "run_calibrate"]
+
+
+def parse_tokens(text: str) -> int:
+    """``"131072"``, ``"128K"`` or ``"128k"`` -> tokens (K = 1024)."""
+    t = str(text).strip()
+    try:
+        return int(t[:-1]) * 1024 if t[-1:].lower() == "k" else int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a token count (e.g. 32768 or 32K)") from None
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add ``simulate``, ``bench`` and ``calibrate`` (those not present yet)."""
+    have = set(getattr(sub, "choices", {}) or {})
+    for name, fn in (("simulate", add_simulate_parser), ("bench", add_bench_parser),
+                     ("calibrate", add_calibrate_parser)):
+        if name not in have:
+            fn(sub)
+
+
+def _cluster_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("cluster")
+    g.add_argument("--dp", type=int, default=4, help="data-parallel replicas (default 4)")
+    g.add_argument("--pp", type=int, default=4, help="pipeline stages (default 4)")
+    g.add_argument("--cp", type=int, default=8, help="context-parallel ranks per pack (default 8)")
+    g.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (default 1)")
+    g.add_argument("--micro-batches", type=int, default=8, help="packs per DP replica per step (default 8)")
+    g.add_argument("--max-tokens", type=parse_tokens, default=131072, help="token cap per pack, e.g. 128K")
+    g.add_argument("--num-gpus", type=int, default=None, help="check: must equal dp x pp x cp x tp")
+    g.add_argument("--model", default="7b", help=f"model preset {sorted(MODEL_PRESETS)} or an HF config.json path")
+    g.add_argument("--hardware", default="A800", choices=sorted(HARDWARE_PRESETS), help="hardware preset")
+    g.add_argument("--profile", default=None, help="calibration profile JSON (replaces the preset's compute)")
+    g.add_argument("--efficiency", type=float, default=0.5, help="share of peak FLOP/s for presets (default 0.5)")
+
+
+def _model_arg(spec: str) -> Any:
+    if spec.lower() in MODEL_PRESETS:
+        return spec.lower()
+    if os.path.exists(spec):
+        with open(spec, encoding="utf-8") as f:
+            try:
+                return json.load(f)  # HF config.json fields
+            except json.JSONDecodeError as e:
+                raise ValueError(f"--model {spec!r} is not a valid HF config JSON: {e}") from None
+    raise ValueError(f"--model {spec!r} is neither a preset {sorted(MODEL_PRESETS)} nor an existing config.json")
+
+
+def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
+    from .results import PACKINGS, SHARDINGS
+
+    p = sub.add_parser("simulate", help="simulate one scenario: every packing x sharding combination",
+                       description="Pipeline-level simulation (DP x PP x CP x TP, 1F1B) of one workload on one "
+                                   "cluster, every packing x sharding combination on the same sample stream.")
+    p.add_argument("--workload", default="longtail",
+                   help="built-in (longtail, sft, uniform), a .json array of lengths, or dataset:<path>[:<column>]")
+    _cluster_args(p)
+    p.add_argument("--steps", type=int, default=16, help="stream length in optimizer steps (default 16)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--windows", choices=("adaptive", "fixed"), default="adaptive",
+                   help="adaptive: each packer sizes its windows like its feeder; fixed: identical windows")
+    p.add_argument("--combos", default="all",
+                   help=f"'all', 'named' (HF default, WLB-LLM, ATAC) or comma-separated packing+sharding pairs; "
+                        f"packings {list(PACKINGS)}, shardings {list(SHARDINGS)}")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.set_defaults(func=run_simulate)
+
+
+def _parse_combos(spec: str) -> list[tuple[str, str]] | None:
+    from .results import NAMED_COMBINATIONS
+
+    if spec == "all":
+        return None
+    if spec == "named":
+        return list(NAMED_COMBINATIONS.values())
+    out = []
+    for item in spec.split(","):
+        item = item.strip()
+        if item in NAMED_COMBINATIONS:
+            out.append(NAMED_COMBINATIONS[item])
+            continue
+        if "+" not in item:
+            raise ValueError(f"--combos entry {item!r} must be packing+sharding (e.g. wfap+atp), 'all' or 'named'")
+        a, b = item.split("+", 1)
+        out.append((a, b))
+    return out
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    from .cluster import ClusterConfig
+    from .report import combo_table
+    from .simulate import simulate
+    from .workloads import load_workload, workload_name
+
+    cluster = ClusterConfig(dp_size=args.dp, pp_size=args.pp, cp_size=args.cp, tp_size=args.tp,
+                            num_micro_batches=args.micro_batches, max_tokens=args.max_tokens,
+                            model=_model_arg(args.model), hardware=args.hardware, profile=args.profile,
+                            efficiency=args.efficiency, num_gpus=args.num_gpus)
+    lengths = load_workload(args.workload, seed=args.seed)
+    t0 = time.perf_counter()
+    res = simulate(lengths, cluster, combos=_parse_combos(args.combos), num_steps=args.steps, seed=args.seed,
+                   windows=args.windows, workload=workload_name(args.workload))
+    if args.json:
+        print(json.dumps(res.to_dict(), default=float))
+        return 0
+    print(f"{cluster.describe()}; workload {res.workload}; {res.num_samples} samples; "
+          f"{time.perf_counter() - t0:.1f} s")
+    print(combo_table(res))
+    d = res.to_dict()
+    if "speedup" in d:
+        sp = d["speedup"]
+        parts = [f"{v:.2f}x {k.replace('vs_', 'vs ').replace('_', ' ')}" for k, v in sp.items()]
+        print("ATAC: " + ", ".join(parts) + (f" (strongest: {d['strongest_baseline']})" if "strongest_baseline" in d
+                                              else ""))
+    return 0
+
+
+def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    from .bench import wlbllm_path
+
+    p = sub.add_parser("bench", help="run the simulator's scenario grid and write the benchmark report",
+                       description="Simulate the default grid (model sizes, 32K-128K packs, CP 2-8, PP 1/4, DP>1; "
+                                   "built-in workloads plus the wlbllm lengths when present), print the comparison "
+                                   "and write the '## Simulator (pipeline-level)' section of the benchmark file.")
+    p.add_argument("--workload-file", default=None,
+                   help=f"wlbllm-style JSON array of lengths (default: {wlbllm_path()} when it exists)")
+    p.add_argument("--output", default=os.path.join("docs", "BENCHMARKS.md"),
+                   help="markdown file whose simulator section is (re)written (default docs/BENCHMARKS.md)")
+    p.add_argument("--plots-dir", default=None, help="where PNG plots go (default: the output's folder)")
+    p.add_argument("--no-write", action="store_true", help="print only; write no markdown or plots")
+    p.add_argument("--profile", default=None, help="calibration profile for every scenario (must match its model)")
+    p.add_argument("--workers", type=int, default=None, help="processes (default: CPU count)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scenarios", default=None, help="comma-separated scenario names to run (default: all)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run_bench)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from .bench import PAPER_SCENARIO, default_grid, run_grid
+    from .plots import plot_all
+    from .report import combo_table, grid_table, markdown_section, summarise_grid, write_section
+
+    if args.workload_file and not os.path.exists(args.workload_file):
+        raise ValueError(f"--workload-file {args.workload_file!r} does not exist")
+    grid = default_grid(args.workload_file)
+    if args.scenarios:
+        want = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+        unknown = sorted(set(want) - {s.name for s in grid})
+        if unknown:
+            raise ValueError(f"--scenarios: unknown {unknown}; legal: {[s.name for s in grid]}")
+        grid = [s for s in grid if s.name in want]
+    t0 = time.perf_counter()
+    results = run_grid(grid, seed=args.seed, workers=args.workers, profile=args.profile,
+                       progress=not args.json)
+    seconds = time.perf_counter() - t0
+    summary = summarise_grid(results)
+    paper = next((r for r in results if getattr(r, "name", "") == PAPER_SCENARIO), None)
+    paper_line = None
+    if paper is not None:
+        paper_line = (f"Paper-like scenario (`{PAPER_SCENARIO}`: {paper.cluster.describe()}, wlbllm lengths): ATAC "
+                      f"{paper.speedup('ATAC', 'HF default'):.2f}x HF default (paper: 1.93x), limit "
+                      f"{paper.combos['HF default'].lb_ratio:.2f}x; {paper.speedup('ATAC', 'WLB-LLM'):.2f}x WLB-LLM.")
+    if args.json:
+        print(json.dumps({**summary, "seconds": seconds}, default=float))
+    else:
+        print(grid_table(summary))
+        print(f"\ngeometric mean: ATAC {summary['geomean_vs_hf']:.2f}x HF default, {summary['geomean_vs_wlb']:.2f}x "
+              f"WLB-LLM, {summary['geomean_vs_best']:.2f}x strongest baseline; ATAC/LB {summary['geomean_atac_lb']:.3f} "
+              f"(worst {summary['worst_atac_lb']:.3f}); {seconds:.1f} s")
+        if paper_line:
+            print(paper_line)
+        if results:
+            print(f"\n{getattr(results[0], 'name', '')}:")
+            print(combo_table(results[0]))
+    if not args.no_write:
+        featured = paper or (results[0] if results else None)
+        plots = plot_all(summary, featured, args.plots_dir or os.path.dirname(os.path.abspath(args.output))) \
+            if featured is not None else []
+        cmd = "atac-hf bench" + (f" --workload-file {args.workload_file}" if args.workload_file else "")
+        write_section(args.output, markdown_section(summary, [featured] if featured else [], command=cmd,
+                                                    seconds=seconds, plots=plots, paper=paper_line))
+        if not args.json:
+            print(f"wrote {args.output}" + (f" and {len(plots)} plots" if plots else " (no matplotlib: no plots)"))
+    return 0
+
+
+def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("calibrate", help="measure this device and fit a cost-model profile",
+                       description="Time a transformer-layer-like block (linear part; SDPA causal attention per "
+                                   "document) forward+backward on this device, fit the CostModel coefficients, "
+                                   "report the error on held-out packs and write a profile JSON.")
+    p.add_argument("--output", "-o", default="atac_profile.json", help="profile JSON to write")
+    p.add_argument("--model", default=None,
+                   help="model preset (default: tiny on CPU, 1b on CUDA) or an HF config.json path")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--tp-size", type=int, default=1, help="tensor-parallel degree the profile is for")
+    p.add_argument("--quick", action="store_true", help="a small grid (seconds), e.g. for tests")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default 1, timed by the process clock)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the profile metadata as JSON")
+    p.set_defaults(func=run_calibrate)
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    from ..calibrate import calibrate
+
+    model = _model_arg(args.model) if args.model else None
+    if model is None:
+        import torch
+
+        model = "1b" if (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda") \
+            else "tiny"
+    say = None if args.json else (lambda msg: print(msg, file=sys.stderr))
+    res = calibrate(model, device=args.device, quick=args.quick, tp_size=args.tp_size, seed=args.seed,
+                    threads=args.threads, progress=say)
+    res.save(args.output)
+    if args.json:
+        print(json.dumps({"profile": args.output, **res.metadata(), "heldout": res.heldout}, default=float))
+    else:
+        print(res.summary())
+        print(f"wrote {args.output}")
+    return 0

@@ -1,0 +1,139 @@
+"""Feeding the sample stream to the real packers, and packing-side metrics.
+
+Numpy only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from ..cost import CostModel
+from .cluster import ClusterConfig
+
+__all__ = ["PackedStream", "cut_windows", "dp_order", "run_packer", "packing_metrics", "pack_cost"]
+
+Span = tuple[int, int, int]
+
+
+def cut_windows(stream: np.ndarray, window_tokens: float, num_windows: int) -> list[np.ndarray]:
+    """Sample ids of each window: window ``w`` ends where the stream's cumulative tokens
+    first reach ``(w + 1) x window_tokens`` (independent of any packer)."""
+    csum = np.cumsum(stream)
+    ends = np.searchsorted(csum, window_tokens * np.arange(1, num_windows + 1), side="left") + 1
+    ends = np.minimum(ends, len(stream))
+    starts = np.concatenate([[0], ends[:-1]])
+    return [np.arange(a, b, dtype=np.int64) for a, b in zip(starts, ends)]
+
+
+def dp_order(costs: Sequence[float], num_replicas: int) -> list[int]:
+    """Order packs so a round-robin deal gives replicas balanced cost sums, each replica's
+    packs heaviest first (LPT); the same rule as ATAC's feeder
+    (``atac_hf.packing.feeders.replica_order`` with ``first_slot=0``)."""
+    n = len(costs)
+    if num_replicas <= 1 or n <= 1:
+        return list(range(n))
+    slots = [k % num_replicas for k in range(n)]
+    free = [slots.count(r) for r in range(num_replicas)]
+    load = [0.0] * num_replicas
+    mine: list[list[int]] = [[] for _ in range(num_replicas)]
+    for p in sorted(range(n), key=lambda i: (-float(costs[i]), i)):
+        r = min((r for r in range(num_replicas) if free[r]), key=lambda r: (load[r], r))
+        mine[r].append(p)
+        load[r] += float(costs[p])
+        free[r] -= 1
+    taken = [0] * num_replicas
+    out = []
+    for r in slots:
+        out.append(mine[r][taken[r]])
+        taken[r] += 1
+    return out
+
+
+@dataclass
+class PackedStream:
+    """What one packing strategy made of the stream."""
+
+    packs: list[list[list[Span]]]  # per window, the packs (already in deal order)
+    pack_s: np.ndarray  # (W,) packing seconds per window
+    arrival: np.ndarray  # (num samples,) window each sample entered
+    windows: list[np.ndarray]  # sample ids fed in each window (flush windows feed none)
+
+
+def run_packer(strategy: str, stream: np.ndarray, cluster: ClusterConfig, cm: CostModel,
+               options: dict[str, Any], fixed: list[np.ndarray] | None) -> PackedStream:
+    """Feed the whole stream to a real StreamPacker window by window, then flush it.
+
+    ``fixed``: the windows (sample ids) to feed, identical for every packer. ``None``:
+    size each window like the packer's own feeder (``pack_lengths``): new samples, in
+    stream order, until their packable supply reaches the packer's ``tokens_wanted``.
+    """
+    from ..packing import PackingConfig, StreamPacker  # the numpy-only planners
+
+    config = PackingConfig(max_tokens=cluster.max_tokens, packs_per_window=cluster.packs_per_step,
+                           strategy=strategy, **options)
+    packer = StreamPacker(config, cm)
+    n = len(stream)
+    arrival = np.full(n, -1, dtype=np.int64)
+    out, secs, fed_windows, pos = [], [], [], 0
+    csum = None if fixed is not None else np.cumsum(packer.supply_tokens(stream))
+    while (pos < n) if fixed is None else (len(out) < len(fixed)):
+        if fixed is not None:
+            ids = fixed[len(out)]
+        else:
+            before = int(csum[pos - 1]) if pos else 0
+            k = max(1, int(np.searchsorted(csum, before + packer.tokens_wanted, side="left")) + 1 - pos)
+            ids = np.arange(pos, min(n, pos + k), dtype=np.int64)
+            pos += len(ids)
+        arrival[ids] = len(out)
+        fed_windows.append(ids)
+        t0 = time.perf_counter()
+        packs = packer.add_window(ids.tolist(), stream[ids].tolist())
+        secs.append(time.perf_counter() - t0)
+        out.append(_normalise(packs))
+    t0 = time.perf_counter()
+    rest = packer.flush_windows()
+    per = (time.perf_counter() - t0) / max(1, len(rest))
+    for win in rest:
+        out.append(_normalise(win))
+        secs.append(per)
+    if strategy == "wfap":
+        out = [[win[i] for i in dp_order([pack_cost(cm, p) for p in win], cluster.dp_size)] for win in out]
+    return PackedStream(out, np.asarray(secs), arrival, fed_windows)
+
+
+def _normalise(packs: Iterable[Iterable[Sequence[int]]]) -> list[list[Span]]:
+    out = [[(int(s[0]), int(s[1]), int(s[2])) for s in p] for p in packs]
+    return [p for p in out if p]
+
+
+def pack_cost(cm: CostModel, pack: list[Span]) -> float:
+    return float(cm.doc_cost([e - s for _, s, e in pack]).sum())
+
+
+def packing_metrics(packed: PackedStream, stream: np.ndarray, cap: int, num_packs_per_step: int) -> dict[str, Any]:
+    """Padding = unused pack capacity of the steps (``1 - tokens / (steps x packs x cap)``);
+    fragmentation = share of samples held in more than one span; delay = windows between
+    a sample's arrival and the window of its last span."""
+    spans = [(sid, s, e, w) for w, win in enumerate(packed.packs) for p in win for sid, s, e in p]
+    if not spans:
+        return dict(padding_share=1.0, fragmentation=0.0, delay_mean=0.0, delay_max=0)
+    arr = np.array(spans, dtype=np.int64)
+    tokens = int((arr[:, 2] - arr[:, 1]).sum())
+    slots = num_packs_per_step * len(packed.packs)
+    partial = (arr[:, 2] - arr[:, 1]) < stream[arr[:, 0]]
+    last = np.full(len(stream), -1, dtype=np.int64)
+    np.maximum.at(last, arr[:, 0], arr[:, 3])
+    seen = last >= 0
+    delay = last[seen] - packed.arrival[seen]
+    return dict(
+        padding_share=1.0 - tokens / (slots * cap),
+        fragmentation=len(np.unique(arr[partial, 0])) / int(seen.sum()),
+        delay_mean=float(delay.mean()),
+        delay_max=int(delay.max()),
+    )
+
+

@@ -1,0 +1,154 @@
+"""Tables and the markdown section of the simulator's benchmark report.
+
+Numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["combo_table", "grid_table", "summarise_grid", "geomean", "markdown_section", "write_section",
+           "SECTION_HEADING"]
+
+SECTION_HEADING = "## Simulator (pipeline-level)"
+
+
+def geomean(xs: Sequence[float]) -> float:
+    xs = [float(x) for x in xs if x and math.isfinite(x) and x > 0]
+    return float(np.exp(np.mean(np.log(xs)))) if xs else float("nan")
+
+
+def combo_table(result: Any, *, markdown: bool = False) -> str:
+    """All combinations of one :class:`~atac_hf.sim.simulate.SimResult`, fastest first.
+
+    Columns: throughput (tokens/s, and relative to HF default), time / balance lower
+    bound, CP imbalance (max/mean rank compute per pack), micro-batch imbalance (max/mean
+    pack time per step), CV of pack times, K/V MiB per rank per layer, fragmentation,
+    padding share, mean/max delay (windows), planner ms per step.
+    """
+    rows = [c.metrics() for c in result.combos.values()]
+    base = result.combos.get("HF default")
+    rows.sort(key=lambda r: -r["throughput_tok_s"])
+    head = ["combination", "tok/s", "vs HF", "/LB", "CP imb", "mb imb", "CV", "KV MiB", "frag", "pad", "delay",
+            "plan ms"]
+    body = []
+    for r in rows:
+        body.append([
+            r["label"], f"{r['throughput_tok_s']:,.0f}",
+            f"{r['throughput_tok_s'] / base.throughput:.2f}x" if base else "-",
+            f"{r['lb_ratio']:.3f}", f"{r['cp_imbalance']:.3f}", f"{r['mb_imbalance']:.3f}", f"{r['pack_time_cv']:.3f}",
+            f"{r['kv_mb_per_layer']:.1f}", f"{100 * r['fragmentation']:.1f}%", f"{100 * r['padding_share']:.1f}%",
+            f"{r['delay_mean']:.2f}/{r['delay_max']}", f"{r['planner_ms_per_step']:.1f}",
+        ])
+    return _render(head, body, markdown)
+
+
+def summarise_grid(results: Sequence[Any]) -> dict[str, Any]:
+    """Per-scenario and geometric-mean speedups of ATAC and its lower-bound ratios."""
+    rows = []
+    for res in results:
+        c = res.combos
+        best = res.strongest_baseline()
+        rows.append({
+            "scenario": getattr(res, "name", res.workload),
+            "cluster": res.cluster.describe(),
+            "workload": res.workload,
+            "vs_hf": res.speedup("ATAC", "HF default"),
+            "vs_wlb": res.speedup("ATAC", "WLB-LLM"),
+            "vs_best": res.speedup("ATAC", best),
+            "best": best,
+            "limit": c["HF default"].lb_ratio,
+            "atac_lb": c["ATAC"].lb_ratio,
+            "wlb_lb": c["WLB-LLM"].lb_ratio,
+            "atac_frag": c["ATAC"].metrics()["fragmentation"],
+            "atac_delay": c["ATAC"].metrics()["delay_mean"],
+        })
+    summary = {
+        "scenarios": rows,
+        "geomean_vs_hf": geomean([r["vs_hf"] for r in rows]),
+        "geomean_vs_wlb": geomean([r["vs_wlb"] for r in rows]),
+        "geomean_vs_best": geomean([r["vs_best"] for r in rows]),
+        "geomean_limit": geomean([r["limit"] for r in rows]),
+        "geomean_atac_lb": geomean([r["atac_lb"] for r in rows]),
+        "worst_atac_lb": max((r["atac_lb"] for r in rows), default=float("nan")),
+        "min_vs_best": min((r["vs_best"] for r in rows), default=float("nan")),
+    }
+    return summary
+
+
+def grid_table(summary: dict[str, Any], *, markdown: bool = False) -> str:
+    head = ["scenario", "ATAC vs HF", "limit (HF/LB)", "ATAC/LB", "vs WLB-LLM", "vs strongest", "strongest baseline",
+            "ATAC frag", "ATAC delay"]
+    body = [[r["scenario"], f"{r['vs_hf']:.2f}x", f"{r['limit']:.2f}x", f"{r['atac_lb']:.3f}", f"{r['vs_wlb']:.2f}x",
+             f"{r['vs_best']:.2f}x", r["best"], f"{100 * r['atac_frag']:.2f}%", f"{r['atac_delay']:.2f}"]
+            for r in summary["scenarios"]]
+    body.append(["geometric mean", f"{summary['geomean_vs_hf']:.2f}x", f"{summary['geomean_limit']:.2f}x",
+                 f"{summary['geomean_atac_lb']:.3f}", f"{summary['geomean_vs_wlb']:.2f}x",
+                 f"{summary['geomean_vs_best']:.2f}x", "", "", ""])
+    return _render(head, body, markdown)
+
+
+def _render(head: list[str], body: list[list[str]], markdown: bool) -> str:
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in body]
+        return "\n".join(lines)
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
+    fmt = lambda r: "  ".join(str(x).ljust(w) if i == 0 else str(x).rjust(w) for i, (x, w) in enumerate(zip(r, widths)))
+    return "\n".join([fmt(head), "  ".join("-" * w for w in widths)] + [fmt(r) for r in body])
+
+
+def markdown_section(summary: dict[str, Any], results: Sequence[Any], *, command: str, seconds: float,
+                     plots: Sequence[str] = (), paper: str | None = None) -> str:
+    """The ``## Simulator (pipeline-level)`` section (heading included)."""
+    out = [SECTION_HEADING, "",
+           f"Reproduce: `{command}` ({seconds:.0f} s on this machine). Every packing x sharding combination "
+           "runs on the same sample stream, through the real planners, in an explicit 1F1B pipeline "
+           "(`atac_hf/sim`). HF default = sequential packing + zigzag CP; WLB-LLM = wlb packing + "
+           "wlb_adaptive CP; ATAC = wfap + atp. *limit* = HF default time / its balance lower bound "
+           "(same work spread evenly over every device and micro-batch, with the 1F1B bubble and the "
+           "gradient all-reduce kept); *ATAC/LB* = ATAC's time over its own bound.", "",
+           "| scenario | cluster | workload |", "|---|---|---|"]
+    out += [f"| {r['scenario']} | {r['cluster']} | {r['workload']} |" for r in summary["scenarios"]]
+    out += ["", grid_table(summary, markdown=True), ""]
+    out.append(f"Geometric mean over {len(summary['scenarios'])} scenarios: ATAC is "
+               f"{summary['geomean_vs_hf']:.2f}x HF default, {summary['geomean_vs_wlb']:.2f}x WLB-LLM and "
+               f"{summary['geomean_vs_best']:.2f}x the strongest other combination of each scenario "
+               f"(lowest: {summary['min_vs_best']:.2f}x); ATAC's time is {summary['geomean_atac_lb']:.3f}x its "
+               f"balance lower bound (worst scenario {summary['worst_atac_lb']:.3f}x).")
+    if paper:
+        out += ["", paper]
+    if results:
+        first = results[0]
+        out += ["", f"All combinations, scenario `{getattr(first, 'name', first.workload)}` "
+                    f"({first.cluster.describe()}, workload {first.workload}):", "",
+                combo_table(first, markdown=True)]
+    for p in plots:
+        out += ["", f"![{os.path.splitext(os.path.basename(p))[0]}]({os.path.basename(p)})"]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def write_section(path: str, section: str) -> None:
+    """Replace (or append) the ``## Simulator (pipeline-level)`` section of a markdown file,
+    leaving every other section as it is; creates the file if missing."""
+    text = ""
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    else:
+        text = "# Benchmarks\n"
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, ln in enumerate(lines) if ln.rstrip() == SECTION_HEADING), None)
+    if start is None:
+        new = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = next((j for j in range(start + 1, len(lines)) if lines[j].startswith("## ")), len(lines))
+        tail = "".join(lines[end:])
+        new = "".join(lines[:start]) + section + ("\n" + tail if tail else "")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(new)

@@ -1,0 +1,163 @@
+"""Result containers of the simulator: one combination, one scenario.
+
+Numpy only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .cluster import ClusterConfig
+
+__all__ = ["PACKINGS", "SHARDINGS", "NAMED_COMBINATIONS", "ComboResult", "SimResult", "combo_label"]
+
+PACKINGS = ("sequential", "bfd", "wlb", "wfap")
+SHARDINGS = ("contiguous", "zigzag", "per_doc", "wlb_adaptive", "atp")
+NAMED_COMBINATIONS = {
+    "HF default": ("sequential", "zigzag"),
+    "WLB-LLM": ("wlb", "wlb_adaptive"),
+    "ATAC": ("wfap", "atp"),
+}
+_LABELS = {v: k for k, v in NAMED_COMBINATIONS.items()}
+
+
+def combo_label(packing: str, sharding: str) -> str:
+    """``"ATAC"``, ``"HF default"``, ``"WLB-LLM"`` or ``"<packing>+<sharding>"``."""
+    return _LABELS.get((packing, sharding), f"{packing}+{sharding}")
+
+
+@dataclass
+class ComboResult:
+    """Measured steps of one packing x sharding combination.
+
+    Arrays: ``S`` steps (flush steps included), ``N`` packs.
+
+    Attributes:
+        step_time_s, lb_time_s, tokens: (S,) step time, balance lower bound, tokens trained.
+        pack_time_s: (N,) per-layer fwd+bwd time of each pack's CP group (block time).
+        cp_imbalance: (N,) max / mean per-rank compute of each pack.
+        kv_bytes: (N,) K/V bytes each rank receives per layer (forward).
+        step_mb_imbalance: (S,) max / mean pack time within each step.
+        shard_s: (N,) planner seconds per pack; pack_s: (S,) packing seconds per window.
+        padding_share, fragmentation, delay_mean, delay_max: packing metrics (see :meth:`metrics`).
+    """
+
+    packing: str
+    sharding: str
+    step_time_s: np.ndarray
+    lb_time_s: np.ndarray
+    tokens: np.ndarray
+    pack_time_s: np.ndarray
+    cp_imbalance: np.ndarray
+    kv_bytes: np.ndarray
+    step_mb_imbalance: np.ndarray
+    shard_s: np.ndarray
+    pack_s: np.ndarray
+    padding_share: float
+    fragmentation: float
+    delay_mean: float
+    delay_max: int
+    num_micro_batches: int
+
+    @property
+    def label(self) -> str:
+        return combo_label(self.packing, self.sharding)
+
+    @property
+    def time_s(self) -> float:
+        return float(self.step_time_s.sum())
+
+    @property
+    def throughput(self) -> float:
+        """Tokens per second of the whole cluster."""
+        return float(self.tokens.sum()) / self.time_s if self.time_s > 0 else 0.0
+
+    @property
+    def lb_ratio(self) -> float:
+        """Time / balance lower bound (1.0: perfectly balanced)."""
+        lb = float(self.lb_time_s.sum())
+        return self.time_s / lb if lb > 0 else float("nan")
+
+    @property
+    def lb_throughput(self) -> float:
+        lb = float(self.lb_time_s.sum())
+        return float(self.tokens.sum()) / lb if lb > 0 else 0.0
+
+    def metrics(self) -> dict[str, Any]:
+        """Flat JSON-friendly summary."""
+        pt = self.pack_time_s
+        return {
+            "label": self.label,
+            "packing": self.packing,
+            "sharding": self.sharding,
+            "throughput_tok_s": self.throughput,
+            "step_time_s": float(self.step_time_s.mean()),
+            "lb_ratio": self.lb_ratio,
+            "cp_imbalance": float(self.cp_imbalance.mean()),
+            "mb_imbalance": float(self.step_mb_imbalance.mean()),
+            "pack_time_cv": float(pt.std() / pt.mean()) if pt.size and pt.mean() > 0 else 0.0,
+            "kv_mb_per_layer": float(self.kv_bytes.mean() / 2**20) if self.kv_bytes.size else 0.0,
+            "fragmentation": self.fragmentation,
+            "padding_share": self.padding_share,
+            "delay_mean": self.delay_mean,
+            "delay_max": self.delay_max,
+            "num_steps": int(self.step_time_s.size),
+            "planner_ms_per_step": 1e3 * (float(self.pack_s.mean()) + self.num_micro_batches
+                                          * float(self.shard_s.mean() if self.shard_s.size else 0.0)),
+            "tokens": int(self.tokens.sum()),
+        }
+
+
+@dataclass
+class SimResult:
+    """All combinations of one scenario.
+
+    Attributes:
+        cluster: the simulated cluster.
+        workload: a label of the workload.
+        combos: label -> :class:`ComboResult`, in run order.
+        num_samples: samples in the stream every packer consumed.
+        windows: packing strategy -> sample ids fed in each of its windows.
+        packs: packing strategy -> per step, its packs (spans ``(sample, start, end)``,
+            sample = index into the stream), in deal order.
+        stream: the sample lengths of the stream (index = sample id).
+        sample_pack: lengths of one heavy pack and per-rank compute of it under every
+            sharding strategy (``{"lengths": [...], "rank_s": {strategy: [...]}}``).
+    """
+
+    cluster: ClusterConfig
+    workload: str
+    combos: dict[str, ComboResult]
+    num_samples: int
+    seed: int
+    windows: dict[str, list[list[int]]] = field(default_factory=dict, repr=False)
+    packs: dict[str, list[list[list[tuple[int, int, int]]]]] = field(default_factory=dict, repr=False)
+    stream: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    sample_pack: dict[str, Any] = field(default_factory=dict)
+
+    def speedup(self, label: str, over: str) -> float:
+        """Throughput of ``label`` / throughput of ``over``."""
+        return self.combos[label].throughput / self.combos[over].throughput
+
+    def strongest_baseline(self, exclude: str = "ATAC") -> str:
+        return max((k for k in self.combos if k != exclude), key=lambda k: self.combos[k].throughput)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"workload": self.workload, "cluster": self.cluster.to_dict(),
+                               "num_samples": self.num_samples, "seed": self.seed,
+                               "combinations": [c.metrics() for c in self.combos.values()]}
+        if "ATAC" in self.combos:
+            base = {"HF default": "vs_hf_default", "WLB-LLM": "vs_wlb_llm"}
+            out["speedup"] = {v: self.speedup("ATAC", k) for k, v in base.items() if k in self.combos}
+            if len(self.combos) > 1:
+                best = self.strongest_baseline()
+                out["speedup"]["vs_strongest"] = self.speedup("ATAC", best)
+                out["strongest_baseline"] = best
+        if "HF default" in self.combos:
+            out["limit_vs_hf_default"] = self.combos["HF default"].lb_ratio
+        return out
+
+

@@ -1,0 +1,267 @@
+"""The pipeline-level simulator: every packing x sharding combination on the same stream.
+
+One run:
+
+1. The workload's lengths become one shuffled sample stream (seeded) of
+   ``num_steps x DP x micro-batches x max_tokens`` tokens; every packing strategy
+   reads this same stream through the real
+   :class:`~atac_hf.packing.stream.StreamPacker`, one window per optimizer step
+   (``DP x micro-batches`` packs). Windows are sized the way each strategy's feeder
+   sizes them (``windows="adaptive"``: new samples until the packer's
+   ``tokens_wanted`` is met), or cut once for all strategies (``windows="fixed"``:
+   identical sample ids per window). At the end every packer is flushed, so every
+   combination trains exactly the same samples; the start (deferral queues still
+   empty) and the flush (what was held back) are measured, as at an epoch boundary.
+2. A window's packs are dealt to DP replicas round-robin (pack ``j`` to replica
+   ``j % DP``, how Accelerate deals batches). ``wfap`` packs are first ordered like
+   ATAC's feeder (:func:`~atac_hf.sim.feed.dp_order`): cost-balanced replicas,
+   heaviest pack first. The baselines keep their packers' order.
+3. Every pack is sharded over the CP group with the real planner
+   (:func:`~atac_hf.sharding.plan_shards`, per-rank token cap from
+   :meth:`ClusterConfig.rank_token_cap`). Its per-layer fwd+bwd time is the plan's
+   ``block_time_s`` (slowest rank + exposed K/V exchange); stage ``s`` spends
+   ``layers_s x block x phi`` on the forward and ``layers_s x block x (1 - phi)`` on
+   the backward, ``phi`` from ``ClusterConfig.fwd_fraction`` or the cost model
+   (linear work 1/3 forward, attention 1/3.5).
+4. Each replica runs its micro-batches through an explicit 1F1B schedule
+   (:func:`~atac_hf.sim.schedule.one_f_one_b`, with activation hops between stages);
+   step time = slowest replica + the gradient all-reduce
+   (:meth:`ClusterConfig.grad_sync_s`, not overlapped).
+
+**Balance lower bound** (per step, per combination, :func:`balanced_step_time`):
+the same step if its work were perfectly balanced: every micro-batch of every
+replica carries the step's mean work, split evenly over the CP ranks with no
+exposed communication, run through the same 1F1B schedule (so the pipeline's
+ramp-up/ramp-down bubble, ``(P - 1) / M`` of the work, is kept), plus the same
+gradient all-reduce and activation hops. Work is the packs' cost with every
+document whole (no CP split), which no CP split undercuts (tile waste and
+per-segment overhead only grow). It bounds every plan with balanced
+micro-batches; a plan whose *first and last* micro-batches are lighter than the
+rest shrinks the 1F1B ramps and could in principle beat it (by less than
+``(P - 1) / M`` of the work); ratios are reported as measured.
+
+Numpy only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..cost import CostModel
+from ..sharding import plan_shards
+from .cluster import ClusterConfig
+from .feed import PackedStream, cut_windows, pack_cost, packing_metrics, run_packer
+from .results import PACKINGS, SHARDINGS, ComboResult, SimResult
+from .schedule import one_f_one_b
+from .workloads import sample_stream
+
+__all__ = ["simulate", "balanced_step_time", "plan_summaries", "PlanSummary"]
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    """What the simulator keeps of one :class:`~atac_hf.sharding.ShardPlan`."""
+
+    block_s: float
+    imbalance: float
+    kv_bytes: float
+    max_rank_tokens: int
+    plan_s: float
+
+
+def _summary(plan: Any, cm: CostModel, seconds: float) -> PlanSummary:
+    return PlanSummary(float(plan.block_time_s), float(plan.imbalance), float(plan.kv_bytes(cm.kv_bytes_per_token)),
+                       int(plan.rank_num_tokens().max()), seconds)
+
+
+def plan_summaries(lengths_per_pack: Sequence[np.ndarray], strategies: Sequence[str], cp_size: int, cm: CostModel,
+                   cap: int | None) -> dict[str, list[PlanSummary]]:
+    """Plan every pack with every strategy (the real planner).
+
+    With ``cp_size == 1`` nothing is sharded: every strategy is the whole pack on one
+    rank (its cost model time). ``wlb_adaptive`` is, by definition, the faster of
+    ``zigzag`` and ``per_doc`` by
+    estimated block time (ties: zigzag); when both are planned anyway it is taken from
+    them instead of planning both a second time (planner time: the sum of the two).
+    """
+    out: dict[str, list[PlanSummary]] = {}
+    if cp_size == 1:  # no context parallelism: the pack runs whole on one rank, nothing to plan
+        whole = [PlanSummary(float(cm.doc_cost(x).sum()), 1.0, 0.0, int(x.sum()), 0.0) for x in lengths_per_pack]
+        return {s: whole for s in strategies}
+    derive = "wlb_adaptive" in strategies and {"zigzag", "per_doc"} <= set(strategies)
+    for s in strategies:
+        if s == "wlb_adaptive" and derive:
+            continue
+        rows = []
+        for lens in lengths_per_pack:
+            t0 = time.perf_counter()
+            plan = plan_shards(lens, cp_size, s, cm, max_tokens_per_rank=cap)
+            rows.append(_summary(plan, cm, time.perf_counter() - t0))
+        out[s] = rows
+    if derive:
+        out["wlb_adaptive"] = [
+            PlanSummary(**{**(z if z.block_s <= d.block_s else d).__dict__, "plan_s": z.plan_s + d.plan_s})
+            for z, d in zip(out["zigzag"], out["per_doc"])
+        ]
+    return {s: out[s] for s in strategies}
+
+
+def _fwd_fraction(cm: CostModel, lengths: np.ndarray, fixed: float | None) -> float:
+    if fixed is not None:
+        return fixed
+    lin = float(lengths.sum()) * cm.linear_s_per_token
+    attn = float(cm.attention_cost(np.zeros_like(lengths), lengths).sum())
+    return (lin / 3.0 + attn / 3.5) / (lin + attn) if lin + attn > 0 else 1.0 / 3.0
+
+
+def _stage_times(cluster: ClusterConfig, block_M: np.ndarray, phi_M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    layers_P = cluster.stage_layers().astype(np.float64)[:, None]
+    return layers_P * (block_M * phi_M)[None, :], layers_P * (block_M * (1.0 - phi_M))[None, :]
+
+
+def balanced_step_time(cluster: ClusterConfig, work_s: float, tokens: int, num_micro_batches: int,
+                       phi: float = 1.0 / 3.0) -> float:
+    """The balance lower bound of one step (see module doc).
+
+    Args:
+        cluster: the cluster.
+        work_s: per-layer fwd+bwd seconds of all the step's packs, documents whole.
+        tokens: tokens of the step.
+        num_micro_batches: micro-batches per replica.
+        phi: forward share of the work.
+    """
+    M = max(1, int(num_micro_batches))
+    per_mb = work_s / (cluster.dp_size * M * cluster.cp_size)
+    f, b = _stage_times(cluster, np.full(M, per_mb), np.full(M, phi))
+    hop = cluster.hop_s(np.full(M, tokens / (cluster.dp_size * M * cluster.cp_size)))
+    return one_f_one_b(f, b, hop).makespan + cluster.grad_sync_s()
+
+
+def simulate(lengths: Any, cluster: ClusterConfig, *, combos: Sequence[tuple[str, str]] | None = None,
+             num_steps: int = 16, seed: int = 0, windows: str = "adaptive",
+             packing_options: dict[str, Any] | None = None, workload: str = "custom",
+             progress: Any = None) -> SimResult:
+    """Simulate packing x sharding combinations on the same sample stream.
+
+    Args:
+        lengths: the workload's sample lengths (a pool; shuffled into a stream by ``seed``).
+        cluster: the :class:`ClusterConfig`.
+        combos: ``(packing, sharding)`` pairs (default: all of :data:`PACKINGS` x :data:`SHARDINGS`).
+        num_steps: stream length in steps: the stream holds ``num_steps x DP x
+            micro-batches x max_tokens`` tokens (a strategy may need more steps, e.g. to
+            flush what it held back, or fewer).
+        seed: stream shuffle seed.
+        windows: ``"adaptive"``: each packer takes windows from the shared stream the way
+            its feeder does (until the window's packable supply reaches the packer's
+            ``tokens_wanted``; deferral strategies take more samples while they hold some
+            back). ``"fixed"``: identical windows (sample ids) for every packer, cut from the
+            stream at ``DP x micro-batches x max_tokens`` tokens each.
+        packing_options: extra :class:`~atac_hf.packing.PackingConfig` fields for every packer.
+        workload: a label for reports.
+        progress: an object with ``update(n)`` (a tqdm bar), advanced once per packing strategy.
+
+    Returns:
+        The :class:`~atac_hf.sim.results.SimResult`.
+
+    Raises:
+        ValueError: bad lengths, counts or strategy names.
+    """
+    arr = np.asarray(lengths)
+    if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer) or (arr < 1).any():
+        raise ValueError("workload lengths must be a non-empty 1-D array of ints >= 1 (check the workload setting)")
+    if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 1:
+        raise ValueError(f"num_steps={num_steps!r} must be an int >= 1")
+    if windows not in ("adaptive", "fixed"):
+        raise ValueError(f"windows={windows!r}: legal values are 'adaptive' and 'fixed'")
+    combos = list(combos) if combos is not None else [(p, s) for p in PACKINGS for s in SHARDINGS]
+    if not combos:
+        raise ValueError("combos is empty: give at least one (packing, sharding) pair")
+    for p, s in combos:
+        if p not in PACKINGS or s not in SHARDINGS:
+            raise ValueError(f"unknown combination ({p!r}, {s!r}); packings {list(PACKINGS)}, "
+                             f"shardings {list(SHARDINGS)}")
+    cm = cluster.cost_model()
+    window_tokens = cluster.packs_per_step * cluster.max_tokens
+    stream = sample_stream(arr.astype(np.int64), int(num_steps * window_tokens), seed)
+    fixed = cut_windows(stream, window_tokens, num_steps) if windows == "fixed" else None
+    options = dict(packing_options or {})
+    by_packing: dict[str, list[str]] = {}
+    for p, s in combos:
+        by_packing.setdefault(p, []).append(s)
+    results: dict[str, ComboResult] = {}
+    packed_by: dict[str, PackedStream] = {}
+    for packing, shardings in by_packing.items():
+        packed = packed_by[packing] = run_packer(packing, stream, cluster, cm, options, fixed)
+        lens = [np.array([e - s for _, s, e in p], dtype=np.int64) for win in packed.packs for p in win]
+        plans = plan_summaries(lens, shardings, cluster.cp_size, cm, cluster.rank_token_cap())
+        pm = packing_metrics(packed, stream, cluster.max_tokens, cluster.packs_per_step)
+        for sharding in shardings:
+            res = _evaluate(packing, sharding, packed, lens, plans[sharding], cluster, cm, pm)
+            results[res.label] = res
+        if progress is not None:
+            progress.update(1)
+    results = {r.label: r for r in sorted(results.values(), key=lambda r: combos.index((r.packing, r.sharding)))}
+    sim = SimResult(cluster=cluster, workload=workload, combos=results, num_samples=len(stream), seed=seed,
+                    windows={k: [w.tolist() for w in v.windows] for k, v in packed_by.items()},
+                    packs={k: v.packs for k, v in packed_by.items()}, stream=stream)
+    sim.sample_pack = _sample_pack(packed_by, cluster, cm)
+    return sim
+
+
+def _evaluate(packing: str, sharding: str, packed: PackedStream, lens: list[np.ndarray], plans: list[PlanSummary],
+              cluster: ClusterConfig, cm: CostModel, pm: dict[str, Any]) -> ComboResult:
+    D = cluster.dp_size
+    sync = cluster.grad_sync_s()
+    steps, lbs, toks, mbimb = [], [], [], []
+    k = 0
+    for packs in packed.packs:
+        n = len(packs)
+        if n == 0:
+            steps.append(sync)
+            lbs.append(sync)
+            toks.append(0)
+            mbimb.append(1.0)
+            continue
+        step_lens, step_plans = lens[k:k + n], plans[k:k + n]
+        k += n
+        block = np.array([p.block_s for p in step_plans])
+        phi = np.array([_fwd_fraction(cm, x, cluster.fwd_fraction) for x in step_lens])
+        hop_tok = np.array([p.max_rank_tokens for p in step_plans], dtype=np.float64)
+        mbimb.append(float(block.max() / block.mean()) if block.mean() > 0 else 1.0)
+        worst = 0.0
+        for r in range(min(D, n)):
+            idx = np.arange(r, n, D)
+            f, b = _stage_times(cluster, block[idx], phi[idx])
+            worst = max(worst, one_f_one_b(f, b, cluster.hop_s(hop_tok[idx])).makespan)
+        steps.append(worst + sync)
+        ntok = int(sum(int(x.sum()) for x in step_lens))
+        toks.append(ntok)
+        work = float(sum(float(cm.doc_cost(x).sum()) for x in step_lens))
+        M = max(cluster.num_micro_batches, -(-n // D))
+        lbs.append(balanced_step_time(cluster, work, ntok, M, float(np.average(phi, weights=np.maximum(block, 1e-30)))))
+    return ComboResult(
+        packing=packing, sharding=sharding, step_time_s=np.asarray(steps), lb_time_s=np.asarray(lbs),
+        tokens=np.asarray(toks, dtype=np.int64), pack_time_s=np.array([p.block_s for p in plans]),
+        cp_imbalance=np.array([p.imbalance for p in plans]), kv_bytes=np.array([p.kv_bytes for p in plans]),
+        step_mb_imbalance=np.asarray(mbimb), shard_s=np.array([p.plan_s for p in plans]),
+        pack_s=packed.pack_s, num_micro_batches=cluster.num_micro_batches, **pm,
+    )
+
+
+def _sample_pack(packed_by: dict[str, PackedStream], cluster: ClusterConfig, cm: CostModel) -> dict:
+    """The most expensive pack of ``sequential`` packing (else the first packer's),
+    planned with every sharding strategy."""
+    packed = packed_by.get("sequential") or next(iter(packed_by.values()))
+    packs = [p for win in packed.packs for p in win]
+    if not packs:
+        return {}
+    pack = max(packs, key=lambda p: pack_cost(cm, p))
+    lens = np.array([e - s for _, s, e in pack], dtype=np.int64)
+    cap = cluster.rank_token_cap()
+    rank_s = {s: plan_shards(lens, cluster.cp_size, s, cm, max_tokens_per_rank=cap).rank_compute_s.tolist()
+              for s in SHARDINGS}
+    return {"lengths": lens.tolist(), "rank_s": rank_s}

@@ -1,0 +1,63 @@
+"""`atac-hf calibrate --quick`: runs, writes a profile the planners and the simulator accept."""
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+
+from atac_hf.calibrate import fit_coefficients
+from atac_hf.cost import CostModel
+from atac_hf.sharding import plan_shards
+from atac_hf.sim import ClusterConfig
+from atac_hf.sim.cli import add_parser
+
+torch = pytest.importorskip("torch")
+
+
+def test_fit_coefficients_recovers_a_linear_law():
+    rng = np.random.default_rng(0)
+    X = rng.uniform(1, 100, size=(20, 3))
+    y = X @ np.array([2.0, 0.5, 3.0])
+    assert fit_coefficients(X, y) == pytest.approx([2.0, 0.5, 3.0])
+    # a coefficient that would come out negative is clamped to 0 and the rest refit
+    y2 = X[:, :2] @ np.array([2.0, 0.5]) - 1e-3 * X[:, 2]
+    coef = fit_coefficients(X, y2)
+    assert coef[2] == 0.0 and (coef >= 0).all()
+    with pytest.raises(ValueError, match="rows >= columns"):
+        fit_coefficients(X[:2], y[:2])
+
+
+def test_calibrate_quick_writes_a_loadable_profile(tmp_path, capsys):
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="command", required=True)
+    add_parser(sub)
+    out = tmp_path / "profile.json"
+    args = p.parse_args(["calibrate", "--quick", "--device", "cpu", "--output", str(out), "--json"])
+    assert args.func(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["model"]["hidden_size"] == 256 and report["tp_size"] == 1
+    assert len(report["heldout"]) >= 3
+    assert report["heldout_max_rel_err"] < 1.0  # sanity only: the 15% target is for the full run
+
+    cm = CostModel.from_profile(out)
+    assert cm.tile == 1 and cm.linear_s_per_token > 0 and cm.attn_s_per_pair > 0
+    # the planners and the simulator accept it
+    plan = plan_shards([300, 1200, 90], 2, "atp", cm)
+    assert plan.block_time_s > 0
+    cl = ClusterConfig(model="tiny", profile=str(out), max_tokens=2048, cp_size=2, dp_size=2)
+    assert cl.cost_model().attn_s_per_pair == cm.attn_s_per_pair
+    with pytest.raises(ValueError, match="measured for another model"):
+        ClusterConfig(model="8b", profile=str(out), max_tokens=2048)
+
+
+def test_calibrate_bad_settings():
+    from atac_hf.calibrate import calibrate
+
+    with pytest.raises(ValueError, match="tp_size=3"):
+        calibrate("tiny", tp_size=3, quick=True, device="cpu")
+    with pytest.raises(ValueError, match="calibration model 'huge'"):
+        calibrate("huge", quick=True, device="cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            calibrate("tiny", quick=True, device="cuda")

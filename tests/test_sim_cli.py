@@ -1,0 +1,117 @@
+"""`simulate` / `bench` command-line functions and the markdown report."""
+
+import argparse
+import json
+import os
+
+import pytest
+
+from atac_hf.sim import bench as bench_mod
+from atac_hf.sim.bench import Scenario
+from atac_hf.sim.cli import add_parser, parse_tokens
+from atac_hf.sim.report import SECTION_HEADING, write_section
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="atac-hf")
+    sub = p.add_subparsers(dest="command", required=True)
+    add_parser(sub)
+    add_parser(sub)  # idempotent: the main CLI may list this module under several names
+    return p
+
+
+def _run(argv):
+    args = _parser().parse_args(argv)
+    return args.func(args)
+
+
+def test_parser_has_three_commands():
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert {"simulate", "bench", "calibrate"} <= set(sub.choices)
+    assert parse_tokens("128K") == 131072 and parse_tokens("4096") == 4096
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_tokens("lots")
+
+
+def test_simulate_json(capsys, tmp_path):
+    wl = tmp_path / "lens.json"
+    wl.write_text(json.dumps([300, 5000, 1200, 800, 7000, 64, 2500, 4096] * 60))
+    rc = _run(["simulate", "--workload", str(wl), "--dp", "2", "--pp", "2", "--cp", "2", "--micro-batches", "2",
+               "--max-tokens", "8K", "--model", "1b", "--hardware", "H100", "--steps", "3", "--combos", "named",
+               "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {r["label"] for r in out["combinations"]} == {"HF default", "WLB-LLM", "ATAC"}
+    assert out["cluster"]["cp_size"] == 2 and out["workload"] == "lens"
+    assert out["speedup"]["vs_hf_default"] > 0
+
+
+def test_simulate_table_and_hf_config(capsys, tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 2,
+                               "num_hidden_layers": 4, "intermediate_size": 1376, "vocab_size": 1000}))
+    rc = _run(["simulate", "--workload", "sft", "--dp", "2", "--pp", "1", "--cp", "2", "--micro-batches", "2",
+               "--max-tokens", "4096", "--model", str(cfg), "--steps", "2", "--combos", "wfap+atp,HF default"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "ATAC" in text and "HF default" in text and "h512x4" in text
+
+
+def test_simulate_bad_settings():
+    with pytest.raises(ValueError, match="num_gpus=7 does not match"):
+        _run(["simulate", "--num-gpus", "7", "--steps", "1"])
+    with pytest.raises(ValueError, match="--combos entry 'wfap'"):
+        _run(["simulate", "--combos", "wfap", "--dp", "1", "--pp", "1", "--cp", "1", "--max-tokens", "4K"])
+    with pytest.raises(ValueError, match="--model 'gpt9'"):
+        _run(["simulate", "--model", "gpt9"])
+
+
+def _tiny_grid(workload_file=None):
+    c = dict(model="1b", hardware="H100", max_tokens=8192, cp_size=2, pp_size=2, dp_size=2, num_micro_batches=2)
+    return [Scenario("tiny-a", c, "longtail", 3), Scenario("tiny-b", {**c, "cp_size": 4, "pp_size": 1}, "sft", 3)]
+
+
+def test_bench_writes_only_its_section(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(bench_mod, "default_grid", _tiny_grid)
+    out = tmp_path / "docs" / "BENCHMARKS.md"
+    rc = _run(["bench", "--output", str(out), "--workers", "1"])
+    assert rc == 0
+    text = out.read_text()
+    assert text.startswith("# Benchmarks") and SECTION_HEADING in text
+    assert "tiny-a" in text and "geometric mean" in text
+    printed = capsys.readouterr().out
+    assert "geometric mean" in printed
+    # someone else's section survives a rerun; ours is replaced, not duplicated
+    out.write_text(text + "\n## Real runs\n\nkept\n")
+    _run(["bench", "--output", str(out), "--workers", "2", "--json"])
+    again = out.read_text()
+    assert again.count(SECTION_HEADING) == 1 and "## Real runs\n\nkept" in again
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(summary["scenarios"]) == 2 and summary["geomean_vs_hf"] > 0
+
+
+def test_write_section_keeps_other_sections(tmp_path):
+    path = tmp_path / "B.md"
+    path.write_text("# Benchmarks\n\n## Real runs\n\nA\n\n" + SECTION_HEADING + "\n\nold\n\n## Later\n\nB\n")
+    write_section(str(path), SECTION_HEADING + "\n\nnew\n")
+    text = path.read_text()
+    assert "old" not in text and "new" in text and "## Real runs\n\nA" in text and "## Later\n\nB" in text
+
+
+def test_bench_unknown_scenario(monkeypatch):
+    monkeypatch.setattr(bench_mod, "default_grid", _tiny_grid)
+    with pytest.raises(ValueError, match="--scenarios: unknown"):
+        _run(["bench", "--scenarios", "nope", "--no-write"])
+
+
+def test_default_grid_covers_the_brief():
+    grid = bench_mod.default_grid()
+    cl = [s.cluster for s in grid]
+    assert {c["max_tokens"] for c in cl} == {32768, 65536, 131072}
+    assert {c["cp_size"] for c in cl} == {2, 4, 8}
+    assert {c["pp_size"] for c in cl} == {1, 4}
+    assert all(c["dp_size"] > 1 for c in cl)
+    assert len({c["model"] for c in cl}) >= 4
+    assert {"longtail", "sft", "uniform"} <= {s.workload for s in grid}
+    if os.path.exists(bench_mod.wlbllm_path()):
+        assert grid[0].name == bench_mod.PAPER_SCENARIO and grid[0].workload == bench_mod.wlbllm_path()
