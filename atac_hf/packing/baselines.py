@@ -17,6 +17,7 @@ delay stays bounded; apart from that they follow the published rules. Numpy only
 from __future__ import annotations
 
 import bisect
+import heapq
 
 from ._window import ARRIVAL, END, SEQ, START, Item, WindowContext, costs_of
 
@@ -135,17 +136,30 @@ def plan_wlb(items: list[Item], ctx: WindowContext) -> tuple[list[list[Item]], l
     rest = [i for i in free + overdue if i not in placed]
     rest.sort(key=lambda i: (not ctx.is_due(items[i]), -(items[i][END] - items[i][START]), items[i][SEQ],
                              items[i][START]))
+    # lazy min-heaps over (workload, pack) and (tokens, pack); both only grow
+    by_work = [(work[j], j) for j in range(P)]
+    by_tok = [(tok[j], j) for j in range(P)]
+    heapq.heapify(by_work)
+    heapq.heapify(by_tok)
+
+    def top(heap: list, current: list) -> int:
+        while heap[0][0] != current[heap[0][1]]:
+            heapq.heappop(heap)
+        return heap[0][1]
+
     for i in rest:
         n = items[i][END] - items[i][START]
-        j = min(range(P), key=lambda j: (work[j], j))
+        j = top(by_work, work)
         if tok[j] + n > C:
-            j = min(range(P), key=lambda j: (tok[j], j))
+            j = top(by_tok, tok)
             if tok[j] + n > C:
                 carry.append(items[i])
                 continue
         packs[j].append(items[i])
         work[j] += cost[i]
         tok[j] += n
+        heapq.heappush(by_work, (work[j], j))
+        heapq.heappush(by_tok, (tok[j], j))
         placed.add(i)
     carry.extend(items[i] for q in queues for i in q if i not in placed)
     carry = list({(it[SEQ], it[START]): it for it in carry}.values())

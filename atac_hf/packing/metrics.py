@@ -15,6 +15,7 @@ imbalance_mean     mean over windows of max / mean pack cost
 imbalance_worst    worst window's max / mean pack cost
 cost_cv            std / mean of pack cost over all packs
 window_cost_cv     mean over windows of the per-window std / mean
+total_cost_s       sum of all pack costs (seconds, one layer fwd+bwd)
 est_time_s         sum over windows of the costliest pack (seconds, one layer fwd+bwd):
                    the time if each window's packs run side by side
 balance_efficiency total pack cost / sum over windows of (packs x costliest pack)
@@ -121,6 +122,7 @@ class MetricsAccumulator:
             "imbalance_worst": self.worst_imbalance if nw else math.nan,
             "cost_cv": math.sqrt(var) / mean_cost if npk else math.nan,
             "window_cost_cv": self.sum_window_cv / nw if nw else math.nan,
+            "total_cost_s": self.cost_sum,
             "est_time_s": self.est_time_s,
             "balance_efficiency": self.cost_sum / self.weighted_max if npk else math.nan,
             "padding": 1.0 - self.tokens / (npk * self.max_tokens) if npk else math.nan,

@@ -7,6 +7,7 @@ Numpy only.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -33,6 +34,7 @@ PLANNERS: dict[str, Planner] = {
 }
 _HELD = {"wfap": wfap_held_tokens, "wlb": wlb_held_tokens}
 _STATE_FORMAT = "atac-hf/stream-packer/v1"
+_DATA_ORDER = operator.itemgetter(SEQ, START)
 
 
 class StreamPacker:
@@ -136,6 +138,9 @@ class StreamPacker:
                 sample over ``max_tokens`` with ``overlength="error"``.
         """
         ids, lens = _check_window(sample_ids, lengths, self.config)
+        return self._add_checked(ids, lens)
+
+    def _add_checked(self, ids: list[int], lens: list[int]) -> list[Pack]:
         pending = {it[SID] for it in self._pool} | set(self._open)
         clash = [i for i in ids if i in pending]
         if clash:
@@ -197,7 +202,7 @@ class StreamPacker:
         for sid, tokens in newly_split + more:
             self._open[sid] = [tokens, 0]
             self._metrics.num_split += 1
-        packs = [sorted(p, key=lambda it: (it[SEQ], it[START])) for p in packs if p]
+        packs = [sorted(p, key=_DATA_ORDER) for p in packs if p]
         self._pool = carry
         out = [[(it[SID], it[START], it[END]) for it in p] for p in packs]
         self._metrics.add_window(pack_costs(out, self.cost_model), sum(e - s for p in out for _, s, e in p))
@@ -328,7 +333,7 @@ def pack_lengths(lengths: Sequence[int], config: PackingConfig, cost_model: Cost
                 k = 1
         k = max(0, min(k, n - pos))
         arrival[pos:pos + k] = packer.window_index
-        windows.append(packer.add_window(range(pos, pos + k), arr[pos:pos + k].tolist()))
+        windows.append(packer._add_checked(list(range(pos, pos + k)), arr[pos:pos + k].tolist()))
         pos += k
     windows.extend(packer.flush_windows())
     packs = [p for win in windows for p in win]

@@ -1,23 +1,30 @@
 """WFAP: workload- and fragmentation-aware packing of one window.
 
-Per window (the pool = samples carried from earlier windows + the new ones):
+Per window (the pool = samples carried from earlier windows + the new ones); a fragment
+costs as its own document:
 
-1. cost every item with the cost model (a fragment costs as its own document);
-2. *heavy* items - those that alone cost more than ``balance_tolerance`` x a pack filled
-   with short documents - cannot be balanced by token counts: a pack holding one is the
-   window's straggler unless every pack holds one of similar cost. They wait in a pool
-   sorted by cost (bounded deferral) and are released as a group of ``packs_per_window``
-   once the packs they would anchor are balanced within the tolerance, or when one of
-   them is overdue (then with the heaviest companions no costlier than it);
-3. anchors (released heavy items) first, largest cost first, each to the cheapest pack
-   with token room;
-4. tails (everything else), overdue first, then largest cost first, each to the cheapest
-   pack with token room - but once some pack is full, no pack may grow past the cost of
-   the costliest full pack (or anchor pack): a pack holding an expensive tail stops
-   below the cap (variable token counts) instead of becoming the straggler. What does
-   not fit is carried to the next window;
-5. optional local search: move or swap tails between the most and least expensive
-   packs while that lowers the maximum.
+1. *Heavy* items - those that alone cost more than ``balance_tolerance`` x a pack filled
+   to the cap with short documents - cannot be balanced by token counts: a pack holding
+   one is the window's straggler unless every pack holds one of similar cost. They wait
+   (bounded by ``max_defer``) in a pool sorted by *potential* (cost of a pack anchored by
+   the item and filled with short documents), and a run of ``packs_per_window`` of them is
+   released together once the packs they would anchor are balanced within the tolerance.
+   Items arriving in this window are not eligible before the next one, so the release is
+   known before the window's arrivals (:func:`wfap_held_tokens` lets feeders size it).
+2. An overdue heavy item that no balanced run takes is split (``balance_split``) into the
+   fewest near-equal light fragments, placed now; without ``balance_split`` it is released
+   with the heaviest companions no costlier than it.
+3. Overdue items go first: overdue anchors, then overdue tails (largest cost first, to the
+   cheapest pack with room), then the released anchors (one per pack).
+4. The other tails - carried ones first, then new ones, largest cost first - go to the
+   cheapest pack with token room, but no pack may pass the *fill level*: the costliest
+   anchor pack, or a pack filled to the cap with the window's small tails (plus half the
+   tolerance). A pack holding an expensive tail thus stops below the cap (variable token
+   counts) instead of becoming the straggler. When the pool holds more than the window
+   takes, the longest new tails are held back instead of many short ones (fewer samples
+   wait), if that leaves fewer samples over. What does not fit is carried.
+5. Optional local search: move or swap tails between the most and least expensive packs
+   while that lowers the maximum.
 
 Numpy only; deterministic (every tie is broken by data order).
 """
@@ -160,9 +167,10 @@ def plan_wfap(items: list[Item], ctx: WindowContext) -> tuple[list[list[Item]], 
     c = costs.tolist()
     # overdue items (and the fragments of overdue samples split just now) go first and
     # ignore the ceiling; at the end of the stream the others may still wait a window
-    due = [ctx.is_overdue(it) for it in items]
-    for k in range(n_orig, len(items)):
-        due[k] = True
+    meta = np.array([(it[ARRIVAL], it[SEQ], it[START]) for it in items], dtype=np.int64).reshape(-1, 3)
+    due_arr = ctx.window - meta[:, 0] >= ctx.config.max_defer
+    due_arr[n_orig:] = True
+    due = due_arr.tolist()
 
     pc = [0.0] * P
     pt = [0] * P
@@ -182,9 +190,12 @@ def plan_wfap(items: list[Item], ctx: WindowContext) -> tuple[list[list[Item]], 
             pc[best] += c[i]
             pt[best] += L[i]
 
-    tails = sorted((i for i in range(len(items)) if not heavy[i]),
-                   key=lambda i: (not due[i], items[i][ARRIVAL] == ctx.window, -c[i], items[i][SEQ], items[i][START]))
-    num_due_tails = sum(1 for i in tails if due[i])
+    # tails: overdue first, then those carried before, then the new ones; within each,
+    # largest cost first (ties in data order)
+    light = np.flatnonzero(~heavy)
+    order = np.lexsort((meta[light, 2], meta[light, 1], -costs[light], meta[light, 0] == ctx.window, ~due_arr[light]))
+    tails = light[order].tolist()
+    num_due_tails = int(due_arr[light].sum())
     # 3. overdue anchors and tails, then the other anchors
     place_anchors([i for i in released if due[i]])
     left = _place_tails(tails[:num_due_tails], L, c, due, pc, pt, tail_of, C, math.inf)
@@ -251,12 +262,13 @@ def _place_tails(tails: list[int], L: list[int], c: list[float], due: list[bool]
     tails get short enough (the order is by decreasing cost, hence length, within each
     phase; a longer tail starts a new phase), so each tail costs O(log P)."""
     P = len(pc)
+    push, pop, replace = heapq.heappush, heapq.heappop, heapq.heapreplace
     heap: list[tuple[float, int]] = []
     parked: list[tuple[int, int]] = []  # (-room, pack)
     left: list[int] = []
     prev = -1
     for i in tails:
-        li, ci = L[i], c[i]
+        li = L[i]
         if li > prev:  # new phase: rebuild heap and parking
             heap = [(pc[j], j) for j in range(P) if C - pt[j] >= li]
             parked = [(pt[j] - C, j) for j in range(P) if C - pt[j] < li]
@@ -264,19 +276,22 @@ def _place_tails(tails: list[int], L: list[int], c: list[float], due: list[bool]
             heapq.heapify(parked)
         prev = li
         while parked and -parked[0][0] >= li:
-            _, j = heapq.heappop(parked)
-            heapq.heappush(heap, (pc[j], j))
-        if not heap or (not due[i] and heap[0][0] + ci > ceiling):
+            j = pop(parked)[1]
+            push(heap, (pc[j], j))
+        ci = c[i]
+        if not heap or (heap[0][0] + ci > ceiling and not due[i]):
             left.append(i)
             continue
-        _, j = heapq.heappop(heap)
+        j = heap[0][1]
         tail_of[j].append(i)
         pc[j] += ci
+        room = C - pt[j] - li
         pt[j] += li
-        if C - pt[j] >= li:
-            heapq.heappush(heap, (pc[j], j))
+        if room >= li:
+            replace(heap, (pc[j], j))
         else:
-            heapq.heappush(parked, (pt[j] - C, j))
+            pop(heap)
+            push(parked, (-room, j))
     return left
 
 
