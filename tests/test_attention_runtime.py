@@ -83,6 +83,14 @@ def test_unsupported_settings():
         _call(ctx, sliding_window=0)
 
 
+def test_attention_mask_is_ignored_with_a_warning():
+    ctx = _ctx()
+    q, k = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16)
+    module = types.SimpleNamespace(is_causal=True, config=_dist.tiny_config("llama"))
+    with pytest.warns(UserWarning, match="ignores attention_mask"):
+        atac_cp_attention(module, q, k, k, torch.ones(1, 1, 8, 8, dtype=torch.bool), atac_shard=ctx)
+
+
 def test_shape_mismatch_names_rank_and_plan():
     ctx = _ctx()
     with pytest.raises(ValueError, match=r"rank 0 expects one local row of 8 tokens .* same plan"):

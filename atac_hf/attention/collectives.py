@@ -49,6 +49,7 @@ class KVGather:
         payload = send_RX.detach().contiguous()
         self._buf = torch.empty((world * payload.shape[0], *payload.shape[1:]), dtype=payload.dtype,
                                 device=payload.device)
+        self._payload = payload  # kept alive until the collective is waited for
         self._work = all_gather_single(self._buf, payload, group=group, async_op=True)
         self.waited = False
 
@@ -58,7 +59,7 @@ class KVGather:
             raise RuntimeError("KVGather.wait() called twice: each gather is waited for exactly once")
         self.waited = True
         out = _GatherWait.apply(self._send, self)
-        self._send = self._buf = self._work = None
+        self._send = self._buf = self._work = self._payload = None
         return out
 
     def __del__(self):  # never leave a collective un-waited (its buffer may still be written)

@@ -11,6 +11,7 @@ Shape legend: H query heads, K key/value heads, S local tokens, D head dim.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -102,8 +103,9 @@ def _check_call(module: Any, ctx: ShardContext, query: torch.Tensor, key: torch.
 
 def _send_rows(k_KSD: torch.Tensor, v_KSD: torch.Tensor, send_index: torch.Tensor, max_send: int) -> torch.Tensor:
     """(max_send, K, Dk + Dv): this rank's K/V rows of gathered documents, zero-padded."""
-    kv_SKX = torch.cat([k_KSD, v_KSD], dim=-1).transpose(0, 1)
-    send = kv_SKX.index_select(0, send_index)
+    k_SKD = k_KSD.transpose(0, 1).index_select(0, send_index)
+    v_SKD = v_KSD.transpose(0, 1).index_select(0, send_index)
+    send = torch.cat([k_SKD, v_SKD], dim=-1)
     return F.pad(send, (0, 0, 0, 0, 0, max_send - send.shape[0]))
 
 
@@ -142,6 +144,10 @@ def atac_cp_attention(
     """
     ctx = _context(kwargs)
     window = _check_call(module, ctx, query, key, dropout, kwargs)
+    if attention_mask is not None and not ctx.cache.get("warned_mask"):
+        ctx.cache["warned_mask"] = True
+        warnings.warn(f"{ATTN_IMPLEMENTATION!r} ignores attention_mask: the document mask comes from the shard plan",
+                      stacklevel=2)
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     q_HSD, k_KSD, v_KSD = query[0], key[0], value[0]
     layout, dk = ctx.layout, key.shape[-1]
@@ -154,13 +160,9 @@ def atac_cp_attention(
         send = _send_rows(k_KSD, v_KSD, ctx.cache[idx_key], layout.max_send)
         if ctx.needs_gather:
             gather = KVGather(send, ctx.group)
-
-            def wait():
-                return _split(gather.wait(), dk)
+            wait = lambda: _split(gather.wait(), dk)  # noqa: E731
         else:  # cp_size 1: the "gathered" buffer is this rank's own rows, no collective
-
-            def wait():
-                return _split(send, dk)
+            wait = lambda: _split(send, dk)  # noqa: E731
 
     out_SHD = run_backend(ctx.backend, q_HSD, k_KSD, v_KSD, layout, ctx.cache, wait, scaling=scale, window=window)
     if gather is not None and not gather.waited:

@@ -270,6 +270,8 @@ def shard_batch(
 
     out: dict[str, Any] = {}
     for k, v in batch.items():
+        if k == "position_ids" and not isinstance(v, torch.Tensor):
+            v = torch.as_tensor(np.asarray(v), device=device)
         if k in _DROP or k in ("labels", "shift_labels", "num_items_in_batch"):
             continue
         if isinstance(v, torch.Tensor) and v.dim() >= 2 and tuple(v.shape[:2]) == (B, S):
