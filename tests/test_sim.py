@@ -8,7 +8,6 @@ import pytest
 from atac_hf.cost import CostModel
 from atac_hf.sharding import plan_shards
 from atac_hf.sim import ClusterConfig, simulate
-from atac_hf.sim.feed import dp_order
 from atac_hf.sim.simulate import balanced_step_time, plan_summaries
 from atac_hf.sim.workloads import lengths_from_dataset, lengths_from_json, load_workload, sample_stream
 
@@ -138,14 +137,17 @@ def test_wlb_adaptive_derived_equals_planner():
         assert d.kv_bytes == plan.kv_bytes(cm.kv_bytes_per_token)
 
 
-def test_dp_order_balances_replicas():
-    costs = [9, 1, 8, 2, 7, 3, 6, 4]
-    order = dp_order(costs, 2)
-    assert sorted(order) == list(range(8))
-    loads = [sum(costs[order[k]] for k in range(r, 8, 2)) for r in range(2)]
-    assert abs(loads[0] - loads[1]) <= 2
-    first = [costs[order[k]] for k in range(0, 8, 2)]
-    assert first == sorted(first, reverse=True)  # heaviest first inside a replica
+def test_wfap_packs_are_dealt_cost_balanced(small_run):
+    cm = small_run.cluster.cost_model()
+    D = small_run.cluster.dp_size
+    spreads = {}
+    for packing in ("wfap", "sequential"):
+        worst = 0.0
+        for step in small_run.packs[packing][:-1]:
+            loads = [sum(cm.pack_cost([e - s for _, s, e in p]) for p in step[r::D]) for r in range(D)]
+            worst = max(worst, max(loads) / min(loads))
+        spreads[packing] = worst
+    assert spreads["wfap"] < 1.1 < spreads["sequential"]
 
 
 def test_atac_wins_on_a_skewed_workload(small_run):
@@ -210,7 +212,7 @@ def test_bad_workload_files(tmp_path):
         load_workload(str(bad))
     obj = tmp_path / "obj.json"
     obj.write_text('{"lengths": [1, 2]}')
-    with pytest.raises(ValueError, match="non-empty JSON array"):
+    with pytest.raises(ValueError, match="must hold a JSON array"):
         load_workload(str(obj))
     with pytest.raises(ValueError, match="unknown workload 'zipf'"):
         load_workload("zipf")

@@ -17,9 +17,10 @@ from .cluster import ClusterConfig
 from .simulate import SimResult, simulate
 from .workloads import load_workload, workload_name
 
-__all__ = ["Scenario", "default_grid", "run_grid", "wlbllm_path", "PAPER_SCENARIO"]
+__all__ = ["Scenario", "default_grid", "run_grid", "run_scenario", "wlbllm_path", "PAPER_SCENARIO", "PAPER_NOSPLIT"]
 
 PAPER_SCENARIO = "paper-7b-128K"
+PAPER_NOSPLIT = "paper-7b-128K-no-balance-split"
 
 
 def wlbllm_path() -> str:
@@ -30,13 +31,19 @@ def wlbllm_path() -> str:
 
 @dataclass(frozen=True)
 class Scenario:
-    """One grid point: a name, a cluster, a workload spec and the stream length in steps."""
+    """One grid point: a name, a cluster, a workload spec and the stream length in steps.
+
+    ``options``: extra PackingConfig fields; ``combos``: the combinations (None: all);
+    ``extra``: a side run reported beside the grid, not part of its summary.
+    """
 
     name: str
     cluster: dict[str, Any]
     workload: str
     num_steps: int = 16
     options: dict[str, Any] = field(default_factory=dict)
+    combos: tuple[tuple[str, str], ...] | None = None
+    extra: bool = False
 
     def config(self, profile: str | None = None) -> ClusterConfig:
         kw = dict(self.cluster)
@@ -61,15 +68,18 @@ def default_grid(workload_file: str | None = None) -> list[Scenario]:
     grid = [
         Scenario(PAPER_SCENARIO if have else "7b-128K-cp8-pp4", c("7b", "A800", 128, 8, 4, 4, 8), real, 12),
         Scenario(f"7b-64K-cp4-pp4-{tag}", c("7b", "A800", 64, 4, 4, 4, 8), real, 12),
-        Scenario(f"7b-32K-cp2-pp1-{tag}", c("7b", "A800", 32, 2, 1, 8, 4), real, 16),
+        Scenario(f"7b-32K-cp2-pp1-{tag}", c("7b", "A800", 32, 2, 1, 8, 4), real, 12),
         Scenario(f"13b-64K-cp8-pp4-{tag}", c("13b", "A800", 64, 8, 4, 2, 8), real, 16),
         Scenario("8b-128K-cp8-pp1-longtail", c("8b", "H100", 128, 8, 1, 4, 4), "longtail", 16),
         Scenario("8b-64K-cp4-pp4-longtail", c("8b", "H100", 64, 4, 4, 2, 8), "longtail", 16),
         Scenario("8b-32K-cp2-pp4-longtail", c("8b", "H100", 32, 2, 4, 2, 8), "longtail", 16),
         Scenario("70b-128K-cp8-pp4-tp8-longtail", c("70b", "H100", 128, 8, 4, 2, 8, tp=8), "longtail", 16),
-        Scenario("1b-32K-cp4-pp1-sft", c("1b", "H100", 32, 4, 1, 8, 4), "sft", 16),
+        Scenario("1b-32K-cp4-pp1-sft", c("1b", "H100", 32, 4, 1, 4, 4), "sft", 16),
         Scenario("8b-64K-cp2-pp1-uniform", c("8b", "H100", 64, 2, 1, 4, 4), "uniform", 16),
     ]
+    if have:  # how much of the paper-like speedup comes from WFAP's balance splits (work cut)
+        grid.append(Scenario(PAPER_NOSPLIT, grid[0].cluster, real, grid[0].num_steps, {"balance_split": False},
+                             (("sequential", "zigzag"), ("wfap", "atp")), extra=True))
     return grid
 
 
@@ -82,9 +92,11 @@ def run_scenario(scenario: Scenario, *, seed: int = 0, profile: str | None = Non
                  combos: Sequence[tuple[str, str]] | None = None) -> SimResult:
     t0 = time.perf_counter()
     res = simulate(_lengths(scenario.workload), scenario.config(profile), num_steps=scenario.num_steps, seed=seed,
-                   combos=combos, workload=workload_name(scenario.workload), packing_options=scenario.options)
+                   combos=combos if combos is not None else scenario.combos, workload=workload_name(scenario.workload),
+                   packing_options=scenario.options)
     res.name = scenario.name  # type: ignore[attr-defined]
     res.seconds = time.perf_counter() - t0  # type: ignore[attr-defined]
+    res.extra = scenario.extra  # type: ignore[attr-defined]
     return res
 
 
@@ -118,7 +130,8 @@ def run_grid(scenarios: Sequence[Scenario], *, seed: int = 0, workers: int | Non
 
         ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
         # heaviest first, so that the pool's tail is short
-        jobs.sort(key=lambda j: -j[1].num_steps * j[1].cluster["dp_size"] * j[1].cluster["num_micro_batches"])
+        jobs.sort(key=lambda j: -j[1].num_steps * j[1].cluster["dp_size"] * j[1].cluster["num_micro_batches"]
+                  * (1 if j[1].combos is None else 0.2))
         with ctx.Pool(workers) as pool:
             for i, res in pool.imap_unordered(_run_one, jobs):
                 out[i] = res

@@ -14,7 +14,7 @@ import numpy as np
 from ..cost import CostModel
 from .cluster import ClusterConfig
 
-__all__ = ["PackedStream", "cut_windows", "dp_order", "run_packer", "packing_metrics", "pack_cost"]
+__all__ = ["PackedStream", "cut_windows", "run_packer", "packing_metrics", "pack_cost"]
 
 Span = tuple[int, int, int]
 
@@ -27,30 +27,6 @@ def cut_windows(stream: np.ndarray, window_tokens: float, num_windows: int) -> l
     ends = np.minimum(ends, len(stream))
     starts = np.concatenate([[0], ends[:-1]])
     return [np.arange(a, b, dtype=np.int64) for a, b in zip(starts, ends)]
-
-
-def dp_order(costs: Sequence[float], num_replicas: int) -> list[int]:
-    """Order packs so a round-robin deal gives replicas balanced cost sums, each replica's
-    packs heaviest first (LPT); the same rule as ATAC's feeder
-    (``atac_hf.packing.feeders.replica_order`` with ``first_slot=0``)."""
-    n = len(costs)
-    if num_replicas <= 1 or n <= 1:
-        return list(range(n))
-    slots = [k % num_replicas for k in range(n)]
-    free = [slots.count(r) for r in range(num_replicas)]
-    load = [0.0] * num_replicas
-    mine: list[list[int]] = [[] for _ in range(num_replicas)]
-    for p in sorted(range(n), key=lambda i: (-float(costs[i]), i)):
-        r = min((r for r in range(num_replicas) if free[r]), key=lambda r: (load[r], r))
-        mine[r].append(p)
-        load[r] += float(costs[p])
-        free[r] -= 1
-    taken = [0] * num_replicas
-    out = []
-    for r in slots:
-        out.append(mine[r][taken[r]])
-        taken[r] += 1
-    return out
 
 
 @dataclass
@@ -100,9 +76,25 @@ def run_packer(strategy: str, stream: np.ndarray, cluster: ClusterConfig, cm: Co
     for win in rest:
         out.append(_normalise(win))
         secs.append(per)
-    if strategy == "wfap":
-        out = [[win[i] for i in dp_order([pack_cost(cm, p) for p in win], cluster.dp_size)] for win in out]
+    if strategy == "wfap":  # ATAC's feeder deals a window's packs to replicas balanced by cost
+        out = _dp_deal(out, cm, cluster.dp_size)
     return PackedStream(out, np.asarray(secs), arrival, fed_windows)
+
+
+def _dp_deal(windows: list[list[list[Span]]], cm: CostModel, dp: int) -> list[list[list[Span]]]:
+    """Order each window like :class:`atac_hf.packing.feeding.WindowPlanner` does
+    (:func:`~atac_hf.packing.feeding.replica_order` with the running slot and loads)."""
+    from ..packing.feeding import replica_order
+
+    loads, slot, out = [0.0] * dp, 0, []
+    for win in windows:
+        costs = [pack_cost(cm, p) for p in win]
+        perm = replica_order(costs, dp, first_slot=slot, prior_loads=loads)
+        for k, i in enumerate(perm):
+            loads[(slot + k) % dp] += costs[i]
+        slot += len(win)
+        out.append([win[i] for i in perm])
+    return out
 
 
 def _normalise(packs: Iterable[Iterable[Sequence[int]]]) -> list[list[Span]]:
@@ -114,13 +106,22 @@ def pack_cost(cm: CostModel, pack: list[Span]) -> float:
     return float(cm.doc_cost([e - s for _, s, e in pack]).sum())
 
 
-def packing_metrics(packed: PackedStream, stream: np.ndarray, cap: int, num_packs_per_step: int) -> dict[str, Any]:
-    """Padding = unused pack capacity of the steps (``1 - tokens / (steps x packs x cap)``);
-    fragmentation = share of samples held in more than one span; delay = windows between
-    a sample's arrival and the window of its last span."""
+def packing_metrics(packed: PackedStream, stream: np.ndarray, cap: int, num_packs_per_step: int,
+                    cm: CostModel) -> dict[str, Any]:
+    """Packing-side metrics of one strategy over the whole stream.
+
+    * ``padding_share``: unused pack capacity, ``1 - tokens / (steps x packs x cap)``;
+    * ``fragmentation``: share of samples held in more than one span (samples over the
+      cap must be split and count too);
+    * ``delay_mean`` / ``delay_max``: windows between a sample's arrival and the window
+      of its last span;
+    * ``split_work_saving``: attention+linear work the strategy's splits remove,
+      ``1 - work / work of the samples cut only where the cap forces it`` (a split
+      document loses the attention across the cut; the simulator charges the work done).
+    """
     spans = [(sid, s, e, w) for w, win in enumerate(packed.packs) for p in win for sid, s, e in p]
     if not spans:
-        return dict(padding_share=1.0, fragmentation=0.0, delay_mean=0.0, delay_max=0)
+        return dict(padding_share=1.0, fragmentation=0.0, delay_mean=0.0, delay_max=0, split_work_saving=0.0)
     arr = np.array(spans, dtype=np.int64)
     tokens = int((arr[:, 2] - arr[:, 1]).sum())
     slots = num_packs_per_step * len(packed.packs)
@@ -129,11 +130,16 @@ def packing_metrics(packed: PackedStream, stream: np.ndarray, cap: int, num_pack
     np.maximum.at(last, arr[:, 0], arr[:, 3])
     seen = last >= 0
     delay = last[seen] - packed.arrival[seen]
+    # forced pieces: ceil(L / cap) near-equal fragments (how the packers ingest long samples)
+    L = stream[seen]
+    k = -(-L // cap)
+    base, extra = L // k, L % k
+    forced = float((extra * cm.doc_cost(base + 1) + (k - extra) * cm.doc_cost(base)).sum())
+    work = float(cm.doc_cost(arr[:, 2] - arr[:, 1]).sum())
     return dict(
         padding_share=1.0 - tokens / (slots * cap),
         fragmentation=len(np.unique(arr[partial, 0])) / int(seen.sum()),
         delay_mean=float(delay.mean()),
         delay_max=int(delay.max()),
+        split_work_saving=1.0 - work / forced if forced > 0 else 0.0,
     )
-
-

@@ -42,7 +42,8 @@ class ComboResult:
         kv_bytes: (N,) K/V bytes each rank receives per layer (forward).
         step_mb_imbalance: (S,) max / mean pack time within each step.
         shard_s: (N,) planner seconds per pack; pack_s: (S,) packing seconds per window.
-        padding_share, fragmentation, delay_mean, delay_max: packing metrics (see :meth:`metrics`).
+        padding_share, fragmentation, delay_mean, delay_max, split_work_saving: packing metrics
+            (:func:`atac_hf.sim.feed.packing_metrics`).
     """
 
     packing: str
@@ -61,6 +62,7 @@ class ComboResult:
     delay_mean: float
     delay_max: int
     num_micro_batches: int
+    split_work_saving: float = 0.0
 
     @property
     def label(self) -> str:
@@ -101,6 +103,7 @@ class ComboResult:
             "pack_time_cv": float(pt.std() / pt.mean()) if pt.size and pt.mean() > 0 else 0.0,
             "kv_mb_per_layer": float(self.kv_bytes.mean() / 2**20) if self.kv_bytes.size else 0.0,
             "fragmentation": self.fragmentation,
+            "split_work_saving": self.split_work_saving,
             "padding_share": self.padding_share,
             "delay_mean": self.delay_mean,
             "delay_max": self.delay_max,

@@ -13,9 +13,9 @@ One run:
    combination trains exactly the same samples; the start (deferral queues still
    empty) and the flush (what was held back) are measured, as at an epoch boundary.
 2. A window's packs are dealt to DP replicas round-robin (pack ``j`` to replica
-   ``j % DP``, how Accelerate deals batches). ``wfap`` packs are first ordered like
-   ATAC's feeder (:func:`~atac_hf.sim.feed.dp_order`): cost-balanced replicas,
-   heaviest pack first. The baselines keep their packers' order.
+   ``j % DP``, how Accelerate deals batches). ``wfap`` packs are first ordered by
+   ATAC's feeder rule (:func:`atac_hf.packing.feeding.replica_order`: cost-balanced
+   replicas, each replica's packs heaviest first). The baselines keep their packers' order.
 3. Every pack is sharded over the CP group with the real planner
    (:func:`~atac_hf.sharding.plan_shards`, per-rank token cap from
    :meth:`ClusterConfig.rank_token_cap`). Its per-layer fwd+bwd time is the plan's
@@ -198,7 +198,7 @@ def simulate(lengths: Any, cluster: ClusterConfig, *, combos: Sequence[tuple[str
         packed = packed_by[packing] = run_packer(packing, stream, cluster, cm, options, fixed)
         lens = [np.array([e - s for _, s, e in p], dtype=np.int64) for win in packed.packs for p in win]
         plans = plan_summaries(lens, shardings, cluster.cp_size, cm, cluster.rank_token_cap())
-        pm = packing_metrics(packed, stream, cluster.max_tokens, cluster.packs_per_step)
+        pm = packing_metrics(packed, stream, cluster.max_tokens, cluster.packs_per_step, cm)
         for sharding in shardings:
             res = _evaluate(packing, sharding, packed, lens, plans[sharding], cluster, cm, pm)
             results[res.label] = res

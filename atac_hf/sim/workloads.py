@@ -1,78 +1,43 @@
-"""Sample-length workloads for the simulator: built-in parametric mixes, a JSON array
-of lengths, or a length column of a ``datasets.Dataset`` (imported lazily).
-
-Built-in workloads (no files needed; lengths in tokens, deterministic for a seed):
-
-``longtail``  pretraining-like: a lognormal bulk (median ~3.2K) plus a Pareto tail
-              (0.9% of documents over 32K carrying ~14% of tokens and ~65% of the
-              squared lengths, capped at 128K), shaped after the ``wlbllm`` sample in
-              ``shared/workloads`` (median 3.2K, p99 26K).
-``sft``       chat/SFT-like: lognormal, median ~700, capped at 16K.
-``uniform``   uniform in [128, 8192]: a control with little cost skew.
+"""Workload sources for the simulator: the built-in parametric mixes of
+:mod:`atac_hf.workloads` (``longtail``, ``sft``, ``uniform``), a JSON array of lengths,
+or a length column of a ``datasets.Dataset`` (imported lazily).
 
 A workload *spec* is a built-in name, a path to a ``.json`` file holding an array
 of ints, or ``dataset:<path-or-hub-name>[:<column>]`` (column default ``length``;
-a column of token lists is measured with ``len``).
+a column of token lists is measured with ``len``). Zero-length samples are dropped
+(packers skip them anyway).
 
 Numpy only (``datasets`` only for ``dataset:`` specs).
 """
 
 from __future__ import annotations
 
-import json
 import os
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
+
+from ..workloads import WORKLOADS, load_lengths, make_workload
 
 __all__ = ["BUILTIN_WORKLOADS", "load_workload", "lengths_from_json", "lengths_from_dataset", "sample_stream",
            "workload_name"]
 
-
-def _longtail(n: int, rng: np.random.Generator) -> np.ndarray:
-    bulk = rng.lognormal(mean=np.log(3200.0), sigma=0.7, size=n)
-    tail = 16384.0 * (1.0 + rng.pareto(1.3, size=n))  # 2% of documents; 40% of those over 32K
-    out = np.where(rng.random(n) < 0.02, tail, bulk)
-    return np.clip(np.rint(out), 16, 131072).astype(np.int64)
-
-
-def _sft(n: int, rng: np.random.Generator) -> np.ndarray:
-    return np.clip(np.rint(rng.lognormal(mean=np.log(700.0), sigma=1.0, size=n)), 8, 16384).astype(np.int64)
-
-
-def _uniform(n: int, rng: np.random.Generator) -> np.ndarray:
-    return rng.integers(128, 8193, size=n, dtype=np.int64)
-
-
-BUILTIN_WORKLOADS: dict[str, Callable[[int, np.random.Generator], np.ndarray]] = {
-    "longtail": _longtail,
-    "sft": _sft,
-    "uniform": _uniform,
-}
+BUILTIN_WORKLOADS = WORKLOADS
 
 
 def lengths_from_json(path: str | os.PathLike) -> np.ndarray:
-    """Read a JSON array of positive ints.
+    """Read a JSON array of sample lengths (:func:`atac_hf.workloads.load_lengths`), zeros dropped.
 
     Raises:
-        ValueError: a missing file, invalid JSON, an empty array, or a non-positive /
-            non-integer entry (naming the workload path setting).
+        ValueError: a missing file, invalid JSON, not an array, a negative / non-integer
+            entry, or no positive length at all (naming the workload setting).
     """
-    path = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise ValueError(f"workload file {path!r} does not exist (check the workload setting)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"workload file {path!r} is not valid JSON ({e}); it must hold an array of ints") from None
-    if not isinstance(data, list) or not data:
-        raise ValueError(f"workload file {path!r} must hold a non-empty JSON array of positive ints "
-                         f"(got {type(data).__name__}{' of length 0' if isinstance(data, list) else ''})")
-    bad = next((i for i, x in enumerate(data) if isinstance(x, bool) or not isinstance(x, int) or x < 1), None)
-    if bad is not None:
-        raise ValueError(f"workload file {path!r}: entry {bad} is {data[bad]!r}; every entry must be an int >= 1")
-    return np.asarray(data, dtype=np.int64)
+    arr = load_lengths(path)
+    arr = arr[arr > 0]
+    if arr.size == 0:
+        raise ValueError(f"workload file {os.fspath(path)!r} must hold a non-empty JSON array of positive ints "
+                         "(check the workload setting)")
+    return arr
 
 
 def lengths_from_dataset(dataset: Any, column: str = "length") -> np.ndarray:
@@ -114,9 +79,7 @@ def load_workload(spec: str, *, num_samples: int = 50_000, seed: int = 0) -> np.
         raise ValueError(f"workload={spec!r}: give a built-in name {sorted(BUILTIN_WORKLOADS)}, a .json path "
                          "or dataset:<path>[:<column>]")
     if spec in BUILTIN_WORKLOADS:
-        if num_samples < 1:
-            raise ValueError(f"num_samples={num_samples!r} must be >= 1")
-        return BUILTIN_WORKLOADS[spec](int(num_samples), np.random.default_rng([seed, 0x57A7]))
+        return make_workload(spec, num_samples, seed=seed)
     if spec.startswith("dataset:"):
         rest = spec[len("dataset:"):]
         path, _, column = rest.rpartition(":") if rest.count(":") and not os.path.exists(rest) else (rest, "", "")
