@@ -19,6 +19,12 @@ __all__ = [
     "pack_costs",
     "pack_lengths",
     "recount_metrics",
+    # lazy (torch / datasets)
+    "PackedDataCollator",
+    "PackedIterableDataset",
+    "SpanDataset",
+    "WFAPBatchSampler",
+    "pack_dataset",
 ]
 
 # torch/datasets-backed pieces, imported on first use (keeps planning numpy-only)
