@@ -275,3 +275,18 @@ def test_packing_modules_do_not_import_torch():
     code = ("import sys; import atac_hf.packing, atac_hf.packing.cli, atac_hf.workloads; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_supply_tokens_and_tokens_wanted():
+    c = cfg(reference_doc_tokens=1)  # heavy: cost > 21 (6+ tokens under QUAD)
+    p = StreamPacker(c, QUAD)
+    assert p.tokens_wanted == 20 and p.supply_tokens([5, 6, 0, 25]).tolist() == [5, 0, 0, 0]  # 25 -> 9,8,8: heavy
+    assert StreamPacker(cfg(reference_doc_tokens=1, max_defer=0), QUAD).supply_tokens([6]).tolist() == [6]
+    assert StreamPacker(cfg(reference_doc_tokens=1, overlength="truncate"), QUAD).supply_tokens([30]).tolist() == [0]
+    wlb = StreamPacker(cfg(strategy="wlb", wlb_thresholds=(4,)), LINEAR)
+    assert wlb.supply_tokens([3, 4, 12]).tolist() == [3, 0, 0]  # 12 -> 6, 6: queued
+    wlb.add_window([0, 1], [5, 2])  # the 5 waits in its queue: not supply for the next window
+    assert wlb.pending_ids == [0] and wlb.tokens_wanted == 20
+    seq = StreamPacker(cfg(strategy="sequential", packs_per_window=1), LINEAR)
+    seq.add_window([0, 1], [7, 6])
+    assert seq.pending_tokens == 6 and seq.tokens_wanted == 10 - 6

@@ -18,6 +18,7 @@ from ._window import ARRIVAL, END, FRAG, SEQ, SID, START, Item, Planner, WindowC
 from ._window import place_overdue, ref_cost_per_token
 from .baselines import plan_bfd, plan_sequential, plan_wlb, wlb_held_tokens
 from .config import PackingConfig
+from ._validate import check_lengths, check_overlength, check_window
 from .metrics import MetricsAccumulator, pack_costs
 from .wfap import plan_wfap, wfap_held_tokens
 
@@ -101,19 +102,21 @@ class StreamPacker:
         length after ``overlength`` handling, or 0 for a sample the strategy holds back on
         arrival (``wfap`` heavy samples, ``wlb`` outliers). Feeders that size windows by
         tokens add samples until the cumulative supply reaches :attr:`tokens_wanted`."""
+        cfg = self.config
         lens = np.asarray(lengths, dtype=np.int64)
-        C = int(self.config.max_tokens)
-        eff = np.minimum(lens, C) if self.config.overlength == "truncate" else lens.copy()
-        if self.config.strategy == "wfap" and self.config.defer_heavy:
-            pieces = -(-lens // C)
-            piece = np.minimum(eff, -(-eff // np.maximum(pieces, 1)))  # longest piece after splitting
-            heavy = self.cost_model.doc_cost(piece) > self.config.balance_tolerance * self._ref * C
-            eff[heavy] = 0
-        elif self.config.strategy == "wlb":
-            th = self.config.resolved_wlb_thresholds
-            if th:
-                piece = np.minimum(eff, -(-eff // np.maximum(-(-lens // C), 1)))
-                eff[piece >= th[0]] = 0
+        C = int(cfg.max_tokens)
+        if cfg.overlength == "truncate":
+            eff = np.minimum(lens, C)
+            piece = eff
+        else:
+            eff = lens.copy()
+            piece = -(-lens // np.maximum(-(-lens // C), 1))  # longest fragment after splitting
+        if cfg.max_defer == 0:  # nothing is held back
+            return eff
+        if cfg.strategy == "wfap" and cfg.defer_heavy:
+            eff[self.cost_model.doc_cost(piece) > cfg.balance_tolerance * self._ref * C] = 0
+        elif cfg.strategy == "wlb" and cfg.resolved_wlb_thresholds:
+            eff[piece >= cfg.resolved_wlb_thresholds[0]] = 0
         return eff
 
     @property
@@ -137,7 +140,7 @@ class StreamPacker:
             ValueError / TypeError: bad ids or lengths (nothing is changed then), or a
                 sample over ``max_tokens`` with ``overlength="error"``.
         """
-        ids, lens = _check_window(sample_ids, lengths, self.config)
+        ids, lens = check_window(sample_ids, lengths, self.config)
         return self._add_checked(ids, lens)
 
     def _add_checked(self, ids: list[int], lens: list[int]) -> list[Pack]:
@@ -311,12 +314,12 @@ def pack_lengths(lengths: Sequence[int], config: PackingConfig, cost_model: Cost
         ValueError / TypeError: empty input, non-integer or negative lengths, a bad
             ``window``, or (``overlength="error"``) a sample over ``max_tokens``.
     """
-    arr = _check_lengths(lengths, "lengths")
+    arr = check_lengths(lengths, "lengths")
     if arr.size == 0:
         raise ValueError("lengths is empty: nothing to pack (pass at least one sample length)")
     if window is not None and (not isinstance(window, (int, np.integer)) or isinstance(window, bool) or window < 1):
         raise ValueError(f"window={window!r} is invalid: it must be None (size windows by tokens) or an int >= 1 samples")
-    _check_overlength(arr, np.arange(arr.size), config)
+    check_overlength(arr, np.arange(arr.size), config)
     packer = StreamPacker(config, cost_model)
     csum = np.cumsum(packer.supply_tokens(arr))
     n = arr.size
@@ -346,58 +349,3 @@ def pack_lengths(lengths: Sequence[int], config: PackingConfig, cost_model: Cost
     deferred = [(int(i), int(delay[i])) for i in np.flatnonzero(delay > 0)]
     return PackResult(packs=packs, deferred=deferred, metrics=packer.metrics, pack_window=pack_window,
                       arrival=arrival.tolist())
-
-
-# ---------------------------------------------------------------------------- validation
-def _check_lengths(lengths: Any, name: str) -> np.ndarray:
-    if isinstance(lengths, (str, bytes, Mapping)):
-        raise TypeError(f"{name} must be a sequence of ints, got {type(lengths).__name__}")
-    values = lengths if isinstance(lengths, np.ndarray) else list(lengths)
-    try:
-        arr = np.asarray(values)
-    except ValueError:  # ragged nesting
-        raise ValueError(f"{name} must be a flat sequence of ints") from None
-    if arr.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be a flat sequence of ints, got shape {arr.shape}")
-    bools = arr.dtype == bool or (not isinstance(values, np.ndarray)
-                                  and any(isinstance(v, (bool, np.bool_)) for v in values))
-    if bools or not np.issubdtype(arr.dtype, np.integer):
-        items = values.tolist() if isinstance(values, np.ndarray) else values
-        bad = next((i for i, v in enumerate(items)
-                    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer))), 0)
-        raise TypeError(
-            f"{name}[{bad}] = {items[bad]!r} is not an int: sample lengths must be integer token counts >= 0"
-        )
-    if arr.min() < 0:
-        bad = int(np.argmin(arr))
-        raise ValueError(f"{name}[{bad}] = {int(arr[bad])} is negative: sample lengths must be token counts >= 0")
-    return arr.astype(np.int64)
-
-
-def _check_overlength(arr: np.ndarray, ids: Sequence[int], config: PackingConfig) -> None:
-    if config.overlength != "error" or arr.size == 0 or arr.max() <= config.max_tokens:
-        return
-    k = int(np.argmax(arr > config.max_tokens))
-    raise ValueError(
-        f"sample {ids[k]} has {int(arr[k])} tokens, more than max_tokens={config.max_tokens}, and "
-        f"overlength='error'; set overlength to 'split' or 'truncate', or raise max_tokens"
-    )
-
-
-def _check_window(sample_ids: Sequence[int], lengths: Sequence[int], config: PackingConfig) -> tuple[list[int], list[int]]:
-    lens = _check_lengths(lengths, "lengths")
-    ids_arr = np.asarray(list(sample_ids))
-    if ids_arr.size != lens.size:
-        raise ValueError(f"got {ids_arr.size} sample_ids but {lens.size} lengths: pass one length per sample id")
-    if ids_arr.size and (ids_arr.dtype == bool or not np.issubdtype(ids_arr.dtype, np.integer)):
-        raise TypeError(f"sample_ids must be ints, got {ids_arr.tolist()[:3]!r}...")
-    ids = [int(i) for i in ids_arr.tolist()]
-    if len(set(ids)) != len(ids):
-        seen: set[int] = set()
-        dup = next(i for i in ids if i in seen or seen.add(i))
-        raise ValueError(f"sample id {dup} appears twice in one window; sample ids must be unique")
-    _check_overlength(lens, ids, config)
-    return ids, lens.tolist()
-
