@@ -6,12 +6,12 @@ import argparse
 import importlib
 import sys
 
-# sub-command -> module with `add_parser(subparsers)`; each parser sets `func`.
-_COMMANDS = {
-    "pack": "atac_hf.packing.cli",
-    "plan": "atac_hf.sharding.cli",
-    "bench": "atac_hf.bench",
-}
+# Modules with `add_parser(subparsers)`; each adds its sub-command(s) and sets `func`.
+_COMMAND_MODULES = (
+    "atac_hf.packing.cli",  # pack
+    "atac_hf.sharding.cli",  # plan
+    "atac_hf.sim.cli",  # simulate, bench, calibrate
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Workload-balanced packing and anchor-tail context parallelism for HF training.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in _COMMANDS.values():
+    for module in _COMMAND_MODULES:
         importlib.import_module(module).add_parser(sub)
     return parser
 

@@ -1,0 +1,300 @@
+#!/usr/bin/env python
+"""Context-parallel benchmark on CPU: every sharding strategy side by side in one run.
+
+For 2 and 4 gloo processes, a small Llama-like model (hidden 256, 4 layers, GQA 8/2
+heads) and packs of 8K-16K tokens drawn from the long-tail workload, it reports per
+strategy:
+
+* per-rank attention compute, forward + backward, max / mean over ranks (each rank's
+  kernels timed alone in one process on its real shard, so no rank's time includes
+  waiting for another);
+* the real distributed training step (forward + backward of the whole model under
+  ``attn_implementation="atac_cp"``), the slowest rank's wall time, relative to
+  ``contiguous``;
+* K/V bytes moved per layer (what the all-gather sends, padding included) and the
+  plan's own estimate;
+* planner time per pack;
+
+and, separately, the planner alone on a 128K-token, 200-document pack at cp_size 8.
+
+The planner's cost model is calibrated on this machine first (``atac_hf.calibrate``)
+when available, else a CPU estimate, so that ``atp`` balances what this CPU spends.
+
+    python scripts/bench_cp.py                 # full run (~10 min on 2 cores)
+    python scripts/bench_cp.py --quick         # smaller packs, fewer repeats
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+WLB_PATH = ROOT.parent / "shared" / "workloads" / "wlbllm_doc_lengths.json"
+STRATEGIES = ("contiguous", "zigzag", "per_doc", "wlb_adaptive", "atp")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--pack-tokens", type=int, nargs="+", default=[8192, 16384])
+    p.add_argument("--packs", type=int, default=3, help="packs per pack size")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats per measurement (median taken)")
+    p.add_argument("--workload", default=str(WLB_PATH) if WLB_PATH.exists() else "longtail",
+                   help="JSON array of document lengths, or a built-in workload name")
+    p.add_argument("--profile", help="CPU cost profile JSON (default: calibrate now)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="packs of 4K-8K, one world size, 1 repeat")
+    p.add_argument("--json-out", help="write all measurements to this JSON file")
+    p.add_argument("--markdown-out", help="write the result tables (markdown) to this file")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.world_sizes, args.pack_tokens, args.packs, args.repeats = [2], [4096, 8192], 2, 1
+    return args
+
+
+# ---------------------------------------------------------------------------- inputs
+def load_lengths(spec: str, seed: int) -> np.ndarray:
+    if spec.endswith(".json"):
+        return np.asarray(json.loads(Path(spec).read_text()), dtype=np.int64)
+    from atac_hf.sim.workloads import load_workload
+
+    return np.asarray(load_workload(spec, num_samples=20000, seed=seed), dtype=np.int64)
+
+
+def make_packs(lengths: np.ndarray, pack_tokens: int, n: int, seed: int, cost_model) -> list[list[int]]:
+    """WFAP packs of a random stretch of the workload: each pack's document lengths."""
+    from atac_hf.packing import PackingConfig, pack_lengths
+
+    rng = np.random.default_rng(seed)
+    sample = lengths[rng.permutation(len(lengths))[: 40 * n * max(1, pack_tokens // 2048)]]
+    cfg = PackingConfig(max_tokens=pack_tokens, packs_per_window=n, strategy="wfap")
+    res = pack_lengths(sample, cfg, cost_model)
+    packs = [[e - s for _, s, e in p] for p in res.packs]
+    packs.sort(key=lambda p: -sum(p))  # fullest packs first
+    return packs[:n]
+
+
+def cpu_cost_model(profile: str | None):
+    from atac_hf.cost import CostModel
+
+    if profile:
+        return CostModel.from_profile(profile), f"profile {profile}"
+    try:
+        from atac_hf.calibrate import calibrate
+
+        res = calibrate(model_dims(), quick=True)
+        return res.cost_model, (f"calibrated on this CPU for this model (atac_hf.calibrate, quick; "
+                                f"held-out error <= {100 * res.max_rel_err:.0f}%)")
+    except ImportError:
+        # hidden 256 fp32 on one CPU core: rough, measured once by hand
+        return CostModel(linear_s_per_token=2e-6, attn_s_per_pair=4e-9, segment_overhead_s=3e-5, tile=1,
+                         kv_bytes_per_token=2 * 2 * 32 * 4, link_bandwidth=2e9, link_latency_s=5e-5,
+                         name="cpu-estimate"), "a fixed CPU estimate"
+
+
+def model_dims():
+    from atac_hf.cost import ModelDims
+
+    return ModelDims.from_hf_config(model_config())
+
+
+def model_config():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
+                       num_key_value_heads=2, vocab_size=512, max_position_embeddings=32768,
+                       attention_dropout=0.0)
+
+
+# ---------------------------------------------------------------------------- per-rank attention
+def per_rank_attention_times(plan, repeats: int, seed: int) -> list[float]:
+    """Each rank's attention kernels (fwd + bwd, one layer) on its real shard, timed alone."""
+    import torch
+
+    from atac_hf.attention.backends import run_backend
+
+    H, K, D = 8, 2, 32
+    g = torch.Generator().manual_seed(seed)
+    n_total = plan.num_tokens
+    k_all = torch.randn(K, n_total, D, generator=g)
+    v_all = torch.randn(K, n_total, D, generator=g)
+    times = []
+    for r in range(plan.cp_size):
+        lay = plan.local_layout(r)
+        tok = torch.as_tensor(plan.rank_token_indices(r))
+        q = torch.randn(H, len(tok), D, generator=g, requires_grad=True)
+        k = k_all.index_select(1, tok).requires_grad_()
+        v = v_all.index_select(1, tok).requires_grad_()
+        gathered = None
+        if len(plan.gathered_docs):
+            m = lay.max_send
+            rows = []
+            for rr in range(plan.cp_size):
+                t_rr = torch.as_tensor(plan.rank_token_indices(rr))
+                send = torch.as_tensor(plan.local_layout(rr).send_index)
+                kv = torch.cat([k_all, v_all], -1).index_select(1, t_rr).transpose(0, 1).index_select(0, send)
+                rows.append(torch.nn.functional.pad(kv, (0, 0, 0, 0, 0, m - kv.shape[0])))
+            buf = torch.cat(rows).requires_grad_()
+            gathered = (buf[..., :D], buf[..., D:])
+        cache: dict = {}
+        samples = []
+        for i in range(repeats + 1):
+            t0 = time.perf_counter()
+            out = run_backend("sdpa", q, k, v, lay, cache, (lambda: gathered) if gathered else None,
+                              scaling=D ** -0.5, window=None)
+            out.sum().backward()
+            if i:
+                samples.append(time.perf_counter() - t0)
+            q.grad = k.grad = v.grad = None
+        times.append(statistics.median(samples))
+    return times
+
+
+# ---------------------------------------------------------------------------- distributed step
+def _worker(rank: int, world: int, init_file: str, packs, cm_dict, repeats: int, seed: int, out_file: str):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    import atac_hf.attention  # noqa: F401  (registers atac_cp)
+    from atac_hf.attention import shard_batch
+    from atac_hf.cost import CostModel
+    from atac_hf.sharding import plan_shards
+    from transformers import LlamaForCausalLM
+
+    cm = CostModel.from_dict(cm_dict)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM._from_config(model_config(), attn_implementation="atac_cp")
+    model.train()
+    results = []
+    for pi, lengths in enumerate(packs):
+        g = torch.Generator().manual_seed(seed + pi)
+        n = int(sum(lengths))
+        ids = torch.randint(0, 512, (1, n), generator=g)
+        pos = torch.cat([torch.arange(L) for L in lengths]).unsqueeze(0)
+        batch = {"input_ids": ids, "labels": ids.clone(), "position_ids": pos}
+        for strategy in STRATEGIES:
+            t0 = time.perf_counter()
+            plan = plan_shards(lengths, world, strategy, cm)
+            plan_ms = (time.perf_counter() - t0) * 1e3
+            local = shard_batch(batch, plan, rank)
+            samples = []
+            for i in range(repeats + 1):
+                dist.barrier()
+                t0 = time.perf_counter()
+                model(**local).loss.backward()
+                dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+                model.zero_grad(set_to_none=True)
+                if i:
+                    samples.append(float(dt))
+            results.append({"pack": pi, "strategy": strategy, "step_s": statistics.median(samples),
+                            "plan_ms": plan_ms})
+    if rank == 0:
+        Path(out_file).write_text(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def distributed_steps(world: int, packs, cm, repeats: int, seed: int) -> list[dict]:
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file, out_file = os.path.join(tmp, "init"), os.path.join(tmp, "out.json")
+        mp.spawn(_worker, args=(world, init_file, packs, cm.to_dict(), repeats, seed, out_file), nprocs=world)
+        return json.loads(Path(out_file).read_text())
+
+
+# ---------------------------------------------------------------------------- report
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from tqdm.auto import tqdm
+
+    from atac_hf.sharding import plan_shards
+
+    cm, cm_source = cpu_cost_model(args.profile)
+    kv_bytes_tok = 2 * 2 * 32 * 4  # K and V, 2 kv heads x 32 dims, fp32
+    lengths = load_lengths(args.workload, args.seed)
+    rows, raw = [], []
+    for world in args.world_sizes:
+        for pack_tokens in args.pack_tokens:
+            packs = make_packs(lengths, pack_tokens, args.packs, args.seed + pack_tokens, cm)
+            steps = distributed_steps(world, packs, cm, args.repeats, args.seed)
+            step = {(r["pack"], r["strategy"]): r for r in steps}
+            per = {s: {"attn_max_over_mean": [], "attn_max_s": [], "step_s": [], "kv_mb": [], "kv_mb_est": [],
+                       "plan_ms": []} for s in STRATEGIES}
+            for pi, pack in enumerate(tqdm(packs, desc=f"cp={world} {pack_tokens // 1024}K per-rank timing",
+                                           leave=False)):
+                for s in STRATEGIES:
+                    plan = plan_shards(pack, world, s, cm)
+                    t = per_rank_attention_times(plan, args.repeats, args.seed + pi)
+                    lay = plan.local_layout(0)
+                    sent = lay.max_send * world * kv_bytes_tok if len(plan.gathered_docs) else 0
+                    d = per[s]
+                    d["attn_max_over_mean"].append(max(t) / (sum(t) / len(t)))
+                    d["attn_max_s"].append(max(t))
+                    d["step_s"].append(step[(pi, s)]["step_s"])
+                    d["kv_mb"].append(sent / 2**20)
+                    d["kv_mb_est"].append(plan.kv_bytes(kv_bytes_tok) / 2**20)
+                    d["plan_ms"].append(step[(pi, s)]["plan_ms"])
+                    raw.append({"world": world, "pack_tokens": pack_tokens, "pack": pi, "docs": len(pack),
+                                "strategy": s, "rank_attn_s": t, **{k: v[-1] for k, v in d.items()}})
+            base_step = sum(per["contiguous"]["step_s"])
+            for s in STRATEGIES:
+                d = per[s]
+                rows.append({
+                    "cp": world, "pack": f"{pack_tokens // 1024}K", "strategy": s,
+                    "attn max/mean": statistics.mean(d["attn_max_over_mean"]),
+                    "attn max/mean worst": max(d["attn_max_over_mean"]),
+                    "attn max ms": 1e3 * statistics.mean(d["attn_max_s"]),
+                    "step vs contiguous": sum(d["step_s"]) / base_step,
+                    "step ms": 1e3 * statistics.mean(d["step_s"]),
+                    "KV MB sent/layer": statistics.mean(d["kv_mb"]),
+                    "planner ms": statistics.mean(d["plan_ms"]),
+                })
+    # planner alone: 128K tokens, 200 documents, cp 8
+    rng = np.random.default_rng(args.seed)
+    w = rng.lognormal(0.0, 1.0, 200)
+    big = np.maximum(1, np.round(w / w.sum() * 131072)).astype(int)
+    planner = {}
+    for s in STRATEGIES:
+        plan_shards(big, 8, s, cm)
+        t0 = time.perf_counter()
+        for _ in range(50):
+            plan_shards(big, 8, s, cm)
+        planner[s] = (time.perf_counter() - t0) / 50 * 1e3
+
+    md = [f"Cost model for planning: {cm_source}. Workload: `{Path(args.workload).name}`; "
+          f"{args.packs} WFAP packs per size; median of {args.repeats} repeats.", "",
+          "| CP | pack | strategy | attn max/mean (mean, worst) | attn max ms | step vs contiguous | step ms "
+          "| KV MB sent/layer | planner ms |",
+          "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        md.append(f"| {r['cp']} | {r['pack']} | {r['strategy']} | {r['attn max/mean']:.3f}, "
+                  f"{r['attn max/mean worst']:.3f} | {r['attn max ms']:.1f} | {r['step vs contiguous']:.3f} | "
+                  f"{r['step ms']:.0f} | {r['KV MB sent/layer']:.2f} | {r['planner ms']:.2f} |")
+    md += ["", "Planner alone, 128K-token pack of 200 documents, cp_size 8 (mean of 50 calls):", "",
+           "| strategy | ms per pack |", "|---|---:|"]
+    md += [f"| {s} | {planner[s]:.3f} |" for s in STRATEGIES]
+    text = "\n".join(md)
+    print(text)
+    if args.markdown_out:
+        Path(args.markdown_out).write_text(text + "\n")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"rows": rows, "raw": raw, "planner_ms": planner}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
