@@ -285,7 +285,7 @@ def test_supply_tokens_and_tokens_wanted():
     assert StreamPacker(cfg(reference_doc_tokens=1, overlength="truncate"), QUAD).supply_tokens([30]).tolist() == [0]
     wlb = StreamPacker(cfg(strategy="wlb", wlb_thresholds=(4,)), LINEAR)
     assert wlb.supply_tokens([3, 4, 12]).tolist() == [3, 0, 0]  # 12 -> 6, 6: queued
-    wlb.add_window([0, 1], [5, 2])  # the 5 waits in its queue: not supply for the next window
+    wlb.add_window([0, 1, 2], [5, 2, 1])  # the 5 waits in its queue: not supply for the next window
     assert wlb.pending_ids == [0] and wlb.tokens_wanted == 20
     seq = StreamPacker(cfg(strategy="sequential", packs_per_window=1), LINEAR)
     seq.add_window([0, 1], [7, 6])
