@@ -121,3 +121,11 @@ def test_workload_errors(tmp_path):
     path = tmp_path / "ok.json"
     path.write_text("[1, 2, 0]")
     assert load_lengths(path).tolist() == [1, 2, 0]
+
+
+def test_pack_json_all_empty_samples(tmp_path, capsys):
+    path = tmp_path / "zeros.json"
+    path.write_text("[0, 0]")
+    assert run_pack(["--lengths", str(path), "--max-tokens", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["packs"] == [] and out["metrics"]["zero_length_skipped"] == 2 and out["metrics"]["imbalance_mean"] is None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from typing import Any
@@ -76,9 +77,11 @@ def run(args: argparse.Namespace) -> int:
         out = {
             "packs": [[list(span) for span in pack] for pack in result.packs],
             "deferred": [list(d) for d in result.deferred],
-            "metrics": {**result.metrics, "planner_seconds": seconds},
+            # NaN (no packs at all: every sample empty) is not JSON: null
+            "metrics": {k: (None if isinstance(v, float) and math.isnan(v) else v)
+                        for k, v in {**result.metrics, "planner_seconds": seconds}.items()},
         }
-        json.dump(out, sys.stdout, separators=(",", ":"))
+        json.dump(out, sys.stdout, separators=(",", ":"), allow_nan=False)
         sys.stdout.write("\n")
         return 0
     m = result.metrics
