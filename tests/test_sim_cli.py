@@ -115,3 +115,21 @@ def test_default_grid_covers_the_brief():
     assert {"longtail", "sft", "uniform"} <= {s.workload for s in grid}
     if os.path.exists(bench_mod.wlbllm_path()):
         assert grid[0].name == bench_mod.PAPER_SCENARIO and grid[0].workload == bench_mod.wlbllm_path()
+
+
+def test_bench_scenario_with_a_profile_runs_the_profiles_model(tmp_path):
+    import dataclasses
+
+    from atac_hf.cost import MODEL_PRESETS, CostModel
+
+    dims = MODEL_PRESETS["tiny"]
+    path = tmp_path / "p.json"
+    CostModel(linear_s_per_token=2e-6, attn_s_per_pair=1e-9, tile=1,
+              kv_bytes_per_token=2.0 * dims.num_kv_heads * dims.head_dim * 4).save(
+        path, model=dataclasses.asdict(dims), tp_size=1)
+    sc = Scenario("p", dict(model="70b", hardware="H100", max_tokens=8192, cp_size=2, pp_size=2, dp_size=2,
+                            num_micro_batches=2, tp_size=8), "sft", 2)
+    cfg = sc.config(str(path))
+    assert cfg.dims == dims and cfg.tp_size == 1 and cfg.cost_model().linear_s_per_token == 2e-6
+    res = bench_mod.run_scenario(sc, profile=str(path), combos=[("wfap", "atp"), ("sequential", "zigzag")])
+    assert res.combos["ATAC"].throughput > 0

@@ -6,13 +6,15 @@ Numpy only (tqdm for the progress bar).
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..cost import CostModel, ModelDims
 from .cluster import ClusterConfig
 from .simulate import SimResult, simulate
 from .workloads import load_workload, workload_name
@@ -46,10 +48,22 @@ class Scenario:
     extra: bool = False
 
     def config(self, profile: str | None = None) -> ClusterConfig:
+        """The cluster; with a calibration ``profile``, the scenario runs the profile's
+        model and tp_size (from its metadata) on the profile's compute coefficients."""
         kw = dict(self.cluster)
         if profile:
+            meta = _profile_metadata(profile)
+            if isinstance(meta.get("model"), Mapping):
+                kw["model"] = ModelDims(**meta["model"])
+            kw["tp_size"] = int(meta.get("tp_size", 1))
             kw["profile"] = profile
         return ClusterConfig(**kw)
+
+
+def _profile_metadata(path: str) -> dict[str, Any]:
+    CostModel.from_profile(path)  # readable, right format (raises ValueError otherwise)
+    with open(path, encoding="utf-8") as f:
+        return dict(json.load(f).get("metadata") or {})
 
 
 def default_grid(workload_file: str | None = None) -> list[Scenario]:

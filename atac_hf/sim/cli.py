@@ -148,7 +148,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
                    help="markdown file whose simulator section is (re)written (default docs/BENCHMARKS.md)")
     p.add_argument("--plots-dir", default=None, help="where PNG plots go (default: the output's folder)")
     p.add_argument("--no-write", action="store_true", help="print only; write no markdown or plots")
-    p.add_argument("--profile", default=None, help="calibration profile for every scenario (must match its model)")
+    p.add_argument("--profile", default=None,
+                   help="calibration profile: every scenario then runs the profile's model and tp_size on its "
+                        "measured compute (links still from each scenario's hardware preset)")
     p.add_argument("--workers", type=int, default=None, help="processes (default: CPU count)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scenarios", default=None, help="comma-separated scenario names to run (default: all)")

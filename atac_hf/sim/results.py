@@ -89,7 +89,16 @@ class ComboResult:
         return float(self.tokens.sum()) / lb if lb > 0 else 0.0
 
     def metrics(self) -> dict[str, Any]:
-        """Flat JSON-friendly summary."""
+        """Flat JSON-friendly summary.
+
+        ``throughput_tok_s``: tokens / total time; ``step_time_s``: mean step; ``lb_ratio``:
+        time / balance lower bound; ``cp_imbalance``: mean over packs of max / mean rank
+        compute; ``mb_imbalance``: mean over steps of max / mean pack time; ``pack_time_cv``:
+        std / mean of pack times (dispersion); ``kv_mb_per_layer``: K/V MiB each rank receives
+        per layer (forward), mean over packs; ``planner_ms_per_step``: packing of one window
+        plus ``micro-batches x`` the mean sharding time of a pack (replicas plan in
+        parallel); packing metrics as in :func:`atac_hf.sim.feed.packing_metrics`.
+        """
         pt = self.pack_time_s
         return {
             "label": self.label,
