@@ -40,9 +40,12 @@ class PackingConfig:
         min_fragment: shortest fragment a split may leave, in tokens (>= 1). Default
             ``None``: ``min(128, max_tokens // 2)`` (at least 1). Must be at most
             ``max_tokens // 2`` so that an overlength split can always respect it.
-        max_defer: windows a sample may be held back (>= 0). A sample that has waited this
-            many windows is placed first in the next window; with ``split_overdue`` it is
-            split over pack ends if it fits nowhere whole. ``0`` disables deferral.
+        max_defer: windows a sample may be held back (>= 0): in the window where it has
+            waited this many windows it is *overdue* and placed before everything else (with
+            ``split_overdue``, over pack ends if it fits nowhere whole), so no sample is
+            emitted more than ``max_defer`` windows after it arrived as long as a window's
+            overdue samples fit in its packs. ``0`` disables deferral. Mostly ``wfap``'s heavy
+            samples wait long; others rarely wait more than one window.
         split_overdue: split a sample that has waited ``max_defer`` windows and fits in no
             pack whole over pack ends (fragments >= ``min_fragment``) rather than let it
             wait longer. Rare: overdue samples are placed before everything else.
