@@ -141,5 +141,5 @@ def packing_metrics(packed: PackedStream, stream: np.ndarray, cap: int, num_pack
         fragmentation=len(np.unique(arr[partial, 0])) / int(seen.sum()),
         delay_mean=float(delay.mean()),
         delay_max=int(delay.max()),
-        split_work_saving=1.0 - work / forced if forced > 0 else 0.0,
+        split_work_saving=max(0.0, 1.0 - work / forced) if forced > 0 else 0.0,  # float noise below 0
     )

@@ -86,12 +86,12 @@ def grid_table(summary: dict[str, Any], *, markdown: bool = False) -> str:
     head = ["scenario", "ATAC vs HF", "limit (HF/LB)", "ATAC/LB", "vs WLB-LLM", "vs strongest", "strongest baseline",
             "ATAC frag", "ATAC work cut", "ATAC delay"]
     body = [[r["scenario"], f"{r['vs_hf']:.2f}x", f"{r['limit']:.2f}x", f"{r['atac_lb']:.3f}", f"{r['vs_wlb']:.2f}x",
-             f"{r['vs_best']:.2f}x", r["best"], f"{100 * r['atac_frag']:.2f}%", f"{100 * r['atac_work_cut']:.1f}%",
+             f"{r['vs_best']:.3f}x", r["best"], f"{100 * r['atac_frag']:.2f}%", f"{100 * r['atac_work_cut']:.1f}%",
              f"{r['atac_delay']:.2f}"]
             for r in summary["scenarios"]]
     body.append(["geometric mean", f"{summary['geomean_vs_hf']:.2f}x", f"{summary['geomean_limit']:.2f}x",
                  f"{summary['geomean_atac_lb']:.3f}", f"{summary['geomean_vs_wlb']:.2f}x",
-                 f"{summary['geomean_vs_best']:.2f}x", "", "", "", ""])
+                 f"{summary['geomean_vs_best']:.3f}x", "", "", "", ""])
     return _render(head, body, markdown)
 
 
@@ -124,7 +124,7 @@ def markdown_section(summary: dict[str, Any], results: Sequence[Any], *, command
     out.append(f"Geometric mean over {len(summary['scenarios'])} scenarios: ATAC is "
                f"{summary['geomean_vs_hf']:.2f}x HF default, {summary['geomean_vs_wlb']:.2f}x WLB-LLM and "
                f"{summary['geomean_vs_best']:.2f}x the strongest other combination of each scenario "
-               f"(lowest: {summary['min_vs_best']:.2f}x); ATAC's time is {summary['geomean_atac_lb']:.3f}x its "
+               f"(lowest: {summary['min_vs_best']:.3f}x); ATAC's time is {summary['geomean_atac_lb']:.3f}x its "
                f"balance lower bound (worst scenario {summary['worst_atac_lb']:.3f}x).")
     if paper:
         out += ["", paper]
