@@ -255,3 +255,15 @@ def test_simulate_rejects_bad_arguments():
         simulate(_lengths(), _cluster(), num_steps=0)
     with pytest.raises(ValueError, match="windows='sliding'"):
         simulate(_lengths(), _cluster(), windows="sliding")
+
+
+def test_simulator_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np; from atac_hf.sim import ClusterConfig, simulate; "
+            "simulate(np.array([300, 900, 4000] * 40), ClusterConfig(max_tokens=4096, cp_size=2, dp_size=2, "
+            "model='1b'), num_steps=2, combos=[('wfap', 'atp')]); "
+            "import atac_hf.sim.cli, atac_hf.sim.bench, atac_hf.sim.report, atac_hf.sim.plots; "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
