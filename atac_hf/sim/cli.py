@@ -129,7 +129,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     d = res.to_dict()
     if "speedup" in d:
         sp = d["speedup"]
-        parts = [f"{v:.2f}x {k.replace('vs_', 'vs ').replace('_', ' ')}" for k, v in sp.items()]
+        names = {"vs_hf_default": "HF default", "vs_wlb_llm": "WLB-LLM", "vs_strongest": "the strongest baseline"}
+        parts = [f"{v:.2f}x {names.get(k, k)}" for k, v in sp.items()]
         print("ATAC: " + ", ".join(parts) + (f" (strongest: {d['strongest_baseline']})" if "strongest_baseline" in d
                                               else ""))
     return 0
