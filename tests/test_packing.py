@@ -290,3 +290,17 @@ def test_supply_tokens_and_tokens_wanted():
     seq = StreamPacker(cfg(strategy="sequential", packs_per_window=1), LINEAR)
     seq.add_window([0, 1], [7, 6])
     assert seq.pending_tokens == 6 and seq.tokens_wanted == 10 - 6
+
+
+def test_window_size_bounds_held_samples():
+    p = StreamPacker(cfg(reference_doc_tokens=1), QUAD)  # heavy: 6+ tokens
+    # 3 x packs_per_window = 6 heavy samples count 0, then each counts a full pack (10)
+    assert p.window_size([6] * 100) == 8
+    assert p.window_size([1] * 100) == 20 and p.window_size([1] * 5) == 5 and p.window_size([]) == 0
+    assert StreamPacker(cfg(strategy="bfd"), LINEAR).window_size([6] * 100) == 4
+    full = StreamPacker(cfg(strategy="sequential"), LINEAR)
+    full.add_window(range(5), [10, 10, 10, 10, 10])  # three carried: 30 > 20 tokens
+    assert full.window_size([1, 1]) == 0
+    # a stream of only heavy samples is fed at the pace the packer releases them
+    res = pack_lengths([6, 7, 8, 9] * 40, cfg(reference_doc_tokens=1, max_defer=4), QUAD)
+    assert max(res.arrival) >= 20 and res.metrics["num_overdue"] == 0

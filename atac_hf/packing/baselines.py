@@ -21,7 +21,7 @@ import heapq
 
 from ._window import ARRIVAL, END, SEQ, START, Item, WindowContext, costs_of
 
-__all__ = ["plan_sequential", "plan_bfd", "plan_wlb", "wlb_held_tokens"]
+__all__ = ["plan_sequential", "plan_bfd", "plan_wlb", "wlb_held"]
 
 
 def _data_order(it: Item) -> tuple:
@@ -101,67 +101,66 @@ def _wlb_release(items: list[Item], queues: list[list[int]], ctx: WindowContext)
     return released, overdue
 
 
-def wlb_held_tokens(items: list[Item], ctx: WindowContext) -> int:
-    """Tokens of queued documents the next window would keep waiting."""
+def wlb_held(items: list[Item], ctx: WindowContext) -> tuple[int, int]:
+    """``(tokens, items)`` of queued documents the next window would keep waiting."""
     _free, queues = _wlb_queues(items, ctx)
     released, overdue = _wlb_release(items, queues, ctx)
     out = set(overdue).union(*map(set, released))
-    return sum(items[i][END] - items[i][START] for q in queues for i in q if i not in out)
+    held = [i for q in queues for i in q if i not in out]
+    return sum(items[i][END] - items[i][START] for i in held), len(held)
 
 
 def plan_wlb(items: list[Item], ctx: WindowContext) -> tuple[list[list[Item]], list[Item], list]:
-    """WLB-LLM packing with outlier-delay queues (see the module doc)."""
+    """WLB-LLM packing with outlier-delay queues (see the module doc). Overdue documents
+    (queued or not) go first, then the released queue documents one per pack, then the
+    rest, longest first."""
     P, C = ctx.num_packs, ctx.max_tokens
     packs: list[list[Item]] = [[] for _ in range(P)]
     if not items:
         return packs, [], []
     cost = costs_of(items, ctx.cost_model).tolist()
+    size = [it[END] - it[START] for it in items]
     free, queues = _wlb_queues(items, ctx)
     released, overdue = _wlb_release(items, queues, ctx)
     work = [0.0] * P
     tok = [0] * P
-    carry: list[Item] = []
     placed: set[int] = set()
-    for group in released:  # one per pack, heaviest of the group to the least loaded pack
-        for i in sorted(group, key=lambda i: (-cost[i], items[i][SEQ])):
-            n = items[i][END] - items[i][START]
-            cands = [j for j in range(P) if tok[j] + n <= C]
-            if not cands:
-                continue  # stays queued
-            j = min(cands, key=lambda j: (work[j], j))
-            packs[j].append(items[i])
-            work[j] += cost[i]
-            tok[j] += n
-            placed.add(i)
-    rest = [i for i in free + overdue if i not in placed]
-    rest.sort(key=lambda i: (not ctx.is_due(items[i]), -(items[i][END] - items[i][START]), items[i][SEQ],
-                             items[i][START]))
     # lazy min-heaps over (workload, pack) and (tokens, pack); both only grow
-    by_work = [(work[j], j) for j in range(P)]
-    by_tok = [(tok[j], j) for j in range(P)]
-    heapq.heapify(by_work)
-    heapq.heapify(by_tok)
+    by_work = [(0.0, j) for j in range(P)]
+    by_tok = [(0, j) for j in range(P)]
 
     def top(heap: list, current: list) -> int:
         while heap[0][0] != current[heap[0][1]]:
             heapq.heappop(heap)
         return heap[0][1]
 
-    for i in rest:
-        n = items[i][END] - items[i][START]
-        j = top(by_work, work)
-        if tok[j] + n > C:
-            j = top(by_tok, tok)
-            if tok[j] + n > C:
-                carry.append(items[i])
-                continue
+    def put(i: int, j: int) -> None:
         packs[j].append(items[i])
         work[j] += cost[i]
-        tok[j] += n
+        tok[j] += size[i]
         heapq.heappush(by_work, (work[j], j))
         heapq.heappush(by_tok, (tok[j], j))
         placed.add(i)
-    carry.extend(items[i] for q in queues for i in q if i not in placed)
-    carry = list({(it[SEQ], it[START]): it for it in carry}.values())
+
+    def greedy(order: list[int]) -> None:
+        # longest first: least estimated workload if it fits, else fewest tokens if it fits
+        for i in sorted(order, key=lambda i: (-size[i], items[i][SEQ], items[i][START])):
+            j = top(by_work, work)
+            if tok[j] + size[i] > C:
+                j = top(by_tok, tok)
+                if tok[j] + size[i] > C:
+                    continue
+            put(i, j)
+
+    greedy(overdue + [i for i in free if ctx.is_due(items[i])])
+    for group in released:  # one per pack, heaviest of the group to the least loaded pack
+        for i in sorted(group, key=lambda i: (-cost[i], items[i][SEQ])):
+            if i in placed:
+                continue
+            cands = [j for j in range(P) if tok[j] + size[i] <= C]
+            if cands:  # else it stays queued
+                put(i, min(cands, key=lambda j: (work[j], j)))
+    greedy([i for i in free if i not in placed])
+    carry = [it for i, it in enumerate(items) if i not in placed]
     carry.sort(key=_data_order)
     return packs, carry, []

@@ -16,11 +16,11 @@ import numpy as np
 from ..cost import CostModel, default_cost_model
 from ._window import ARRIVAL, END, FRAG, SEQ, SID, START, Item, Planner, WindowContext, fill_empty_packs
 from ._window import place_overdue, ref_cost_per_token
-from .baselines import plan_bfd, plan_sequential, plan_wlb, wlb_held_tokens
+from .baselines import plan_bfd, plan_sequential, plan_wlb, wlb_held
 from .config import PackingConfig
 from ._validate import check_lengths, check_overlength, check_window
 from .metrics import MetricsAccumulator, pack_costs
-from .wfap import plan_wfap, wfap_held_tokens
+from .wfap import HELD_LIMIT, plan_wfap, wfap_held
 
 __all__ = ["StreamPacker", "PackResult", "pack_lengths", "PLANNERS"]
 
@@ -33,7 +33,7 @@ PLANNERS: dict[str, Planner] = {
     "bfd": plan_bfd,
     "wlb": plan_wlb,
 }
-_HELD = {"wfap": wfap_held_tokens, "wlb": wlb_held_tokens}
+_HELD = {"wfap": wfap_held, "wlb": wlb_held}
 _STATE_FORMAT = "atac-hf/stream-packer/v1"
 _DATA_ORDER = operator.itemgetter(SEQ, START)
 
@@ -87,37 +87,75 @@ class StreamPacker:
         """Tokens carried into the next window."""
         return sum(it[END] - it[START] for it in self._pool)
 
+    def _held(self) -> tuple[int, int]:
+        held_fn = _HELD.get(self.config.strategy)
+        return held_fn(self._pool, self._context(final=False)) if held_fn and self._pool else (0, 0)
+
     @property
     def tokens_wanted(self) -> int:
         """Tokens of new samples the next window can use: the window's capacity
         (``packs_per_window * max_tokens``) minus the carried tokens it will pack (carried
-        samples the strategy keeps holding back do not count). Feeders that size windows by
-        tokens should add samples until their tokens reach this."""
-        held_fn = _HELD.get(self.config.strategy)
-        held = held_fn(self._pool, self._context(final=False)) if held_fn and self._pool else 0
-        return self.config.window_tokens - (self.pending_tokens - held)
+        samples the strategy keeps holding back do not count). See :meth:`window_size`."""
+        return self.config.window_tokens - (self.pending_tokens - self._held()[0])
+
+    def _held_class(self, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens after overlength handling, fragments per sample, held back on arrival?)"""
+        cfg = self.config
+        C = int(cfg.max_tokens)
+        if cfg.overlength == "truncate":
+            eff = np.minimum(lengths, C)
+            pieces = np.minimum(lengths, 1)
+        else:
+            eff = lengths.copy()
+            pieces = -(-lengths // C)
+        piece = -(-eff // np.maximum(pieces, 1))  # longest fragment
+        held = np.zeros(lengths.shape, dtype=bool)
+        if cfg.max_defer > 0 and cfg.strategy == "wfap" and cfg.defer_heavy:
+            held = self.cost_model.doc_cost(piece) > cfg.balance_tolerance * self._ref * C
+        elif cfg.max_defer > 0 and cfg.strategy == "wlb" and cfg.resolved_wlb_thresholds:
+            held = piece >= cfg.resolved_wlb_thresholds[0]
+        return eff, pieces, held & (lengths > 0)
 
     def supply_tokens(self, lengths: Sequence[int]) -> np.ndarray:
         """Tokens each of these (new) samples would add to a window's packable supply: its
         length after ``overlength`` handling, or 0 for a sample the strategy holds back on
-        arrival (``wfap`` heavy samples, ``wlb`` outliers). Feeders that size windows by
-        tokens add samples until the cumulative supply reaches :attr:`tokens_wanted`."""
-        cfg = self.config
-        lens = np.asarray(lengths, dtype=np.int64)
-        C = int(cfg.max_tokens)
-        if cfg.overlength == "truncate":
-            eff = np.minimum(lens, C)
-            piece = eff
-        else:
-            eff = lens.copy()
-            piece = -(-lens // np.maximum(-(-lens // C), 1))  # longest fragment after splitting
-        if cfg.max_defer == 0:  # nothing is held back
-            return eff
-        if cfg.strategy == "wfap" and cfg.defer_heavy:
-            eff[self.cost_model.doc_cost(piece) > cfg.balance_tolerance * self._ref * C] = 0
-        elif cfg.strategy == "wlb" and cfg.resolved_wlb_thresholds:
-            eff[piece >= cfg.resolved_wlb_thresholds[0]] = 0
+        arrival (``wfap`` heavy samples, ``wlb`` outliers). A state-free approximation of
+        :meth:`window_size` (which also bounds how many held-back samples a window takes)."""
+        eff, _pieces, held = self._held_class(np.asarray(lengths, dtype=np.int64))
+        eff[held] = 0
         return eff
+
+    def window_size(self, lengths: Sequence[int]) -> int:
+        """How many of these upcoming samples (in stream order) the next window should take.
+
+        Samples are taken until their supply reaches :attr:`tokens_wanted`. A sample counts
+        with its tokens, except one the strategy holds back on arrival (``wfap`` heavy
+        samples, ``wlb`` outliers): it counts 0 while the pool of held fragments stays
+        under ``3 x packs_per_window``, and ``max_tokens`` per fragment beyond (each will
+        need a pack of its own), so a stream where such samples are common is fed at the
+        pace the packer can release them.
+
+        Args:
+            lengths: token counts of the next samples of the stream (any number; pass
+                enough to fill a window, or the rest of the stream).
+
+        Returns:
+            a count in ``[0, len(lengths)]``; ``len(lengths)`` when even all of them do not
+            fill the window (take them and look further). 0 when the carried samples
+            already fill it.
+        """
+        lens = np.asarray(lengths, dtype=np.int64)
+        held_tokens, held_items = self._held()
+        wanted = self.config.window_tokens - (self.pending_tokens - held_tokens)
+        if wanted <= 0 or lens.size == 0:
+            return 0
+        eff, pieces, held = self._held_class(lens)
+        budget = HELD_LIMIT * int(self.config.packs_per_window) - held_items
+        over = held & (np.cumsum(np.where(held, pieces, 0)) > budget)
+        weight = np.where(held, 0, eff)
+        weight[over] = pieces[over] * int(self.config.max_tokens)
+        k = int(np.searchsorted(np.cumsum(weight), wanted, side="left")) + 1
+        return min(k, int(lens.size))
 
     @property
     def metrics(self) -> dict[str, Any]:
@@ -321,19 +359,21 @@ def pack_lengths(lengths: Sequence[int], config: PackingConfig, cost_model: Cost
         raise ValueError(f"window={window!r} is invalid: it must be None (size windows by tokens) or an int >= 1 samples")
     check_overlength(arr, np.arange(arr.size), config)
     packer = StreamPacker(config, cost_model)
-    csum = np.cumsum(packer.supply_tokens(arr))
     n = arr.size
     arrival = np.zeros(n, dtype=np.int64)
     windows: list[list[Pack]] = []
-    pos = 0
+    pos, look = 0, 4096
     while pos < n:
         if window is not None:
             k = int(window)
         else:
-            before = int(csum[pos - 1]) if pos else 0
-            k = int(np.searchsorted(csum, before + packer.tokens_wanted, side="left")) + 1 - pos
-            if k <= 0 and (not windows or not windows[-1]):
-                k = 1
+            while True:  # look ahead far enough to fill the window
+                k = packer.window_size(arr[pos:pos + look])
+                if k < look or pos + look >= n:
+                    break
+                look *= 2
+            if k == 0 and (not windows or not windows[-1]):
+                k = 1  # always make progress
         k = max(0, min(k, n - pos))
         arrival[pos:pos + k] = packer.window_index
         windows.append(packer._add_checked(list(range(pos, pos + k)), arr[pos:pos + k].tolist()))

@@ -10,7 +10,7 @@ costs as its own document:
    the item and filled with short documents), and a run of ``packs_per_window`` of them is
    released together once the packs they would anchor are balanced within the tolerance.
    Items arriving in this window are not eligible before the next one, so the release is
-   known before the window's arrivals (:func:`wfap_held_tokens` lets feeders size it).
+   known before the window's arrivals (:func:`wfap_held` lets feeders size it).
 2. An overdue heavy item that no balanced run takes is split (``balance_split``) into the
    fewest near-equal light fragments, placed now; without ``balance_split`` it is released
    with the heaviest companions no costlier than it.
@@ -38,7 +38,11 @@ import numpy as np
 
 from ._window import ARRIVAL, END, FRAG, SEQ, SID, START, Item, WindowContext
 
-__all__ = ["plan_wfap", "wfap_held_tokens"]
+__all__ = ["plan_wfap", "wfap_held", "HELD_LIMIT"]
+
+# held heavy items per pack of a window beyond which the pool releases its best run anyway
+# (and feeders count further heavy samples as a full pack each)
+HELD_LIMIT = 3
 
 
 def _heavy_mask(costs: np.ndarray, ctx: WindowContext) -> np.ndarray:
@@ -86,6 +90,17 @@ def _select_release(items: list[Item], lens: np.ndarray, costs: np.ndarray, heav
         if ok.any():
             best = int(np.argmin(np.where(ok, ratio, np.inf)))
             return h[best:best + P].tolist(), []
+        if n >= HELD_LIMIT * P:
+            # the pool holds several windows' worth of heavy items (they are common in this
+            # stream): release the best-balanced run anyway, preferring runs that take overdue
+            # items, rather than let the pool grow and its items run overdue
+            best = int(np.lexsort((ratio, -due_in))[0])
+            members = np.zeros(n, dtype=bool)
+            members[best:best + P] = True
+            rest = overdue & ~members
+            if cfg.balance_split:
+                return h[members | (rest & ~splittable)].tolist(), h[rest & splittable].tolist()
+            return h[members | rest].tolist(), []
     elif overdue.any() or ctx.final:
         # too few heavy items for a full group: release them all if that is balanced
         if _block_ratios(cost, potential, n, ctx)[0] <= tol:
@@ -121,19 +136,20 @@ def _split_light(item: Item, ctx: WindowContext) -> list[Item]:
     return out
 
 
-def wfap_held_tokens(items: list[Item], ctx: WindowContext) -> int:
-    """Tokens of pool items the next window would hold back (so feeders do not count them
-    as supply for that window)."""
+def wfap_held(items: list[Item], ctx: WindowContext) -> tuple[int, int]:
+    """``(tokens, items)`` of the pool the next window would hold back (so feeders do not
+    count them as supply for that window)."""
     if not items:
-        return 0
+        return 0, 0
     lens = np.fromiter((it[END] - it[START] for it in items), dtype=np.int64, count=len(items))
     costs = ctx.cost_model.doc_cost(lens)
     heavy = _heavy_mask(costs, ctx)
     if not heavy.any():
-        return 0
+        return 0, 0
     released, split = _select_release(items, lens, costs, heavy, ctx)
     out = set(released) | set(split)
-    return int(sum(int(lens[i]) for i in np.flatnonzero(heavy) if i not in out))
+    held = [i for i in np.flatnonzero(heavy) if i not in out]
+    return int(lens[held].sum()), len(held)
 
 
 def plan_wfap(items: list[Item], ctx: WindowContext) -> tuple[list[list[Item]], list[Item], list[tuple[int, int]]]:
