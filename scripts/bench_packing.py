@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         "stops below the cap instead of becoming the straggler); its deferral holds back heavy samples until "
         "`packs_per_window` of similar cost can anchor one pack each (default `max_defer=16` windows). `wlb` uses "
         "outlier queues at (cap/4, cap/2). Every strategy places a sample that has waited `max_defer` windows "
-        "first, so no delay exceeds it. Windows are fed by tokens (`StreamPacker.tokens_wanted`), so a window "
+        "first, so no delay exceeds it. Windows are fed by tokens (`StreamPacker.window_size`), so a window "
         "that packs less than it was fed carries the rest: that is most of the baselines' deferred samples.",
         "",
         "Planner speed vs. TRL (planning plus building rows for TRL; planning only for ours; "
