@@ -83,10 +83,9 @@ def replica_order(costs: Sequence[float], num_replicas: int, *, first_slot: int 
 class WindowPlanner:
     """A StreamPacker plus window sizing and DP ordering; shared by every feeder.
 
-    Window sizing: ``window_size`` new samples per window, or (``None``) new samples until
-    their token supply (:meth:`StreamPacker.supply_tokens`: held-back samples count 0)
-    reaches the packer's :attr:`StreamPacker.tokens_wanted` (the window's
-    capacity minus the carried tokens it will pack), as :func:`pack_lengths` does, so the
+    Window sizing: ``window_size`` new samples per window, or (``None``) as many as the
+    packer asks for (:meth:`StreamPacker.window_size`: the window's token capacity minus
+    the carry, with held-back samples bounded), as :func:`pack_lengths` does, so the
     carry cannot grow without bound. With ``num_replicas=1`` the packs equal
     ``pack_lengths(lengths, config, cost_model, window=window_size).packs``.
     """
@@ -108,25 +107,28 @@ class WindowPlanner:
             return np.minimum(lengths, int(self.config.max_tokens))
         return lengths
 
-    def window_count(self, eff_csum: np.ndarray, pos: int) -> int:
-        """New samples for the next window, given the cumulative token supply
-        (:meth:`StreamPacker.supply_tokens`) of the samples in order and the position
-        ``pos`` of the next one (token-budget windows; may be 0 when the carry alone fills
-        the window)."""
+    def window_count(self, lengths: np.ndarray, pos: int, *, more_coming: bool = False) -> int:
+        """New samples for the next window, from the samples ``lengths[pos:]`` (stream order).
+
+        Fixed ``window_size``, or :meth:`StreamPacker.window_size` (token budget, with a
+        bound on held-back samples) looking ahead as far as needed, exactly as
+        :func:`pack_lengths` does. May be 0 when the carry alone fills the window. With
+        ``more_coming`` (a stream whose buffer is ``lengths``), a result equal to the
+        buffered count means "read more samples first".
+        """
+        n = int(lengths.size)
         if self.window_size is not None:
             k = self.window_size
         else:
-            before = int(eff_csum[pos - 1]) if pos else 0
-            k = int(np.searchsorted(eff_csum, before + self.packer.tokens_wanted, side="left")) + 1 - pos
-            if k <= 0 and self.prev_empty:
-                k = 1
-        return max(0, min(k, eff_csum.size - pos))
-
-    def wants_more(self, num_taken: int, tokens_taken: int) -> bool:
-        """Streaming form of :meth:`window_count`: should the window take another sample?"""
-        if self.window_size is not None:
-            return num_taken < self.window_size
-        return tokens_taken < self.packer.tokens_wanted or (num_taken == 0 and self.prev_empty)
+            look = 4096
+            while True:  # look ahead far enough to fill the window
+                k = self.packer.window_size(lengths[pos:pos + look])
+                if k < look or pos + look >= n:
+                    break
+                look *= 2
+            if k <= 0 and self.prev_empty and not (more_coming and pos >= n):
+                k = 1  # always make progress
+        return max(0, min(k, n - pos))
 
     def add(self, sample_ids: Sequence[int], lengths: Sequence[int], *, last: bool = False) -> list[list[Span]]:
         """Pack one window; ``last`` also flushes the packer (end of the pass)."""
@@ -249,11 +251,11 @@ def plan_packs(lengths: Sequence[int], config: PackingConfig, *, order: Sequence
     order = order[lengths[order] > 0]
     planner = WindowPlanner(config, cost_model, window_size=window_size, num_replicas=num_replicas,
                              even_batches=even_batches)
-    csum = np.cumsum(planner.packer.supply_tokens(lengths[order]))
+    ordered = lengths[order]
     packs: list[list[Span]] = []
     p = 0
     while True:
-        ids = order[p:p + planner.window_count(csum, p)]
+        ids = order[p:p + planner.window_count(ordered, p)]
         p += len(ids)
         packs.extend(planner.add(ids.tolist(), lengths[ids].tolist(), last=p >= order.size))
         if progress is not None:

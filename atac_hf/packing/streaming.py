@@ -37,6 +37,9 @@ class PackedIterableDataset(IterableDataset):
             ``iter()`` for resume to be exact. Empty samples are skipped and counted.
         config, cost_model, window_size, num_replicas, even_batches: as in :class:`WFAPBatchSampler`.
 
+    Windows are sized by the packer (:meth:`WindowPlanner.window_count`): samples read
+    ahead of the current window wait in a look-ahead buffer, which is part of the state.
+
     Resume: ``state_dict()`` records ``consumed`` (source samples read), the packer state,
     the packs of the current window not yet yielded, and the tokens (and labels) of every
     sample not yet fully yielded. ``load_state_dict`` restores them; the next ``iter()``
@@ -69,7 +72,7 @@ class PackedIterableDataset(IterableDataset):
         self._planner = WindowPlanner(self.config, self.cost_model, window_size=self.window_size,
                                        num_replicas=self.num_replicas, even_batches=self.even_batches)
         self._st: dict[str, Any] = {"consumed": 0, "exhausted": False, "num_rows": 0, "num_empty_skipped": 0,
-                                    "pending": [], "data": {}, "remaining": {}}
+                                    "pending": [], "data": {}, "remaining": {}, "lookahead": []}
         self._snapshots = [self._snapshot()]
 
     @property
@@ -79,7 +82,8 @@ class PackedIterableDataset(IterableDataset):
     def _snapshot(self) -> dict[str, Any]:
         st = self._st
         return {**st, "pending": list(st["pending"]), "data": dict(st["data"]),
-                "remaining": dict(st["remaining"]), "planner": self._planner.state_dict()}
+                "remaining": dict(st["remaining"]), "lookahead": list(st["lookahead"]),
+                "planner": self._planner.state_dict()}
 
     def _open_source(self) -> Iterator[Mapping[str, Any]]:
         n = self._st["consumed"]
@@ -95,7 +99,7 @@ class PackedIterableDataset(IterableDataset):
                 "DataLoader workers (set num_workers to 0 or 1)"
             )
         st = self._st
-        if st["exhausted"] and not st["pending"]:  # a finished pass: start over
+        if st["exhausted"] and not st["pending"] and not st["lookahead"]:  # a finished pass: start over
             self._reset()
             st = self._st
         source = None if st["exhausted"] else self._open_source()
@@ -103,28 +107,32 @@ class PackedIterableDataset(IterableDataset):
             while st["pending"]:
                 row = _take_row(st)
                 yield row
-            if st["exhausted"]:
+            if st["exhausted"] and not st["lookahead"]:
                 return
-            ids, lengths = [], []
-            tokens = 0
-            while self._planner.wants_more(len(ids), tokens):
-                try:
-                    sample = next(source)
-                except StopIteration:
-                    st["exhausted"] = True
+            # read ahead until the packer's window is full (or the source ends)
+            while True:
+                buf = np.array([len(st["data"][sid]["input_ids"]) for sid in st["lookahead"]], dtype=np.int64)
+                k = self._planner.window_count(buf, 0, more_coming=not st["exhausted"])
+                if k < len(buf) or st["exhausted"]:
                     break
-                sid = st["consumed"]
-                st["consumed"] += 1
-                ids_, labels = _sample_tokens(sample, sid)
-                if not ids_:
-                    st["num_empty_skipped"] += 1
-                    continue
-                st["data"][sid] = {"input_ids": ids_, "labels": labels}
-                st["remaining"][sid] = int(self._planner.effective_lengths(np.int64(len(ids_))))
-                ids.append(sid)
-                lengths.append(len(ids_))
-                tokens += int(self._planner.packer.supply_tokens([len(ids_)])[0])
-            packs = self._planner.add(ids, lengths, last=st["exhausted"])
+                for _ in range(max(64, len(buf))):
+                    try:
+                        sample = next(source)
+                    except StopIteration:
+                        st["exhausted"] = True
+                        break
+                    sid = st["consumed"]
+                    st["consumed"] += 1
+                    ids_, labels = _sample_tokens(sample, sid)
+                    if not ids_:
+                        st["num_empty_skipped"] += 1
+                        continue
+                    st["data"][sid] = {"input_ids": ids_, "labels": labels}
+                    st["remaining"][sid] = int(self._planner.effective_lengths(np.int64(len(ids_))))
+                    st["lookahead"].append(sid)
+            ids, st["lookahead"] = st["lookahead"][:k], st["lookahead"][k:]
+            lengths = [len(st["data"][sid]["input_ids"]) for sid in ids]
+            packs = self._planner.add(ids, lengths, last=st["exhausted"] and not st["lookahead"])
             st["pending"] = [[list(s) for s in p] for p in packs]
             self._snapshots = (self._snapshots + [self._snapshot()])[-self._KEEP_WINDOWS:]
 
@@ -143,7 +151,7 @@ class PackedIterableDataset(IterableDataset):
             lo = self._snapshots[0]["num_rows"]
             raise ValueError(f"num_rows={k}: can only take the state at rows {lo}..{self._st['num_rows']}")
         st = {**base, "pending": list(base["pending"]), "data": dict(base["data"]),
-              "remaining": dict(base["remaining"])}
+              "remaining": dict(base["remaining"]), "lookahead": list(base["lookahead"])}
         for _ in range(k - base["num_rows"]):
             _take_row(st)
         st["data"] = [[sid, d["input_ids"], d["labels"]] for sid, d in st["data"].items()]
@@ -171,6 +179,7 @@ class PackedIterableDataset(IterableDataset):
             "data": {int(sid): {"input_ids": list(ids), "labels": None if lab is None else list(lab)}
                      for sid, ids, lab in state["data"]},
             "remaining": {int(sid): int(n) for sid, n in state["remaining"]},
+            "lookahead": [int(sid) for sid in state.get("lookahead", [])],
         }
         self._snapshots = [self._snapshot()]
 
