@@ -1,0 +1,53 @@
+"""Transformers and Accelerate integration of WFAP packing and ATP-CP sharding.
+
+* :class:`ATACConfig` - every setting, from YAML, ``ATAC_*`` variables or code.
+* :class:`ATACTrainer` - ``Trainer`` that packs, shards after token counting, and logs balance.
+* :class:`ATACAccelerator` - ``Accelerator`` with an ATP-CP mesh for plain loops
+  (:meth:`~ATACAccelerator.shard`, :meth:`~ATACAccelerator.reduce_loss`).
+* :func:`build_parallelism_config`, :func:`bypass_torch_cp_hooks`, :class:`BatchSharder`,
+  :func:`sync_cp_gradients`, :func:`build_packed_dataloader` - the pieces, for custom loops.
+
+Submodules load on first use (``ATACConfig`` alone does not import transformers).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .config import ATACConfig
+
+__all__ = [
+    "ATACAccelerator",
+    "ATACConfig",
+    "ATACParallelismConfig",
+    "ATACTrainer",
+    "BatchSharder",
+    "build_packed_dataloader",
+    "build_parallelism_config",
+    "bypass_torch_cp_hooks",
+    "check_dataset_columns",
+    "check_model_shardable",
+    "prepare_model",
+    "sync_cp_gradients",
+]
+
+_LAZY = {
+    "ATACAccelerator": "accelerate",
+    "ATACParallelismConfig": "accelerate",
+    "build_parallelism_config": "accelerate",
+    "bypass_torch_cp_hooks": "accelerate",
+    "ATACTrainer": "trainer",
+    "BatchSharder": "sharder",
+    "check_model_shardable": "sharder",
+    "prepare_model": "sharder",
+    "sync_cp_gradients": "sharder",
+    "build_packed_dataloader": "data",
+    "check_dataset_columns": "data",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

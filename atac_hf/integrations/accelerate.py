@@ -1,0 +1,288 @@
+"""Accelerate side: the CP mesh through ``ParallelismConfig`` (CPU included), no torch-CP hooks,
+and :class:`ATACAccelerator` for plain training loops.
+
+Why each piece exists (accelerate 1.15):
+
+* ``ParallelismConfig._validate_accelerator`` rejects every config on CPU (``MULTI_CPU``);
+  :class:`ATACParallelismConfig` runs the same size checks there and skips only that one.
+* ``Accelerator.prepare`` with ``cp_size > 1`` calls ``_prepare_cp``, which attaches hooks
+  that force ``is_causal=True`` (packed documents would attend to each other) and refuse
+  sliding windows. The add-on shards and masks exactly itself, so the hooks must stay off:
+  :class:`ATACAccelerator` overrides ``_prepare_cp``; for an accelerator created elsewhere
+  (Trainer's) :func:`bypass_torch_cp_hooks` does the same per instance, reversibly.
+* The mesh puts CP innermost (``dp_replicate, dp_shard, cp``): the ranks of one CP group
+  are consecutive, Accelerate's prepared DataLoaders give them the same batches, and
+  DDP/FSDP average gradients over dp x cp.
+
+Plain loop::
+
+    accelerator = ATACAccelerator(ATACConfig(cp_size=2, max_tokens=4096))
+    model, optimizer = accelerator.prepare(model, optimizer)        # selects attn "atac_cp"
+    loader, sampler = accelerator.packed_dataloader(train_dataset, seed=0)
+    for epoch in range(num_epochs):
+        sampler.set_epoch(epoch)             # DataLoaderShard.set_epoch does not reach it
+        for batch in loader:
+            loss = model(**accelerator.shard(batch)).loss
+            accelerator.backward(loss)       # DDP/FSDP mean over dp x cp == sum of the CP shares
+            optimizer.step(); optimizer.zero_grad()
+            print(accelerator.reduce_loss(loss))                # the pack's loss
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from typing import Any, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+from accelerate import Accelerator, PartialState
+from accelerate.parallelism_config import ParallelismConfig
+from accelerate.utils import DistributedType
+
+from .config import ATACConfig
+from .sharder import BatchSharder, count_targets, model_kv_bytes_per_token, prepare_model, unwrap_base_model
+
+__all__ = [
+    "ATACAccelerator",
+    "ATACParallelismConfig",
+    "build_parallelism_config",
+    "bypass_torch_cp_hooks",
+    "cp_coordinates",
+]
+
+
+class ATACParallelismConfig(ParallelismConfig):
+    """``ParallelismConfig`` that also validates on CPU (gloo), for ATP-CP runs.
+
+    Accelerate refuses any parallelism config when the distributed type is ``MULTI_CPU``
+    although mesh, DDP and DataLoader sharding work there. On CPU this runs the size check
+    (``total_size == num_processes``) and skips the device-type check; elsewhere it defers
+    to Accelerate unchanged.
+    """
+
+    def _validate_accelerator(self, accelerator: Accelerator) -> None:
+        if accelerator.distributed_type != DistributedType.MULTI_CPU:
+            return super()._validate_accelerator(accelerator)
+        if self.total_size != accelerator.num_processes:
+            raise ValueError(
+                f"the parallelism config covers {self.total_size} processes (dp_replicate={self.dp_replicate_size} "
+                f"x dp_shard={self.dp_shard_size} x cp={self.cp_size} x tp={self.tp_size}) but "
+                f"{accelerator.num_processes} were launched; make them equal"
+            )
+
+
+def _env_int(environ: Mapping[str, str], key: str, default: int = 1) -> int:
+    raw = environ.get(key)
+    return default if raw in (None, "") else int(raw)
+
+
+def build_parallelism_config(config: ATACConfig, world_size: int, *, fsdp: bool = False,
+                             environ: Mapping[str, str] | None = None) -> ATACParallelismConfig:
+    """The mesh for ``config.cp_size`` over ``world_size`` processes: CP innermost, DP outside.
+
+    Sizes from an ``accelerate launch`` config (``PARALLELISM_CONFIG_*``) are honoured; when its
+    DP sizes are left at 1 they are derived (``world_size // cp_size``). Without one: with
+    ``cp_size > 1`` or FSDP, ``dp_shard = world // cp`` (Accelerate requires a ``dp_shard``
+    axis next to CP; without FSDP the model is still wrapped in DDP); else ``dp_replicate``.
+
+    Raises:
+        ValueError: ``cp_size`` does not divide ``world_size`` (names both), a launch config whose
+            sizes do not multiply to the world size, or ``tp_size``/``sp_size`` > 1 (not supported).
+    """
+    env = os.environ if environ is None else environ
+    cp = int(config.cp_size)
+    world = int(world_size)
+    if world < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size!r}")
+    if world % cp:
+        divisors = [d for d in range(1, world + 1) if world % d == 0]
+        raise ValueError(
+            f"cp_size={cp} does not divide the world size {world} (processes launched): set cp_size to one of "
+            f"{divisors}, or launch a multiple of {cp} processes (accelerate launch --num_processes)"
+        )
+    dp = world // cp
+    if env.get("ACCELERATE_USE_PARALLELISM_CONFIG", "").lower() == "true":
+        tp, sp = _env_int(env, "PARALLELISM_CONFIG_TP_SIZE"), _env_int(env, "PARALLELISM_CONFIG_SP_SIZE")
+        if tp > 1 or sp > 1:
+            raise ValueError(f"parallelism_config_tp_size={tp} / sp_size={sp}: ATP-CP does not compose with tensor "
+                             "or sequence parallelism yet; set them to 1 in the launch config")
+        launch_cp = _env_int(env, "PARALLELISM_CONFIG_CP_SIZE")
+        if launch_cp != cp:
+            raise ValueError(f"cp_size={cp} (ATAC config) disagrees with parallelism_config_cp_size={launch_cp} "
+                             "(accelerate launch config): set them to the same value")
+        rep = _env_int(env, "PARALLELISM_CONFIG_DP_REPLICATE_SIZE")
+        shard = _env_int(env, "PARALLELISM_CONFIG_DP_SHARD_SIZE")
+        if rep * shard == 1 and dp > 1:
+            rep, shard = (1, dp) if (cp > 1 or fsdp) else (dp, 1)
+        if rep * shard * cp != world:
+            raise ValueError(
+                f"the launch config's parallelism_config (dp_replicate={rep} x dp_shard={shard} x cp={cp} = "
+                f"{rep * shard * cp}) does not match the world size {world}; fix the sizes or --num_processes"
+            )
+    else:
+        rep, shard = (1, dp) if (cp > 1 or fsdp) else (dp, 1)
+    return ATACParallelismConfig(dp_replicate_size=rep, dp_shard_size=shard, tp_size=1, cp_size=cp, sp_size=1,
+                                 cp_backend="torch")
+
+
+def as_atac_parallelism_config(pc: ParallelismConfig) -> ATACParallelismConfig:
+    """The same sizes as an :class:`ATACParallelismConfig` (a user-built ``ParallelismConfig``)."""
+    if isinstance(pc, ATACParallelismConfig):
+        return pc
+    if pc.tp_size > 1 or pc.sp_size > 1:
+        raise ValueError(f"parallelism_config tp_size={pc.tp_size} / sp_size={pc.sp_size}: ATP-CP does not compose "
+                         "with tensor or sequence parallelism yet")
+    return ATACParallelismConfig(dp_replicate_size=pc.dp_replicate_size, dp_shard_size=pc.dp_shard_size,
+                                 tp_size=1, cp_size=pc.cp_size, sp_size=1, cp_backend=pc.cp_backend)
+
+
+def _prepare_cp_passthrough(self: Accelerator, *args: Any) -> tuple:
+    # ATP-CP shards and masks the batch itself: Accelerate's torch-CP hooks (forced
+    # is_causal, no sliding windows) must not touch the model.
+    return args
+
+
+def bypass_torch_cp_hooks(accelerator: Accelerator) -> None:
+    """Keep ``accelerator.prepare`` from attaching Accelerate's torch context-parallel hooks.
+
+    Per instance and idempotent; undo with ``del accelerator._prepare_cp``. Needed because
+    the hooks replace the attention mask by ``is_causal=True`` and refuse sliding windows.
+    Can go when Accelerate lets a CP backend opt out of its hooks.
+    """
+    if not isinstance(accelerator.__dict__.get("_prepare_cp"), types.MethodType):
+        accelerator._prepare_cp = types.MethodType(_prepare_cp_passthrough, accelerator)
+
+
+def cp_coordinates(accelerator: Accelerator, cp_size: int) -> tuple[int, Any]:
+    """``(cp_rank, cp_group)`` of this process (``(0, None)`` when ``cp_size`` is 1)."""
+    if cp_size == 1:
+        return 0, None
+    mesh = accelerator.torch_device_mesh
+    if mesh is None or "cp" not in (mesh.mesh_dim_names or ()):
+        raise ValueError(f"cp_size={cp_size} but the accelerator has no 'cp' mesh axis: build it with "
+                         "parallelism_config=build_parallelism_config(config, world_size)")
+    sub = mesh["cp"]
+    if sub.size() != cp_size:
+        raise ValueError(f"the accelerator's cp axis has {sub.size()} ranks, the ATAC config says cp_size={cp_size}")
+    return int(sub.get_local_rank()), sub.get_group()
+
+
+def _fsdp_requested(kwargs: Mapping[str, Any]) -> bool:
+    return kwargs.get("fsdp_plugin") is not None or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
+
+
+class ATACAccelerator(Accelerator):
+    """An ``Accelerator`` with an ATP-CP mesh, for plain training loops.
+
+    Args:
+        atac_config: the run's :class:`ATACConfig` (default: :meth:`ATACConfig.from_sources`).
+        cpu: run on CPU (default: when CUDA is not available).
+        parallelism_config: override the mesh (default :func:`build_parallelism_config`).
+        **kwargs: passed to ``Accelerator`` (mixed_precision, gradient_accumulation_steps, ...).
+
+    Per batch: :meth:`shard` (plan + shard + loss normaliser), then the usual
+    ``accelerator.backward(loss)``. Each rank's loss is its share of the pack's loss scaled by
+    ``num_processes x gradient_accumulation_steps``, so DDP/FSDP's gradient mean (and the
+    division in ``backward``) leaves exactly the single-device gradient; :meth:`reduce_loss`
+    gives the pack's loss.
+
+    Raises:
+        ValueError: ``cp_size`` not dividing the number of processes, an attention backend that
+            cannot run here.
+    """
+
+    def __init__(self, atac_config: ATACConfig | None = None, *, cpu: bool | None = None,
+                 parallelism_config: ParallelismConfig | None = None, **kwargs: Any) -> None:
+        config = atac_config if atac_config is not None else ATACConfig.from_sources()
+        cpu = (not torch.cuda.is_available()) if cpu is None else bool(cpu)
+        state = PartialState(cpu=cpu)
+        if parallelism_config is None:
+            parallelism_config = build_parallelism_config(config, state.num_processes, fsdp=_fsdp_requested(kwargs))
+        else:
+            parallelism_config = as_atac_parallelism_config(parallelism_config)
+            if parallelism_config.cp_size != config.cp_size:
+                raise ValueError(f"parallelism_config.cp_size={parallelism_config.cp_size} disagrees with "
+                                 f"atac_config.cp_size={config.cp_size}")
+        super().__init__(cpu=cpu, parallelism_config=parallelism_config, **kwargs)
+        config.check_runtime(self.device.type)
+        self.atac_config = config
+        self.cp_rank, self.cp_group = cp_coordinates(self, config.cp_size)
+        self.dp_size = self.num_processes // config.cp_size
+        self.sharder: BatchSharder | None = None
+
+    def _prepare_cp(self, *args: Any) -> tuple:  # noqa: D401 - see bypass_torch_cp_hooks
+        return args
+
+    def prepare(self, *args: Any, **kwargs: Any):
+        """``Accelerator.prepare``; models are checked and switched to ``attn_implementation="atac_cp"`` first."""
+        for obj in args:
+            if isinstance(obj, torch.nn.Module):
+                self._setup_model(obj)
+        return super().prepare(*args, **kwargs)
+
+    def _setup_model(self, model: torch.nn.Module) -> None:
+        prepare_model(model, self.atac_config)
+        base_config = unwrap_base_model(model).config
+        try:
+            dtype_bytes = next(model.parameters()).element_size()
+        except StopIteration:
+            dtype_bytes = 2
+        self.sharder = BatchSharder(
+            self.atac_config, cp_rank=self.cp_rank, cp_group=self.cp_group,
+            cost_model=self.atac_config.cost_model(base_config, dtype_bytes=min(dtype_bytes, 2)),
+            kv_bytes_per_token=model_kv_bytes_per_token(model), device_type=self.device.type,
+        )
+
+    def packed_dataloader(self, dataset: Any, *, seed: int = 0, shuffle: bool | None = None, **loader_kwargs: Any):
+        """A prepared DataLoader of WFAP packs for ``dataset`` and its sampler (call ``sampler.set_epoch``).
+
+        One window = DP replicas x ``gradient_accumulation_steps`` packs. Build it after
+        ``prepare(model)`` so the packer uses the model's cost model.
+        """
+        from .data import build_packed_dataloader
+
+        cost = self.sharder.cost_model if self.sharder is not None else None
+        loader, sampler = build_packed_dataloader(dataset, self.atac_config, num_replicas=self.dp_size,
+                                                  grad_accum=self.gradient_accumulation_steps, seed=seed,
+                                                  shuffle=shuffle, cost_model=cost, **loader_kwargs)
+        return self.prepare(loader), sampler
+
+    def count_items(self, batches: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> int:
+        """Global target count of the step: ``batches`` counted here, summed over DP replicas.
+
+        Collective: every rank calls it with its own batches (CP ranks of a replica hold the same).
+        """
+        n = torch.tensor(float(count_targets(batches)), device=self.device)
+        if self.num_processes > 1:
+            dist.all_reduce(n)
+        return int(round(n.item() / self.atac_config.cp_size))
+
+    def shard(self, batch: Mapping[str, Any], *, num_items_in_batch: int | None = None) -> dict:
+        """This rank's inputs for ``model(**inputs)``: plan the pack, shard it, set the loss normaliser.
+
+        Args:
+            batch: the full packed batch (the same on every CP rank of the replica).
+            num_items_in_batch: the step's global target count (:meth:`count_items` over the
+                accumulated micro-batches); ``None`` counts this batch (collective).
+
+        Returns:
+            ``shard_batch``'s dict; its ``num_items_in_batch`` is the global count divided by
+            ``num_processes x gradient_accumulation_steps`` (see the class docstring).
+        """
+        if self.sharder is None:
+            raise RuntimeError("call accelerator.prepare(model, ...) before shard(): it selects the atac_cp "
+                               "attention and builds the planner's cost model")
+        n = self.count_items(batch) if num_items_in_batch is None else num_items_in_batch
+        norm = max(float(n), 1.0) / (self.num_processes * self.gradient_accumulation_steps)
+        return self.sharder(batch, num_items_in_batch=norm)
+
+    def reduce_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The micro-batch's loss (its share of the step's mean) from the per-rank loss of :meth:`shard`.
+
+        Collective. Without gradient accumulation this is the step's loss.
+        """
+        total = loss.detach().clone()
+        if self.num_processes > 1:
+            dist.all_reduce(total)
+        return total / (self.num_processes * self.gradient_accumulation_steps)

@@ -1,0 +1,347 @@
+"""`ATACConfig`: every setting of the add-on, from a YAML file, ``ATAC_*`` variables or code.
+
+``accelerate launch`` exports only the keys it knows (``parallelism_config_cp_size`` becomes
+``PARALLELISM_CONFIG_CP_SIZE``) and drops unknown ones, so the add-on reads its own file
+(``--atac_config`` / ``ATAC_CONFIG``) and ``ATAC_*`` variables. Precedence, lowest first
+(:meth:`ATACConfig.from_sources`)::
+
+    field defaults < YAML/JSON file < ATAC_* variables < explicit overrides (code / CLI)
+
+``cp_size`` left unset everywhere falls back to ``PARALLELISM_CONFIG_CP_SIZE`` (the launch
+YAML's ``parallelism_config_cp_size``); a set value that disagrees with it is an error.
+
+Files are read with ``yaml.safe_load`` / ``json.load``: nothing in them is executed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+__all__ = ["ATACConfig", "ENV_PREFIX", "ATTENTION_BACKENDS", "COST_PRESETS"]
+
+ENV_PREFIX = "ATAC_"
+ENV_CONFIG_FILE = "ATAC_CONFIG"
+ATTENTION_BACKENDS = ("sdpa", "flash", "flex", "varlen_reference")
+# "default": the package's default cost model; the others: HARDWARE_PRESETS keys, with the
+# model's dimensions read from its config.
+COST_PRESETS = ("default", "A800", "H100", "H200")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+_NONE = ("", "none", "null")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ATACConfig:
+    """Settings of WFAP packing and ATP-CP sharding for one training run.
+
+    Attributes:
+        cp_size: ranks in one context-parallel group (>= 1). Must divide the world size;
+            the DP size is ``world_size // cp_size``.
+        max_tokens: token cap of one pack = one micro-batch row before sharding (> 0).
+        packing_strategy: ``wfap`` (cost-balanced, default), ``sequential``, ``bfd`` or ``wlb``
+            (see :class:`~atac_hf.packing.PackingConfig`).
+        packing_options: further :class:`~atac_hf.packing.PackingConfig` fields
+            (``overlength``, ``min_fragment``, ``max_defer``, ``balance_tolerance``, ...).
+            ``max_tokens``, ``packs_per_window`` and ``strategy`` are set from the fields above
+            and the run (DP replicas x gradient accumulation), not here.
+        window_size: new samples per packing window; ``None`` sizes windows by tokens.
+        shuffle: shuffle the sample order each epoch (seeded by the run's ``data_seed``/``seed``).
+        sharding_strategy: how a pack is split over the CP group: ``atp`` (anchor-tail, default)
+            or a baseline (``contiguous``, ``zigzag``, ``per_doc``, ``wlb_adaptive``).
+        attention_backend: kernel of the ``atac_cp`` attention: ``sdpa`` (CPU and GPU),
+            ``flash`` (flash-attn, CUDA), ``flex`` (flex_attention, CUDA for training),
+            ``varlen_reference`` (slow, for debugging).
+        cost_preset: cost model the planners use when no profile is given: a hardware preset
+            (``A800``, ``H100``, ``H200``; the model's dimensions come from its config) or
+            ``default`` (the package default model).
+        cost_profile: path of a calibration profile (JSON from ``atac-hf calibrate``); takes
+            precedence over ``cost_preset``. Checked to exist; read with ``json.load``.
+        max_tokens_per_rank: memory cap on tokens one CP rank may hold, or ``None``.
+        min_chunk: shortest chunk an anchor document may be cut into, in tokens;
+            ``None``: 128 on CUDA (kernel tile), 1 elsewhere.
+        debug: extra checks: every CP rank compares its plan's digest (one small all-gather
+            per batch) and the first batches are validated more strictly.
+    """
+
+    cp_size: int = 1
+    max_tokens: int = 8192
+    packing_strategy: str = "wfap"
+    packing_options: Mapping[str, Any] = field(default_factory=dict)
+    window_size: int | None = None
+    shuffle: bool = True
+    sharding_strategy: str = "atp"
+    attention_backend: str = "sdpa"
+    cost_preset: str = "H100"
+    cost_profile: str | None = None
+    max_tokens_per_rank: int | None = None
+    min_chunk: int | None = None
+    debug: bool = False
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.cp_size) or self.cp_size < 1:
+            raise ValueError(f"cp_size={self.cp_size!r} must be an int >= 1 (set cp_size / ATAC_CP_SIZE)")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens={self.max_tokens!r} must be an int >= 1 (the per-pack token cap; "
+                             "set max_tokens / ATAC_MAX_TOKENS)")
+        from ..packing.config import STRATEGIES as PACKING_STRATEGIES
+        from ..sharding import STRATEGIES as SHARDING_STRATEGIES
+
+        if self.packing_strategy not in PACKING_STRATEGIES:
+            raise ValueError(f"unknown packing_strategy {self.packing_strategy!r}; legal values: "
+                             f"{list(PACKING_STRATEGIES)} (set packing_strategy / ATAC_PACKING_STRATEGY)")
+        if not isinstance(self.packing_options, Mapping):
+            raise TypeError(f"packing_options must be a mapping of PackingConfig fields, got "
+                            f"{type(self.packing_options).__name__}")
+        reserved = sorted({"max_tokens", "packs_per_window", "strategy"} & set(self.packing_options))
+        if reserved:
+            raise ValueError(f"packing_options may not set {reserved}: use max_tokens / packing_strategy; "
+                             "packs_per_window follows from DP replicas x gradient accumulation")
+        object.__setattr__(self, "packing_options", dict(self.packing_options))
+        self.packing_config(packs_per_window=1)  # validates the options (names and values)
+        if self.window_size is not None and (not _is_int(self.window_size) or self.window_size < 1):
+            raise ValueError(f"window_size={self.window_size!r} must be None or an int >= 1")
+        for name in ("shuffle", "debug"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}={getattr(self, name)!r} must be True or False")
+        if self.sharding_strategy not in SHARDING_STRATEGIES:
+            raise ValueError(f"unknown sharding_strategy {self.sharding_strategy!r}; legal values: "
+                             f"{sorted(SHARDING_STRATEGIES)} (set sharding_strategy / ATAC_SHARDING_STRATEGY)")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"unknown attention_backend {self.attention_backend!r}; legal values: "
+                             f"{list(ATTENTION_BACKENDS)} (set attention_backend / ATAC_ATTENTION_BACKEND)")
+        if self.cost_preset not in COST_PRESETS:
+            raise ValueError(f"unknown cost_preset {self.cost_preset!r}; legal values: {list(COST_PRESETS)} "
+                             "(or give a calibration profile as cost_profile)")
+        if self.cost_profile is not None:
+            if not isinstance(self.cost_profile, (str, os.PathLike)):
+                raise TypeError(f"cost_profile must be a path, got {type(self.cost_profile).__name__}")
+            path = os.fspath(self.cost_profile)
+            if not os.path.isfile(path):
+                raise ValueError(f"cost_profile {path!r} does not exist or is not a file (write one with "
+                                 "`atac-hf calibrate`, or unset cost_profile to use cost_preset)")
+            object.__setattr__(self, "cost_profile", path)
+        for name in ("max_tokens_per_rank", "min_chunk"):
+            v = getattr(self, name)
+            if v is not None and (not _is_int(v) or v < 1):
+                raise ValueError(f"{name}={v!r} must be None or an int >= 1")
+
+    # ------------------------------------------------------------------ derived objects
+    def packing_config(self, packs_per_window: int):
+        """The :class:`~atac_hf.packing.PackingConfig` for windows of ``packs_per_window`` packs."""
+        from ..packing.config import PackingConfig
+
+        return PackingConfig.from_dict({**self.packing_options, "max_tokens": self.max_tokens,
+                                        "packs_per_window": int(packs_per_window),
+                                        "strategy": self.packing_strategy})
+
+    def cost_model(self, model_config: Any = None, *, dtype_bytes: int = 2):
+        """The :class:`~atac_hf.cost.CostModel` the planners use.
+
+        Args:
+            model_config: the model's HF config (dimensions for a hardware preset); ``None``
+                falls back to the package default model.
+            dtype_bytes: bytes per K/V element (2 for bf16/fp16, 4 for fp32).
+        """
+        from ..cost import CostModel, default_cost_model
+
+        if self.cost_profile is not None:
+            return CostModel.from_profile(self.cost_profile)
+        if self.cost_preset == "default" or model_config is None:
+            return default_cost_model()
+        text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+        return CostModel.from_model(text, self.cost_preset, dtype_bytes=dtype_bytes)
+
+    def resolved_min_chunk(self, device_type: str) -> int:
+        """``min_chunk`` with the default filled in for ``device_type``."""
+        if self.min_chunk is not None:
+            return self.min_chunk
+        return 128 if device_type == "cuda" else 1
+
+    def check_runtime(self, device_type: str) -> None:
+        """Fail early when the attention backend cannot run here.
+
+        Raises:
+            ValueError: ``flash`` without flash-attn or without CUDA; ``flex`` for training on CPU.
+        """
+        backend = self.attention_backend
+        if backend == "flash":
+            try:
+                import flash_attn  # noqa: F401
+            except ImportError:
+                raise ValueError(
+                    "attention_backend='flash' needs flash-attn, which is not installed: `pip install "
+                    "atac-hf[flash]` (CUDA only), or set attention_backend='sdpa' (works everywhere)"
+                ) from None
+            if device_type != "cuda":
+                raise ValueError(f"attention_backend='flash' runs on CUDA only, this run is on {device_type!r}; "
+                                 "set attention_backend='sdpa'")
+        elif backend == "flex":
+            try:
+                from torch.nn.attention import flex_attention  # noqa: F401
+            except ImportError:
+                raise ValueError("attention_backend='flex' needs torch.nn.attention.flex_attention (torch >= 2.5): "
+                                 "upgrade torch, or set attention_backend='sdpa'") from None
+            if device_type != "cuda":
+                raise ValueError(f"attention_backend='flex' has no backward on {device_type!r} (torch 2.13); "
+                                 "set attention_backend='sdpa' for CPU training")
+
+    # ------------------------------------------------------------------ (de)serialisation
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain, YAML/JSON-serialisable fields (inverse of :meth:`from_dict`)."""
+        d = dataclasses.asdict(self)
+        d["packing_options"] = dict(self.packing_options)
+        return d
+
+    def replace(self, **changes: Any) -> "ATACConfig":
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "<dict>") -> "ATACConfig":
+        """Build from a mapping of field names; unknown keys are an error (typos do not pass silently)."""
+        return cls(**_check_keys(data, source))
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike) -> "ATACConfig":
+        """Read a YAML (or JSON) file: the fields at top level, or under an ``atac:`` key.
+
+        Raises:
+            ValueError: a missing file, a file that is not a mapping, unknown keys, bad values.
+        """
+        return cls.from_dict(_read_file(path), source=os.fspath(path))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "ATACConfig":
+        """Build from ``ATAC_<FIELD>`` variables only (e.g. ``ATAC_CP_SIZE=2``); see :meth:`from_sources`."""
+        return cls(**_env_values(os.environ if environ is None else environ))
+
+    @classmethod
+    def from_sources(cls, path: str | os.PathLike | None = None, *, environ: Mapping[str, str] | None = None,
+                     overrides: Mapping[str, Any] | None = None) -> "ATACConfig":
+        """Merge every source, lowest precedence first: defaults, the file, ``ATAC_*``, ``overrides``.
+
+        Args:
+            path: a YAML/JSON config file; ``None`` reads ``ATAC_CONFIG`` if set.
+            environ: the environment (default ``os.environ``).
+            overrides: explicit values (e.g. command-line flags); ``None`` values are skipped.
+
+        Raises:
+            ValueError: unknown keys or ``ATAC_*`` variables, unparsable values, or a ``cp_size``
+                that disagrees with ``PARALLELISM_CONFIG_CP_SIZE`` (the launch config).
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        file = path if path is not None else (env.get(ENV_CONFIG_FILE) or None)
+        if file is not None:
+            values.update(_check_keys(_read_file(file), os.fspath(file)))
+        values.update(_env_values(env))
+        if overrides:
+            values.update(_check_keys({k: v for k, v in overrides.items() if v is not None}, "overrides"))
+        launch_cp = env.get("PARALLELISM_CONFIG_CP_SIZE")
+        if launch_cp not in (None, ""):
+            launch = _parse_int("PARALLELISM_CONFIG_CP_SIZE", launch_cp)
+            if "cp_size" not in values:
+                values["cp_size"] = launch
+            elif values["cp_size"] != launch:
+                raise ValueError(
+                    f"cp_size={values['cp_size']} (ATAC config) disagrees with PARALLELISM_CONFIG_CP_SIZE={launch} "
+                    "(the accelerate launch config's parallelism_config_cp_size): set them to the same value"
+                )
+        return cls(**values)
+
+
+# ---------------------------------------------------------------------------- helpers
+def _check_keys(data: Any, source: str) -> dict[str, Any]:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"ATAC config from {source} must be a mapping of settings, got {type(data).__name__}")
+    legal = ATACConfig.field_names()
+    unknown = sorted(set(data) - set(legal))
+    if unknown:
+        raise ValueError(f"unknown ATAC config keys {unknown} in {source}; legal keys: {legal}")
+    return dict(data)
+
+
+def _read_file(path: str | os.PathLike) -> dict[str, Any]:
+    import yaml
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ValueError(f"ATAC config file {path!r} does not exist or is not a file (check --atac_config / ATAC_CONFIG)")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as e:
+        raise ValueError(f"ATAC config file {path!r} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: {e}") from None
+    if data is None:
+        return {}
+    if isinstance(data, Mapping) and set(data) == {"atac"}:
+        data = data["atac"] or {}
+    if not isinstance(data, Mapping):
+        raise ValueError(f"ATAC config file {path!r} must hold a mapping of settings (optionally under 'atac:'), "
+                         f"got {type(data).__name__}")
+    return dict(data)
+
+
+def _parse_int(name: str, raw: str) -> int:
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+
+
+def _env_values(environ: Mapping[str, str]) -> dict[str, Any]:
+    """``ATAC_<FIELD>`` variables parsed to field types; unknown ``ATAC_*`` names are an error."""
+    fields = {f.name: f for f in dataclasses.fields(ATACConfig)}
+    out: dict[str, Any] = {}
+    for key, raw in environ.items():
+        if not key.startswith(ENV_PREFIX) or key == ENV_CONFIG_FILE:
+            continue
+        name = key[len(ENV_PREFIX):].lower()
+        if name not in fields:
+            legal = [ENV_PREFIX + n.upper() for n in fields] + [ENV_CONFIG_FILE]
+            raise ValueError(f"unknown environment variable {key}; legal ATAC_* variables: {legal}")
+        out[name] = _parse_env(key, name, raw)
+    return out
+
+
+_INT_FIELDS = ("cp_size", "max_tokens")
+_OPT_INT_FIELDS = ("window_size", "max_tokens_per_rank", "min_chunk")
+_BOOL_FIELDS = ("shuffle", "debug")
+
+
+def _parse_env(key: str, name: str, raw: str) -> Any:
+    text = raw.strip()
+    if name in _INT_FIELDS:
+        return _parse_int(key, text)
+    if name in _OPT_INT_FIELDS:
+        return None if text.lower() in _NONE else _parse_int(key, text)
+    if name in _BOOL_FIELDS:
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        raise ValueError(f"{key}={raw!r} is not a boolean; use one of {list(_TRUE + _FALSE)}")
+    if name == "packing_options":
+        try:
+            value = json.loads(text) if text else {}
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{key} must be a JSON object of PackingConfig fields, e.g. "
+                             f"'{{\"overlength\": \"split\"}}': {e}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"{key} must be a JSON object, got {type(value).__name__}")
+        return value
+    if name == "cost_profile":
+        return None if text.lower() in _NONE else text
+    return text

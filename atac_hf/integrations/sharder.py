@@ -1,0 +1,284 @@
+"""Per-batch CP work shared by the Trainer and the Accelerate helper: model checks, plan, shard,
+target counting, gradient sum, and the balance figures that get logged.
+
+Per packed batch on every rank of a CP group (the same batch on each)::
+
+    local = sharder(batch, num_items_in_batch=N)   # plan_shards + shard_batch, timed
+    loss = model(**local).loss                      # this rank's target sum / N
+    loss.backward()                                 # then the CP ranks' gradients must be summed
+
+``N`` is the global target count (every DP replica's batches of the step, counted once).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .config import ATACConfig
+
+__all__ = [
+    "BatchSharder",
+    "ShardStats",
+    "check_model_shardable",
+    "count_targets",
+    "model_kv_bytes_per_token",
+    "prepare_model",
+    "sync_cp_gradients",
+    "unwrap_base_model",
+]
+
+IGNORE_INDEX = -100
+
+
+# ---------------------------------------------------------------------------- models
+def unwrap_base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under DDP/FSDP/compile/PEFT wrappers."""
+    seen = 0
+    while seen < 8:
+        seen += 1
+        if hasattr(model, "module") and isinstance(model.module, torch.nn.Module):  # DDP
+            model = model.module
+        elif hasattr(model, "_orig_mod"):  # torch.compile
+            model = model._orig_mod
+        elif hasattr(model, "get_base_model") and callable(model.get_base_model):  # PEFT
+            base = model.get_base_model()
+            if base is model:
+                break
+            model = base
+        else:
+            break
+    return model
+
+
+def check_model_shardable(model: torch.nn.Module) -> None:
+    """Refuse, with the reason, a model whose packed rows ATP-CP cannot shard exactly.
+
+    Raises:
+        ValueError: an encoder-decoder model; a model class whose attention does not go through
+            transformers' ``AttentionInterface`` (so ``atac_cp`` cannot be selected: e.g. Bloom's
+            ALiBi, state-space models); a forward without ``**kwargs`` (the per-batch shard context
+            and ``num_items_in_batch`` cannot reach the attention and the loss); attention dropout;
+            attention logit soft-capping; a position-dependent RoPE type (``dynamic``, ``longrope``).
+    """
+    from ..attention import check_model_supported
+
+    base = unwrap_base_model(model)
+    config = getattr(base, "config", None)
+    name = type(base).__name__
+    mtype = getattr(config, "model_type", "?")
+    if config is None:
+        raise ValueError(f"{name} has no transformers config: ATP-CP shards transformers causal LMs")
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(f"{name} (model_type {mtype!r}) is an encoder-decoder model: ATP-CP shards the packed "
+                         "rows of decoder-only causal LMs (AutoModelForCausalLM) only")
+    supports = getattr(type(base), "_supports_attention_backend", False)
+    if not supports:
+        raise ValueError(
+            f"{name} (model_type {mtype!r}) computes attention in its own code, not through transformers' "
+            "AttentionInterface, so the 'atac_cp' attention cannot be plugged in and its packed rows cannot be "
+            "sharded exactly; use a model class that supports attn_implementation (Llama, Mistral, Qwen2/3, "
+            "Gemma, Phi3, GPT-NeoX, ...)"
+        )
+    params = inspect.signature(type(base).forward).parameters.values()
+    if not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params):
+        raise ValueError(f"{name}.forward takes no **kwargs: the per-batch shard context and num_items_in_batch "
+                         "cannot reach its attention and loss, so it cannot be trained with ATP-CP")
+    texts = [config] + ([config.get_text_config()] if hasattr(config, "get_text_config") else [])
+    for cfg in texts:
+        if float(getattr(cfg, "attention_dropout", 0.0) or 0.0) > 0:
+            raise ValueError(f"{name}: attention_dropout={cfg.attention_dropout} is not implemented by the "
+                             "'atac_cp' attention; set config.attention_dropout = 0.0")
+        if getattr(cfg, "attn_logit_softcapping", None) is not None:
+            raise ValueError(f"{name}: attention logit soft-capping (attn_logit_softcapping="
+                             f"{cfg.attn_logit_softcapping}) is not implemented by the 'atac_cp' attention")
+    check_model_supported(config)
+
+
+def prepare_model(model: torch.nn.Module, config: ATACConfig | None = None) -> torch.nn.Module:
+    """Check the model and select the ``atac_cp`` attention on it (in place; PEFT-wrapped models too).
+
+    Idempotent. Returns ``model``.
+    """
+    from ..attention import ATTN_IMPLEMENTATION, register_attention
+
+    check_model_shardable(model)
+    register_attention()
+    base = unwrap_base_model(model)
+    if getattr(base.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
+        base.set_attn_implementation(ATTN_IMPLEMENTATION)
+    return model
+
+
+def model_kv_bytes_per_token(model: torch.nn.Module) -> float:
+    """Bytes of K and V of one token over all layers (``2 x layers x kv_heads x head_dim x dtype``)."""
+    base = unwrap_base_model(model)
+    cfg = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
+    heads = int(getattr(cfg, "num_attention_heads", 1) or 1)
+    kv = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    layers = int(getattr(cfg, "num_hidden_layers", 1) or 1)
+    try:
+        dtype_bytes = next(base.parameters()).element_size()
+    except StopIteration:
+        dtype_bytes = 2
+    return 2.0 * layers * kv * head_dim * dtype_bytes
+
+
+# ---------------------------------------------------------------------------- counting and gradients
+def count_targets(batches: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> int:
+    """Next-token targets in one or more full packed batches (the way Trainer counts them).
+
+    ``shift_labels`` when present, else ``labels[..., 1:]`` (packed rows carry -100 at every
+    document start, so both give the same count).
+
+    Raises:
+        ValueError: a batch without ``labels`` or ``shift_labels`` (lists its keys).
+    """
+    batches = [batches] if isinstance(batches, Mapping) else list(batches)
+    total = 0
+    for b in batches:
+        if b.get("shift_labels") is not None:
+            lab = torch.as_tensor(b["shift_labels"])
+        elif b.get("labels") is not None:
+            lab = torch.as_tensor(b["labels"])[..., 1:]
+        else:
+            raise ValueError(f"a batch has no 'labels' or 'shift_labels' to count targets in; keys: {sorted(b)}")
+        total += int(lab.ne(IGNORE_INDEX).sum())
+    return total
+
+
+def sync_cp_gradients(model: torch.nn.Module, group: Any = None) -> None:
+    """Sum every parameter gradient over ``group`` (all_reduce SUM, bucketed by dtype and device).
+
+    For loops that do not wrap the model in DDP/FSDP: after ``loss.backward()`` on each CP
+    rank (loss = local target sum / global count), the summed gradient equals single-device
+    training on the whole pack. With DP as well, pass the group of all ranks that hold a share
+    of the step's batches (``None``: the default group). Under DDP/FSDP use
+    :class:`~atac_hf.integrations.accelerate.ATACAccelerator` instead: it scales the loss so
+    their gradient mean becomes this sum.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return
+    buckets: dict[tuple, list[torch.Tensor]] = {}
+    for p in model.parameters():
+        if p.grad is not None:
+            buckets.setdefault((p.grad.dtype, p.grad.device), []).append(p.grad)
+    for grads in buckets.values():
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        offset = 0
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[offset:offset + n].view_as(g))
+            offset += n
+
+
+# ---------------------------------------------------------------------------- sharder
+@dataclass(frozen=True)
+class ShardStats:
+    """Balance figures of one pack's plan.
+
+    Attributes:
+        imbalance: estimated max / mean per-rank compute of the plan (1.0 is perfect).
+        kv_mb: megabytes (1e6) of K/V one rank receives in the forward pass, all layers.
+        planner_ms: wall milliseconds to find the documents and plan the pack.
+        num_tokens: tokens in the pack.
+        num_docs: documents in the pack.
+        num_sharded: documents split over several ranks (anchors).
+    """
+
+    imbalance: float
+    kv_mb: float
+    planner_ms: float
+    num_tokens: int
+    num_docs: int
+    num_sharded: int
+
+
+class BatchSharder:
+    """Plan and shard full packed batches for one CP rank, keeping balance statistics.
+
+    Args:
+        config: the run's :class:`ATACConfig` (strategy, backend, cap, min chunk, debug).
+        cp_rank: this process's index in its CP group.
+        cp_group: the CP process group (``None`` when ``cp_size`` is 1).
+        cost_model: the planners' :class:`~atac_hf.cost.CostModel`.
+        kv_bytes_per_token: K/V bytes of one token over all layers (for ``kv_mb``).
+        device_type: ``"cuda"`` or ``"cpu"`` (default ``min_chunk``).
+        strategy: sharding strategy; default ``config.sharding_strategy``.
+    """
+
+    def __init__(self, config: ATACConfig, *, cp_rank: int = 0, cp_group: Any = None, cost_model: Any = None,
+                 kv_bytes_per_token: float = 0.0, device_type: str = "cpu", strategy: str | None = None) -> None:
+        from ..cost import default_cost_model
+
+        self.config = config
+        self.cp_size = config.cp_size
+        self.cp_rank = int(cp_rank)
+        self.cp_group = cp_group
+        self.cost_model = cost_model if cost_model is not None else default_cost_model()
+        self.kv_bytes_per_token = float(kv_bytes_per_token)
+        self.min_chunk = config.resolved_min_chunk(device_type)
+        self.strategy = strategy or config.sharding_strategy
+        self.history: list[ShardStats] = []
+        self.last_plan = None
+        self.last_stats: ShardStats | None = None
+
+    def plan(self, batch: Mapping[str, Any]):
+        """The :class:`~atac_hf.sharding.ShardPlan` of a full packed batch, and its :class:`ShardStats`."""
+        from ..attention import doc_lengths_from_batch
+        from ..sharding import plan_shards
+
+        t0 = time.perf_counter()
+        lengths = doc_lengths_from_batch(batch)
+        plan = plan_shards(lengths, self.cp_size, self.strategy, self.cost_model,
+                           max_tokens_per_rank=self.config.max_tokens_per_rank, min_chunk=self.min_chunk)
+        ms = (time.perf_counter() - t0) * 1e3
+        stats = ShardStats(imbalance=float(plan.imbalance), kv_mb=plan.kv_bytes(self.kv_bytes_per_token) / 1e6,
+                           planner_ms=ms, num_tokens=plan.num_tokens, num_docs=plan.num_docs,
+                           num_sharded=int(len(plan.sharded_docs)))
+        return plan, stats
+
+    def __call__(self, batch: Mapping[str, Any], *, num_items_in_batch: Any = None, record: bool = True) -> dict:
+        """This rank's inputs for ``model(**local)``: see :func:`atac_hf.attention.shard_batch`.
+
+        Args:
+            batch: a full packed batch (every CP rank passes the same one).
+            num_items_in_batch: the global target count the loss divides by; ``None`` keeps the
+                batch's own (or counts this batch alone).
+            record: add this pack's :class:`ShardStats` to :attr:`history` (training batches).
+
+        Raises:
+            ValueError: a batch without ``input_ids`` (lists its keys) or whose documents cannot be
+                found; see :func:`~atac_hf.attention.shard_batch`.
+        """
+        from ..attention import shard_batch
+
+        if "input_ids" not in batch:
+            raise ValueError(f"a packed batch needs 'input_ids' (and 'position_ids' or 'seq_lengths'); "
+                             f"keys found: {sorted(batch)}")
+        plan, stats = self.plan(batch)
+        if num_items_in_batch is not None:
+            batch = {**batch, "num_items_in_batch": num_items_in_batch}
+        local = shard_batch(batch, plan, self.cp_rank, self.cp_group, backend=self.config.attention_backend,
+                            debug=self.config.debug)
+        if record:
+            self.history.append(stats)
+        self.last_plan, self.last_stats = plan, stats
+        return local
+
+    def pop_summary(self) -> dict[str, float]:
+        """Mean ``imbalance``, ``kv_mb`` and ``planner_ms`` since the last call (empty if no batch)."""
+        h, self.history = self.history, []
+        if not h:
+            return {}
+        return {"imbalance": float(np.mean([s.imbalance for s in h])),
+                "kv_mb": float(np.mean([s.kv_mb for s in h])),
+                "planner_ms": float(np.mean([s.planner_ms for s in h]))}

@@ -1,0 +1,239 @@
+"""`ATACTrainer`: ``transformers.Trainer`` with WFAP packing and ATP-CP sharding.
+
+What it changes, and where:
+
+* ``__init__``: builds the CP mesh (:func:`~.accelerate.build_parallelism_config`, CPU too),
+  selects ``attn_implementation="atac_cp"`` on the model, keeps Accelerate's torch-CP hooks off.
+* ``get_train_dataloader`` / ``get_eval_dataloader``: one batch = one WFAP pack, dealt to DP
+  replicas the way Accelerate shards batches (every CP rank of a replica gets the same pack).
+  ``per_device_*_batch_size`` is not used: a pack's size is ``max_tokens``.
+* ``_prepare_context_parallel_inputs`` (called by Trainer after it counted
+  ``num_items_in_batch`` on the full rows, summed over the world and divided by cp; in training
+  and evaluation): plans the pack and shards it. Trainer's loss scaling by world size and
+  DDP/FSDP's gradient mean then sum the CP ranks' gradients: training equals single-device
+  training on the same packs.
+* ``log``: adds ``atac/imbalance``, ``atac/kv_mb``, ``atac/planner_ms`` (means over the
+  micro-batches since the last log, over all ranks).
+* checkpoints: ``atac_sampler.json`` holds the sampler state; on resume it restores the
+  sampler's epoch and seed (checked against the dataset and settings), and Trainer skips the
+  batches already seen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import Trainer, TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+
+from .accelerate import as_atac_parallelism_config, build_parallelism_config, bypass_torch_cp_hooks, cp_coordinates
+from .config import ATACConfig
+from .data import build_packed_dataloader, check_dataset_columns
+from .sharder import BatchSharder, model_kv_bytes_per_token, prepare_model, unwrap_base_model
+
+__all__ = ["ATACTrainer", "SAMPLER_STATE_NAME"]
+
+SAMPLER_STATE_NAME = "atac_sampler.json"
+
+
+def _check_args(args: TrainingArguments, config: ATACConfig) -> None:
+    launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if launched != args.world_size:
+        raise ValueError(f"launched with WORLD_SIZE={launched} but TrainingArguments sees {args.world_size} "
+                         "process(es): on a machine without CUDA pass TrainingArguments(use_cpu=True)")
+    if args.label_smoothing_factor:
+        raise ValueError(f"label_smoothing_factor={args.label_smoothing_factor}: Trainer's label smoother shifts "
+                         "labels on each rank's shard, which is wrong under ATP-CP; set it to 0")
+    if args.world_size > 1 and not args.average_tokens_across_devices:
+        raise ValueError("average_tokens_across_devices=False: each rank would normalise its loss by its own "
+                         "token count; ATP-CP needs the global count (set it to True, the default)")
+    if args.per_device_train_batch_size != 1 or args.per_device_eval_batch_size != 1:
+        warnings.warn("per_device_train/eval_batch_size is ignored by ATACTrainer: each micro-batch is one WFAP pack "
+                      "of at most max_tokens tokens (raise max_tokens for bigger micro-batches)", stacklevel=3)
+
+
+class ATACTrainer(Trainer):
+    """``Trainer`` that packs with WFAP and shards every pack over a CP group with ATP-CP.
+
+    Args:
+        model: a transformers causal LM (PEFT-wrapped too); switched to ``atac_cp`` attention.
+        args: ``TrainingArguments``; ``parallelism_config`` is built from ``atac_config`` when unset.
+            On a machine without CUDA pass ``use_cpu=True``.
+        data_collator: default :class:`~atac_hf.packing.PackedDataCollator`.
+        train_dataset, eval_dataset: map-style datasets with ``input_ids`` (``labels`` optional).
+        atac_config: default :meth:`ATACConfig.from_sources` (``ATAC_CONFIG`` file, ``ATAC_*``
+            variables, ``PARALLELISM_CONFIG_CP_SIZE``).
+        **kwargs: passed to ``Trainer``.
+
+    Raises:
+        ValueError: ``cp_size`` not dividing the world size; a model the runtime cannot shard; a
+            dataset without ``input_ids``; an attention backend that cannot run here; Trainer
+            settings that break exactness under CP (label smoothing,
+            ``average_tokens_across_devices=False``).
+    """
+
+    def __init__(self, model: torch.nn.Module | None = None, args: TrainingArguments | None = None,
+                 data_collator: Any = None, train_dataset: Any = None, eval_dataset: Any = None, *,
+                 atac_config: ATACConfig | None = None, **kwargs: Any) -> None:
+        from ..packing.collator import PackedDataCollator
+
+        config = atac_config if atac_config is not None else ATACConfig.from_sources()
+        if model is None:
+            raise ValueError("ATACTrainer needs model= (model_init is not supported: the model is switched to the "
+                             "atac_cp attention before training)")
+        prepare_model(model, config)
+        if train_dataset is not None:
+            check_dataset_columns(train_dataset, name="train_dataset")
+        evals = eval_dataset if isinstance(eval_dataset, dict) else {"": eval_dataset}
+        for key, ds in evals.items():
+            if ds is not None:
+                check_dataset_columns(ds, name=f"eval_dataset[{key!r}]" if key else "eval_dataset")
+        if args is None:
+            args = TrainingArguments(output_dir="trainer_output")
+        _check_args(args, config)
+        fsdp = bool(args.fsdp) or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
+        if args.parallelism_config is None:
+            args.parallelism_config = build_parallelism_config(config, args.world_size, fsdp=fsdp)
+        else:
+            pc = as_atac_parallelism_config(args.parallelism_config)
+            if pc.cp_size != config.cp_size:
+                raise ValueError(f"args.parallelism_config.cp_size={pc.cp_size} disagrees with "
+                                 f"atac_config.cp_size={config.cp_size}")
+            args.parallelism_config = pc
+        super().__init__(model=model, args=args, data_collator=data_collator or PackedDataCollator(),
+                         train_dataset=train_dataset, eval_dataset=eval_dataset, **kwargs)
+        bypass_torch_cp_hooks(self.accelerator)
+        # every CP rank's loss is a share of the same batch: gather them all (gather_for_metrics
+        # would drop "duplicates" at the end of the loader)
+        self.gather_function = self.accelerator.gather
+        config.check_runtime(self.args.device.type)
+        if not self.model_accepts_loss_kwargs:
+            raise ValueError(f"{type(unwrap_base_model(self.model)).__name__} does not accept loss kwargs, so Trainer "
+                             "cannot pass num_items_in_batch and the loss would be a per-rank mean; ATP-CP needs it")
+        self.atac_config = config
+        self.cp_rank, self.cp_group = cp_coordinates(self.accelerator, config.cp_size)
+        self.dp_size = self.args.world_size // config.cp_size
+        base = unwrap_base_model(self.model)
+        half = self.args.bf16 or self.args.fp16
+        kv_per_token = model_kv_bytes_per_token(base)
+        if half and next(base.parameters()).element_size() == 4:
+            kv_per_token /= 2  # K/V are computed in the autocast dtype
+        self.atac_sharder = BatchSharder(
+            config, cp_rank=self.cp_rank, cp_group=self.cp_group,
+            cost_model=config.cost_model(base.config, dtype_bytes=2), kv_bytes_per_token=kv_per_token,
+            device_type=self.args.device.type,
+        )
+        self.atac_sampler = None
+        self._atac_resume_dir: str | None = None
+        self._atac_warned_logits = False
+
+    # ------------------------------------------------------------------ data
+    def _atac_seed(self) -> int:
+        return int(self.args.data_seed if self.args.data_seed is not None else self.args.seed)
+
+    def _atac_loader(self, dataset: Any, *, grad_accum: int, shuffle: bool | None):
+        extra: dict[str, Any] = {"num_workers": self.args.dataloader_num_workers,
+                                 "pin_memory": self.args.dataloader_pin_memory}
+        if self.args.dataloader_num_workers > 0:
+            extra["persistent_workers"] = self.args.dataloader_persistent_workers
+            extra["prefetch_factor"] = self.args.dataloader_prefetch_factor
+        loader, sampler = build_packed_dataloader(
+            dataset, self.atac_config, num_replicas=self.dp_size, grad_accum=grad_accum, seed=self._atac_seed(),
+            shuffle=shuffle, cost_model=self.atac_sharder.cost_model, collate_fn=self.data_collator, **extra)
+        return self.accelerator.prepare(loader), sampler
+
+    def get_train_dataloader(self):
+        """Prepared DataLoader of WFAP packs; one window = DP replicas x gradient-accumulation packs."""
+        if self.train_dataset is None:
+            raise ValueError("Trainer: training requires a train_dataset.")
+        loader, sampler = self._atac_loader(self.train_dataset, grad_accum=self.args.gradient_accumulation_steps,
+                                            shuffle=None)
+        self.atac_sampler = sampler
+        if self._atac_resume_dir is not None:
+            self._atac_load_sampler_state(self._atac_resume_dir)
+        return loader
+
+    def get_eval_dataloader(self, eval_dataset: Any = None):
+        """Prepared DataLoader of WFAP packs of the eval set, in data order (no shuffle)."""
+        if eval_dataset is None and self.eval_dataset is None:
+            raise ValueError("Trainer: evaluation requires an eval_dataset.")
+        if isinstance(eval_dataset, str):
+            eval_dataset = self.eval_dataset[eval_dataset]
+        elif eval_dataset is None:
+            eval_dataset = self.eval_dataset
+        check_dataset_columns(eval_dataset, name="eval_dataset")
+        return self._atac_loader(eval_dataset, grad_accum=1, shuffle=False)[0]
+
+    # ------------------------------------------------------------------ the CP hook
+    def _prepare_context_parallel_inputs(self, model: torch.nn.Module, inputs: dict[str, Any]):
+        """Plan and shard the full packed batch (Trainer already counted ``num_items_in_batch`` on it)."""
+        local = self.atac_sharder(inputs, record=bool(model.training))
+        return contextlib.nullcontext, local
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        if self.atac_config.cp_size > 1 and not prediction_loss_only:
+            if not self._atac_warned_logits:
+                warnings.warn("under context parallelism each rank holds logits of its own tokens only: evaluation "
+                              "returns the loss (prediction_loss_only=True)", stacklevel=2)
+                self._atac_warned_logits = True
+            prediction_loss_only = True
+        return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+
+    # ------------------------------------------------------------------ logging
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs and not any(k.startswith("eval_") for k in logs):
+            summary = self.atac_sharder.pop_summary()
+            vals = torch.tensor([summary.get("imbalance", 0.0), summary.get("kv_mb", 0.0),
+                                 summary.get("planner_ms", 0.0), 1.0 if summary else 0.0],
+                                dtype=torch.float64, device=self.args.device)
+            if self.args.world_size > 1 and dist.is_initialized():
+                dist.all_reduce(vals)
+            if vals[3] > 0:
+                logs["atac/imbalance"] = float(vals[0] / vals[3])
+                logs["atac/kv_mb"] = float(vals[1] / vals[3])
+                logs["atac/planner_ms"] = float(vals[2] / vals[3])
+        super().log(logs, start_time)
+
+    # ------------------------------------------------------------------ checkpoints
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
+        if isinstance(resume_from_checkpoint, bool) and resume_from_checkpoint:
+            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ValueError(f"No valid checkpoint found in output directory ({self.args.output_dir})")
+        self._atac_resume_dir = resume_from_checkpoint or None
+        try:
+            return super().train(resume_from_checkpoint, *args, **kwargs)
+        finally:
+            self._atac_resume_dir = None
+
+    def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
+        super()._save_checkpoint(model, trial)
+        if self.atac_sampler is None or not self.args.should_save:
+            return
+        output_dir = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        if not os.path.isdir(output_dir):
+            return
+        # batches of this epoch the loop consumed, all DP replicas together (the loader prefetches)
+        steps_per_epoch = max(len(self.atac_sampler) // max(self.dp_size, 1) // self.args.gradient_accumulation_steps, 1)
+        done = (self.state.global_step % steps_per_epoch) * self.args.gradient_accumulation_steps * self.dp_size
+        state = self.atac_sampler.state_dict(position=min(done, len(self.atac_sampler)))
+        with open(os.path.join(output_dir, SAMPLER_STATE_NAME), "w", encoding="utf-8") as f:
+            json.dump(state, f, indent=1)
+
+    def _atac_load_sampler_state(self, checkpoint: str) -> None:
+        path = os.path.join(checkpoint, SAMPLER_STATE_NAME)
+        if not os.path.isfile(path):
+            warnings.warn(f"{path} not found: resuming with a fresh WFAP sampler (epoch {self.atac_sampler.epoch})",
+                          stacklevel=2)
+            return
+        with open(path, encoding="utf-8") as f:
+            state = json.load(f)
+        # epoch and seed come from the state (checked against the dataset and settings); Trainer
+        # itself skips the batches of the epoch already trained, so the sampler starts at 0
+        self.atac_sampler.load_state_dict({**state, "position": 0})

@@ -1,0 +1,126 @@
+"""Worker for the Trainer integration tests: runs every scenario in one process group.
+
+Run as ``python tests/_integration_worker.py OUT.json CP_SIZE`` (one process) or under
+``torchrun --nproc_per_node 2`` (CP 2). Writes (rank 0) per scenario the logged loss and grad
+norm per step, the eval loss, and a digest of every training batch the loop consumed. The
+parent test compares CP 2 against CP 1, and a resumed run against an uninterrupted one.
+
+Tiny model (hidden 64, 2 layers), small packs (max_tokens 384): seconds per scenario.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+
+import torch
+
+torch.set_num_threads(1)
+
+VOCAB = 128
+
+
+def dataset(num_docs: int, seed: int):
+    import datasets
+    import numpy as np
+
+    from atac_hf.integrations.demo import synthetic_lengths
+
+    rng = np.random.default_rng(seed)
+    lengths = synthetic_lengths(num_docs, seed=seed, max_len=900)
+    ids = [rng.integers(0, VOCAB, int(n)).tolist() for n in lengths]
+    return datasets.Dataset.from_dict({"input_ids": ids})
+
+
+def model(peft: bool = False):
+    from transformers import AutoModelForCausalLM
+
+    from atac_hf.integrations.demo import tiny_llama_config
+
+    torch.manual_seed(0)
+    cfg = tiny_llama_config(hidden_size=64, num_layers=2, vocab_size=VOCAB, max_position_embeddings=2048)
+    m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    if peft:
+        from peft import LoraConfig, get_peft_model
+
+        m = get_peft_model(m, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0,
+                                         task_type="CAUSAL_LM"))
+    return m
+
+
+def make_trainer(cp_size: int, out_dir: str, *, peft: bool = False, grad_accum: int = 1, max_steps: int = 3,
+                 save_steps: int = 0, eval_ds=None, checkpointing: bool = False, sharding_strategy: str = "atp"):
+    from transformers import PrinterCallback, TrainingArguments
+
+    from atac_hf.integrations import ATACConfig, ATACTrainer
+
+    class RecordingTrainer(ATACTrainer):
+        digests: list
+
+        def _prepare_context_parallel_inputs(self, model, inputs):
+            if model.training:
+                ids = inputs["input_ids"]
+                self.digests.append([int(ids.shape[1]), int(ids.sum()), int((ids * inputs["position_ids"]).sum())])
+            return super()._prepare_context_parallel_inputs(model, inputs)
+
+    args = TrainingArguments(
+        output_dir=out_dir, max_steps=max_steps, learning_rate=1e-3, lr_scheduler_type="linear", warmup_steps=1,
+        weight_decay=0.0, max_grad_norm=1.0, gradient_accumulation_steps=grad_accum, logging_steps=1,
+        per_device_train_batch_size=1, per_device_eval_batch_size=1, use_cpu=True, report_to=[], seed=0,
+        save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500, disable_tqdm=True,
+        activation_checkpointing=checkpointing, log_level="error", ddp_find_unused_parameters=False,
+    )
+    cfg = ATACConfig(cp_size=cp_size, max_tokens=384, cost_preset="H100", min_chunk=8,
+                     sharding_strategy=sharding_strategy)
+    trainer = RecordingTrainer(model=model(peft), args=args, train_dataset=dataset(160, seed=1), eval_dataset=eval_ds,
+                               atac_config=cfg)
+    trainer.remove_callback(PrinterCallback)
+    trainer.digests = []
+    return trainer
+
+
+def history(trainer) -> dict:
+    logs = [h for h in trainer.state.log_history if "loss" in h and "train_runtime" not in h]
+    return {"step": [h["step"] for h in logs], "loss": [h["loss"] for h in logs],
+            "grad_norm": [h["grad_norm"] for h in logs],
+            "imbalance": [h["atac/imbalance"] for h in logs], "kv_mb": [h["atac/kv_mb"] for h in logs],
+            "planner_ms": [h["atac/planner_ms"] for h in logs], "digests": trainer.digests}
+
+
+def main(out_path: str, cp_size: int) -> None:
+    results: dict = {}
+    tmp = out_path + ".runs"  # shared by the ranks (checkpoints are read back by every rank)
+    # 1. full fine-tuning, 2. gradient accumulation (+ activation checkpointing, zigzag sharding: every
+    # document's K/V gathered), 3. LoRA
+    t = make_trainer(cp_size, os.path.join(tmp, "full"), max_steps=4)
+    t.train()
+    results["full"] = history(t)
+    t = make_trainer(cp_size, os.path.join(tmp, "ga"), grad_accum=2, max_steps=3, checkpointing=True,
+                     sharding_strategy="zigzag")
+    t.train()
+    results["ga"] = history(t)
+    t = make_trainer(cp_size, os.path.join(tmp, "lora"), peft=True, max_steps=3)
+    t.train()
+    results["lora"] = history(t)
+    # 4. evaluation of a fresh model (every eval pack)
+    t = make_trainer(cp_size, os.path.join(tmp, "eval"), eval_ds=dataset(60, seed=2))
+    results["eval"] = {"eval_loss": t.evaluate()["eval_loss"]}
+    # 5. checkpoint at step 3 of 6 (mid-epoch), then resume in a fresh trainer
+    run_dir = os.path.join(tmp, "resume")
+    t = make_trainer(cp_size, run_dir, max_steps=6, save_steps=3)
+    t.train()
+    results["uninterrupted"] = history(t)
+    t = make_trainer(cp_size, run_dir + "_b", max_steps=6, save_steps=3)
+    t.train(resume_from_checkpoint=os.path.join(run_dir, "checkpoint-3"))
+    results["resumed"] = history(t)
+    with open(os.path.join(run_dir, "checkpoint-3", "atac_sampler.json")) as f:
+        results["sampler_state"] = json.load(f)
+    if int(os.environ.get("RANK", "0")) == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))

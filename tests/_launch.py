@@ -1,0 +1,45 @@
+"""Subprocess helpers for the integration tests: free ports, a clean environment, and runs
+that fail with the tail of their output."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(**extra: str) -> dict:
+    """The parent's environment without ATAC_*/PARALLELISM_*/ACCELERATE_*/torchrun variables, 1 thread."""
+    drop = ("ATAC_", "PARALLELISM_CONFIG_", "ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", **extra)
+    return env
+
+
+def run(cmd: list, *, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(c) for c in cmd], cwd=ROOT, env=env or clean_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        out = (proc.stdout + proc.stderr)[-6000:]
+        raise AssertionError(f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}\n{out}")
+    return proc
+
+
+def torchrun(nproc: int, script, *args, timeout: float = 300) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", nproc, "--master_addr",
+                "127.0.0.1", "--master_port", free_port(), script, *args], timeout=timeout)
+
+
+def accelerate_launch(config: str, script, *args, timeout: float = 300) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", ROOT / config, "--main_process_port", free_port(),
+                script, *args], timeout=timeout)
