@@ -1,13 +1,13 @@
 #!/usr/bin/env python
 """Context-parallel benchmark on CPU: every sharding strategy side by side in one run.
 
-For 2 and 4 gloo processes, a small Llama-like model (hidden 256, 4 layers, GQA 8/2
-heads) and packs of 8K-16K tokens drawn from the long-tail workload, it reports per
+For 2 and 4 gloo processes, a small Llama-like model (hidden 256, GQA 8/2 heads of 32,
+2 layers by default: CPU attention at 16K tokens is slow) and packs of 8K-16K tokens drawn from the long-tail workload, it reports per
 strategy:
 
 * per-rank attention compute, forward + backward, max / mean over ranks (each rank's
-  kernels timed alone in one process on its real shard, so no rank's time includes
-  waiting for another);
+  kernels timed alone in one process on its real shard, by the CPU time of one thread,
+  so no rank's time includes waiting for another or other jobs on the machine);
 * the real distributed training step (forward + backward of the whole model under
   ``attn_implementation="atac_cp"``), the slowest rank's wall time, relative to
   ``contiguous``;
@@ -46,7 +46,9 @@ def parse_args(argv=None):
     p.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
     p.add_argument("--pack-tokens", type=int, nargs="+", default=[8192, 16384])
     p.add_argument("--packs", type=int, default=3, help="packs per pack size")
-    p.add_argument("--repeats", type=int, default=3, help="timed repeats per measurement (median taken)")
+    p.add_argument("--repeats", type=int, default=2, help="timed repeats per measurement (median taken)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs before the timed ones")
+    p.add_argument("--layers", type=int, default=2, help="decoder layers of the benchmark model")
     p.add_argument("--workload", default=str(WLB_PATH) if WLB_PATH.exists() else "longtail",
                    help="JSON array of document lengths, or a built-in workload name")
     p.add_argument("--profile", help="CPU cost profile JSON (default: calibrate now)")
@@ -56,7 +58,7 @@ def parse_args(argv=None):
     p.add_argument("--markdown-out", help="write the result tables (markdown) to this file")
     args = p.parse_args(argv)
     if args.quick:
-        args.world_sizes, args.pack_tokens, args.packs, args.repeats = [2], [4096, 8192], 2, 1
+        args.world_sizes, args.pack_tokens, args.packs, args.repeats, args.warmup = [2], [4096], 1, 1, 0
     return args
 
 
@@ -82,7 +84,7 @@ def make_packs(lengths: np.ndarray, pack_tokens: int, n: int, seed: int, cost_mo
     return packs[:n]
 
 
-def cpu_cost_model(profile: str | None):
+def cpu_cost_model(profile: str | None, layers: int):
     from atac_hf.cost import CostModel
 
     if profile:
@@ -90,7 +92,7 @@ def cpu_cost_model(profile: str | None):
     try:
         from atac_hf.calibrate import calibrate
 
-        res = calibrate(model_dims(), quick=True)
+        res = calibrate(model_dims(layers), quick=True)
         return res.cost_model, (f"calibrated on this CPU for this model (atac_hf.calibrate, quick; "
                                 f"held-out error <= {100 * res.max_rel_err:.0f}%)")
     except ImportError:
@@ -100,28 +102,30 @@ def cpu_cost_model(profile: str | None):
                          name="cpu-estimate"), "a fixed CPU estimate"
 
 
-def model_dims():
+def model_dims(layers: int = 2):
     from atac_hf.cost import ModelDims
 
-    return ModelDims.from_hf_config(model_config())
+    return ModelDims.from_hf_config(model_config(layers))
 
 
-def model_config():
+def model_config(layers: int = 2):
     from transformers import LlamaConfig
 
-    return LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
+    return LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=layers, num_attention_heads=8,
                        num_key_value_heads=2, vocab_size=512, max_position_embeddings=32768,
                        attention_dropout=0.0)
 
 
 # ---------------------------------------------------------------------------- per-rank attention
-def per_rank_attention_times(plan, repeats: int, seed: int) -> list[float]:
+def per_rank_attention_times(plan, repeats: int, warmup: int, seed: int) -> list[float]:
     """Each rank's attention kernels (fwd + bwd, one layer) on its real shard, timed alone."""
     import torch
 
     from atac_hf.attention.backends import run_backend
 
     H, K, D = 8, 2, 32
+    torch.set_num_threads(1)  # CPU time of one thread: unaffected by other jobs on a shared machine
+    clock = time.process_time
     g = torch.Generator().manual_seed(seed)
     n_total = plan.num_tokens
     k_all = torch.randn(K, n_total, D, generator=g)
@@ -146,20 +150,21 @@ def per_rank_attention_times(plan, repeats: int, seed: int) -> list[float]:
             gathered = (buf[..., :D], buf[..., D:])
         cache: dict = {}
         samples = []
-        for i in range(repeats + 1):
-            t0 = time.perf_counter()
+        for i in range(repeats + warmup):
+            t0 = clock()
             out = run_backend("sdpa", q, k, v, lay, cache, (lambda: gathered) if gathered else None,
                               scaling=D ** -0.5, window=None)
             out.sum().backward()
-            if i:
-                samples.append(time.perf_counter() - t0)
+            if i >= warmup:
+                samples.append(clock() - t0)
             q.grad = k.grad = v.grad = None
         times.append(statistics.median(samples))
     return times
 
 
 # ---------------------------------------------------------------------------- distributed step
-def _worker(rank: int, world: int, init_file: str, packs, cm_dict, repeats: int, seed: int, out_file: str):
+def _worker(rank: int, world: int, init_file: str, packs, cm_dict, repeats: int, warmup: int, layers: int,
+            seed: int, out_file: str):
     import torch
     import torch.distributed as dist
 
@@ -173,7 +178,7 @@ def _worker(rank: int, world: int, init_file: str, packs, cm_dict, repeats: int,
 
     cm = CostModel.from_dict(cm_dict)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM._from_config(model_config(), attn_implementation="atac_cp")
+    model = LlamaForCausalLM._from_config(model_config(layers), attn_implementation="atac_cp")
     model.train()
     results = []
     for pi, lengths in enumerate(packs):
@@ -188,14 +193,14 @@ def _worker(rank: int, world: int, init_file: str, packs, cm_dict, repeats: int,
             plan_ms = (time.perf_counter() - t0) * 1e3
             local = shard_batch(batch, plan, rank)
             samples = []
-            for i in range(repeats + 1):
+            for i in range(repeats + warmup):
                 dist.barrier()
                 t0 = time.perf_counter()
                 model(**local).loss.backward()
                 dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
                 dist.all_reduce(dt, op=dist.ReduceOp.MAX)
                 model.zero_grad(set_to_none=True)
-                if i:
+                if i >= warmup:
                     samples.append(float(dt))
             results.append({"pack": pi, "strategy": strategy, "step_s": statistics.median(samples),
                             "plan_ms": plan_ms})
@@ -205,14 +210,15 @@ def _worker(rank: int, world: int, init_file: str, packs, cm_dict, repeats: int,
     dist.destroy_process_group()
 
 
-def distributed_steps(world: int, packs, cm, repeats: int, seed: int) -> list[dict]:
+def distributed_steps(world: int, packs, cm, repeats: int, warmup: int, layers: int, seed: int) -> list[dict]:
     import tempfile
 
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         init_file, out_file = os.path.join(tmp, "init"), os.path.join(tmp, "out.json")
-        mp.spawn(_worker, args=(world, init_file, packs, cm.to_dict(), repeats, seed, out_file), nprocs=world)
+        mp.spawn(_worker, args=(world, init_file, packs, cm.to_dict(), repeats, warmup, layers, seed, out_file),
+                 nprocs=world)
         return json.loads(Path(out_file).read_text())
 
 
@@ -223,14 +229,15 @@ def main(argv=None) -> int:
 
     from atac_hf.sharding import plan_shards
 
-    cm, cm_source = cpu_cost_model(args.profile)
+    cm, cm_source = cpu_cost_model(args.profile, args.layers)
     kv_bytes_tok = 2 * 2 * 32 * 4  # K and V, 2 kv heads x 32 dims, fp32
     lengths = load_lengths(args.workload, args.seed)
     rows, raw = [], []
     for world in args.world_sizes:
         for pack_tokens in args.pack_tokens:
             packs = make_packs(lengths, pack_tokens, args.packs, args.seed + pack_tokens, cm)
-            steps = distributed_steps(world, packs, cm, args.repeats, args.seed)
+            print(f"cp={world}, {pack_tokens // 1024}K packs: distributed steps...", file=sys.stderr, flush=True)
+            steps = distributed_steps(world, packs, cm, args.repeats, args.warmup, args.layers, args.seed)
             step = {(r["pack"], r["strategy"]): r for r in steps}
             per = {s: {"attn_max_over_mean": [], "attn_max_s": [], "step_s": [], "kv_mb": [], "kv_mb_est": [],
                        "plan_ms": []} for s in STRATEGIES}
@@ -238,7 +245,7 @@ def main(argv=None) -> int:
                                            leave=False)):
                 for s in STRATEGIES:
                     plan = plan_shards(pack, world, s, cm)
-                    t = per_rank_attention_times(plan, args.repeats, args.seed + pi)
+                    t = per_rank_attention_times(plan, args.repeats, args.warmup, args.seed + pi)
                     lay = plan.local_layout(0)
                     sent = lay.max_send * world * kv_bytes_tok if len(plan.gathered_docs) else 0
                     d = per[s]
@@ -276,7 +283,8 @@ def main(argv=None) -> int:
         planner[s] = (time.perf_counter() - t0) / 50 * 1e3
 
     md = [f"Cost model for planning: {cm_source}. Workload: `{Path(args.workload).name}`; "
-          f"{args.packs} WFAP packs per size; median of {args.repeats} repeats.", "",
+          f"{args.packs} WFAP packs per size; model: hidden 256, {args.layers} layers, 8 query / 2 K/V heads "
+          f"of 32, fp32, one thread per rank; median of {args.repeats} repeats after {args.warmup} warm-up.", "",
           "| CP | pack | strategy | attn max/mean (mean, worst) | attn max ms | step vs contiguous | step ms "
           "| KV MB sent/layer | planner ms |",
           "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
