@@ -10,7 +10,6 @@ Tiny model (hidden 64, 2 layers), small packs (max_tokens 384): seconds per scen
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import sys

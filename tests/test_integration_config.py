@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 
 import pytest
@@ -271,3 +272,53 @@ def test_sharder_cp1_matches_stock_attention_and_records_stats():
         sharder({"labels": batch["labels"]})
     with pytest.raises(ValueError, match=r"no 'labels' or 'shift_labels'.*keys: \['input_ids'\]"):
         count_targets({"input_ids": batch["input_ids"]})
+
+
+# ---------------------------------------------------------------------------- shipped configs
+LAUNCH_CONFIGS = ["cpu_cp2.yaml", "gpu_fsdp2_cp4.yaml", "gpu_dp2_cp4.yaml"]
+
+
+@pytest.mark.parametrize("name", LAUNCH_CONFIGS)
+def test_launch_configs_load_and_give_a_valid_mesh(name):
+    from pathlib import Path
+
+    import yaml
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    path = Path(__file__).resolve().parents[1] / "configs" / name
+    cfg = load_config_from_file(str(path))  # accelerate's own schema check
+    raw = yaml.safe_load(path.read_text())
+    pc = raw["parallelism_config"]
+    # what `accelerate launch` exports for these keys (accelerate/utils/launch.py)
+    env = {"ACCELERATE_USE_PARALLELISM_CONFIG": "true"}
+    env.update({k.upper(): str(v) for k, v in pc.items()})
+    atac = ATACConfig.from_sources(environ=env)
+    assert atac.cp_size == pc["parallelism_config_cp_size"] > 1
+    mesh = build_parallelism_config(atac, cfg.num_processes, fsdp=raw["distributed_type"] == "FSDP", environ=env)
+    assert mesh.total_size == cfg.num_processes and mesh.cp_size == atac.cp_size
+    if raw["distributed_type"] == "FSDP":
+        assert raw["fsdp_config"]["fsdp_version"] == 2
+    if name.startswith("cpu"):
+        assert raw["use_cpu"] is True and raw["distributed_type"] == "MULTI_GPU"  # torchrun launcher on CPU
+
+
+@pytest.mark.parametrize("name", ["atac_cpu.yaml", "atac_gpu.yaml"])
+def test_addon_configs_load(name):
+    from pathlib import Path
+
+    cfg = ATACConfig.from_yaml(Path(__file__).resolve().parents[1] / "configs" / name)
+    if cfg.cost_profile is not None:  # relative to the YAML file, and a valid profile
+        assert os.path.isabs(cfg.cost_profile)
+        assert cfg.cost_model().tile == 1
+    cfg.packing_config(packs_per_window=8)
+
+
+def test_relative_cost_profile_is_relative_to_the_config_file(tmp_path, monkeypatch):
+    from atac_hf.cost import default_cost_model
+
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    default_cost_model().save(str(sub / "p.json"))
+    (sub / "atac.yaml").write_text("cost_profile: p.json\n")
+    monkeypatch.chdir(tmp_path)
+    assert ATACConfig.from_yaml(sub / "atac.yaml").cost_profile == str(sub / "p.json")

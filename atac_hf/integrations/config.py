@@ -291,7 +291,12 @@ def _read_file(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(data, Mapping):
         raise ValueError(f"ATAC config file {path!r} must hold a mapping of settings (optionally under 'atac:'), "
                          f"got {type(data).__name__}")
-    return dict(data)
+    data = dict(data)
+    profile = data.get("cost_profile")
+    if isinstance(profile, str) and profile and not os.path.isabs(profile):
+        # a relative profile path is relative to the config file, not to the working directory
+        data["cost_profile"] = os.path.join(os.path.dirname(os.path.abspath(path)), profile)
+    return data
 
 
 def _parse_int(name: str, raw: str) -> int:
