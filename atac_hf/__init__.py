@@ -10,15 +10,25 @@ from __future__ import annotations
 from typing import Any
 
 from .cost import CostModel, ModelDims, default_cost_model
+from .packing import PackingConfig, StreamPacker, pack_lengths
 from .sharding import ShardPlan, plan_shards
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ATACAccelerator",
+    "ATACConfig",
+    "ATACTrainer",
     "CostModel",
     "ModelDims",
+    "PackedDataCollator",
+    "PackingConfig",
     "ShardPlan",
+    "StreamPacker",
+    "WFAPBatchSampler",
     "default_cost_model",
+    "pack_dataset",
+    "pack_lengths",
     "plan_shards",
     "shard_batch",
     "__version__",
@@ -26,6 +36,12 @@ __all__ = [
 
 _LAZY = {
     "shard_batch": ("atac_hf.attention", "shard_batch"),
+    "PackedDataCollator": ("atac_hf.packing.collator", "PackedDataCollator"),
+    "WFAPBatchSampler": ("atac_hf.packing.feeders", "WFAPBatchSampler"),
+    "pack_dataset": ("atac_hf.packing.dataset", "pack_dataset"),
+    "ATACConfig": ("atac_hf.integrations.config", "ATACConfig"),
+    "ATACTrainer": ("atac_hf.integrations", "ATACTrainer"),
+    "ATACAccelerator": ("atac_hf.integrations", "ATACAccelerator"),
 }
 
 
