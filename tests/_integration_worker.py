@@ -1,7 +1,7 @@
 """Worker for the Trainer integration tests: runs every scenario in one process group.
 
-Run as ``python tests/_integration_worker.py OUT.json CP_SIZE`` (one process) or under
-``torchrun --nproc_per_node 2`` (CP 2). Writes (rank 0) per scenario the logged loss and grad
+Run as ``python tests/_integration_worker.py OUT.json CP_SIZE [dp]`` (one process) or under
+``torchrun --nproc_per_node 2`` (CP 2; with ``dp`` and 4 processes: DP 2 x CP 2, one scenario). Writes (rank 0) per scenario the logged loss and grad
 norm per step, the eval loss, and a digest of every training batch the loop consumed. The
 parent test compares CP 2 against CP 1, and a resumed run against an uninterrupted one.
 
@@ -88,9 +88,18 @@ def history(trainer) -> dict:
             "planner_ms": [h["atac/planner_ms"] for h in logs], "digests": trainer.digests}
 
 
-def main(out_path: str, cp_size: int) -> None:
+def main(out_path: str, cp_size: int, mode: str = "all") -> None:
     results: dict = {}
     tmp = out_path + ".runs"  # shared by the ranks (checkpoints are read back by every rank)
+    if mode == "dp":  # DP x CP world (e.g. 4 = 2 x 2): one pack per replica and step
+        t = make_trainer(cp_size, os.path.join(tmp, "dp"), max_steps=3)
+        t.train()
+        results["dp"] = history(t)
+        results["world_size"] = t.args.world_size
+        if int(os.environ.get("RANK", "0")) == 0:
+            with open(out_path, "w") as f:
+                json.dump(results, f)
+        return
     # 1. full fine-tuning, 2. gradient accumulation (+ activation checkpointing, zigzag sharding: every
     # document's K/V gathered), 3. LoRA
     t = make_trainer(cp_size, os.path.join(tmp, "full"), max_steps=4)
@@ -122,4 +131,4 @@ def main(out_path: str, cp_size: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), *sys.argv[3:4])

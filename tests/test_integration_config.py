@@ -322,3 +322,16 @@ def test_relative_cost_profile_is_relative_to_the_config_file(tmp_path, monkeypa
     (sub / "atac.yaml").write_text("cost_profile: p.json\n")
     monkeypatch.chdir(tmp_path)
     assert ATACConfig.from_yaml(sub / "atac.yaml").cost_profile == str(sub / "p.json")
+
+
+def test_sharder_never_leaves_a_rank_without_tokens():
+    from atac_hf.packing import PackedDataCollator
+
+    sharder = BatchSharder(ATACConfig(cp_size=2, min_chunk=8))
+    one_doc = PackedDataCollator()([{"input_ids": list(range(16))}])  # too short for 4 chunks of >= 8: kept whole
+    assert sharder.plan(PackedDataCollator()([{"input_ids": list(range(40))}]))[0].strategy == "atp"
+    plan, stats = sharder.plan(one_doc)
+    assert plan.strategy == "contiguous" and plan.rank_num_tokens().tolist() == [8, 8]
+    assert stats.num_tokens == 16 and stats.num_docs == 1
+    with pytest.raises(ValueError, match=r"a pack of 1 tokens cannot be shared by cp_size=2 ranks"):
+        sharder.plan(PackedDataCollator()([{"input_ids": [5]}]))

@@ -64,6 +64,16 @@ def test_eval_loss_under_cp_equals_single_device(results):
     _close(results[1]["eval"]["eval_loss"], results[0]["eval"]["eval_loss"])
 
 
+def test_dp2_x_cp2_matches_one_process_with_grad_accum(results, tmp_path):
+    """4 processes (DP 2 x CP 2, one pack per replica per step) == 1 process with 2 micro-batches."""
+    torchrun(4, WORKER, tmp_path / "dp.json", 2, "dp")
+    dp = json.loads((tmp_path / "dp.json").read_text())
+    ref = results[0]["ga"]  # CP 1, gradient accumulation 2: the same 2-pack windows
+    assert dp["world_size"] == 4 and dp["dp"]["step"] == ref["step"]
+    _close(dp["dp"]["loss"], ref["loss"])
+    _close(dp["dp"]["grad_norm"], ref["grad_norm"])
+
+
 @pytest.mark.parametrize("which", [0, 1], ids=["cp1", "cp2"])
 def test_resume_mid_epoch_continues_like_an_uninterrupted_run(results, which):
     r = results[which]
