@@ -156,7 +156,7 @@ class StepPrinter:
                 printer._last_step_s = time.perf_counter() - printer._t0
 
             def on_log(self, args, state, control, logs=None, **kw):
-                if logs and "loss" in logs and "train_runtime" not in logs:
+                if logs and "loss" in logs and "train_loss" not in logs:
                     row = {"step": state.global_step, "loss": logs["loss"], "grad_norm": logs.get("grad_norm"),
                            "imbalance": logs.get("atac/imbalance"), "kv_mb": logs.get("atac/kv_mb"),
                            "planner_ms": logs.get("atac/planner_ms"), "step_s": printer._last_step_s}

@@ -70,6 +70,7 @@ def make_trainer(cp_size: int, out_dir: str, *, peft: bool = False, grad_accum: 
         per_device_train_batch_size=1, per_device_eval_batch_size=1, use_cpu=True, report_to=[], seed=0,
         save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500, disable_tqdm=True,
         activation_checkpointing=checkpointing, log_level="error", ddp_find_unused_parameters=False,
+        include_num_input_tokens_seen="all",
     )
     cfg = ATACConfig(cp_size=cp_size, max_tokens=384, cost_preset="H100", min_chunk=8,
                      sharding_strategy=sharding_strategy)
@@ -81,11 +82,12 @@ def make_trainer(cp_size: int, out_dir: str, *, peft: bool = False, grad_accum: 
 
 
 def history(trainer) -> dict:
-    logs = [h for h in trainer.state.log_history if "loss" in h and "train_runtime" not in h]
+    logs = [h for h in trainer.state.log_history if "loss" in h and "train_loss" not in h]
     return {"step": [h["step"] for h in logs], "loss": [h["loss"] for h in logs],
             "grad_norm": [h["grad_norm"] for h in logs],
             "imbalance": [h["atac/imbalance"] for h in logs], "kv_mb": [h["atac/kv_mb"] for h in logs],
-            "planner_ms": [h["atac/planner_ms"] for h in logs], "digests": trainer.digests}
+            "planner_ms": [h["atac/planner_ms"] for h in logs], "digests": trainer.digests,
+            "tokens_seen": trainer.state.num_input_tokens_seen, "total_flos": trainer.state.total_flos}
 
 
 def main(out_path: str, cp_size: int, mode: str = "all") -> None:

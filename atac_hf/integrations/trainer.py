@@ -174,7 +174,22 @@ class ATACTrainer(Trainer):
     def _prepare_context_parallel_inputs(self, model: torch.nn.Module, inputs: dict[str, Any]):
         """Plan and shard the full packed batch (Trainer already counted ``num_items_in_batch`` on it)."""
         local = self.atac_sharder(inputs, record=bool(model.training))
+        if model.training:
+            self._atac_local_ids = local["input_ids"]
         return contextlib.nullcontext, local
+
+    def _track_num_input_tokens(self, inputs):
+        # Trainer sums the count over the world: count this rank's share of the pack, not the full copy
+        local = getattr(self, "_atac_local_ids", None)
+        if self.atac_config.cp_size > 1 and local is not None:
+            main = getattr(self.model, "main_input_name", "input_ids")
+            inputs = {k: v for k, v in inputs.items() if k != main and k != "attention_mask"}
+            inputs[main] = local
+        return super()._track_num_input_tokens(inputs)
+
+    def floating_point_ops(self, inputs: dict[str, Any]) -> int:
+        """Trainer's estimate for the full pack, divided by ``cp_size`` (each rank computes its share)."""
+        return super().floating_point_ops(inputs) // self.atac_config.cp_size
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         if self.atac_config.cp_size > 1 and not prediction_loss_only:
