@@ -35,6 +35,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     g = p.add_argument_group("model and data")
     g.add_argument("--model_name_or_path", default=None, help="hub id or local folder (default: embedded tiny Llama)")
+    g.add_argument("--tokenizer", default=None, help="tokenizer id or folder (default: the model's); 'byte': the "
+                                                      "built-in byte-level tokenizer")
     g.add_argument("--dataset", default=None, help="hub name, local folder, or .json/.jsonl file "
                                                     "(default: embedded synthetic corpus)")
     g.add_argument("--dataset_config", default=None)
@@ -76,12 +78,13 @@ def load_dataset_and_tokenizer(args):
 
     from atac_hf.integrations.demo import ByteTokenizer, synthetic_corpus
 
-    if args.model_name_or_path is None:
+    name = args.tokenizer or args.model_name_or_path
+    if name is None or name == "byte":
         tokenizer = ByteTokenizer()
     else:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+        tokenizer = AutoTokenizer.from_pretrained(name)
     if args.dataset is None:
         texts = synthetic_corpus(args.num_samples + args.eval_samples, seed=args.seed)
         ds = datasets.Dataset.from_dict({"text": texts})

@@ -1,13 +1,13 @@
 """Accelerate side: the CP mesh through ``ParallelismConfig`` (CPU included), no torch-CP hooks,
 and :class:`ATACAccelerator` for plain training loops.
 
-Why each piece exists (accelerate 1.15):
+Why each piece exists (details and removal conditions in :mod:`._hf_compat`):
 
 * ``ParallelismConfig._validate_accelerator`` rejects every config on CPU (``MULTI_CPU``);
-  :class:`ATACParallelismConfig` runs the same size checks there and skips only that one.
-* ``Accelerator.prepare`` with ``cp_size > 1`` calls ``_prepare_cp``, which attaches hooks
-  that force ``is_causal=True`` (packed documents would attend to each other) and refuse
-  sliding windows. The add-on shards and masks exactly itself, so the hooks must stay off:
+  :class:`ATACParallelismConfig` runs the same size check there and skips only that one.
+* ``Accelerator.prepare`` with ``cp_size > 1`` attaches torch-CP hooks that force
+  ``is_causal=True`` (packed documents would attend to each other) and refuse sliding
+  windows. The add-on shards and masks exactly itself, so the hooks stay off:
   :class:`ATACAccelerator` overrides ``_prepare_cp``; for an accelerator created elsewhere
   (Trainer's) :func:`bypass_torch_cp_hooks` does the same per instance, reversibly.
 * The mesh puts CP innermost (``dp_replicate, dp_shard, cp``): the ranks of one CP group
@@ -31,7 +31,6 @@ Plain loop::
 from __future__ import annotations
 
 import os
-import types
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -40,6 +39,7 @@ from accelerate import Accelerator, PartialState
 from accelerate.parallelism_config import ParallelismConfig
 from accelerate.utils import DistributedType
 
+from ._hf_compat import bypass_torch_cp_hooks, validate_parallelism_on_cpu
 from .config import ATACConfig
 from .sharder import BatchSharder, count_targets, model_kv_bytes_per_token, prepare_model, unwrap_base_model
 
@@ -64,12 +64,7 @@ class ATACParallelismConfig(ParallelismConfig):
     def _validate_accelerator(self, accelerator: Accelerator) -> None:
         if accelerator.distributed_type != DistributedType.MULTI_CPU:
             return super()._validate_accelerator(accelerator)
-        if self.total_size != accelerator.num_processes:
-            raise ValueError(
-                f"the parallelism config covers {self.total_size} processes (dp_replicate={self.dp_replicate_size} "
-                f"x dp_shard={self.dp_shard_size} x cp={self.cp_size} x tp={self.tp_size}) but "
-                f"{accelerator.num_processes} were launched; make them equal"
-            )
+        validate_parallelism_on_cpu(self, accelerator)  # see _hf_compat (1)
 
 
 def _env_int(environ: Mapping[str, str], key: str, default: int = 1) -> int:
@@ -137,23 +132,6 @@ def as_atac_parallelism_config(pc: ParallelismConfig) -> ATACParallelismConfig:
                                  tp_size=1, cp_size=pc.cp_size, sp_size=1, cp_backend=pc.cp_backend)
 
 
-def _prepare_cp_passthrough(self: Accelerator, *args: Any) -> tuple:
-    # ATP-CP shards and masks the batch itself: Accelerate's torch-CP hooks (forced
-    # is_causal, no sliding windows) must not touch the model.
-    return args
-
-
-def bypass_torch_cp_hooks(accelerator: Accelerator) -> None:
-    """Keep ``accelerator.prepare`` from attaching Accelerate's torch context-parallel hooks.
-
-    Per instance and idempotent; undo with ``del accelerator._prepare_cp``. Needed because
-    the hooks replace the attention mask by ``is_causal=True`` and refuse sliding windows.
-    Can go when Accelerate lets a CP backend opt out of its hooks.
-    """
-    if not isinstance(accelerator.__dict__.get("_prepare_cp"), types.MethodType):
-        accelerator._prepare_cp = types.MethodType(_prepare_cp_passthrough, accelerator)
-
-
 def cp_coordinates(accelerator: Accelerator, cp_size: int) -> tuple[int, Any]:
     """``(cp_rank, cp_group)`` of this process (``(0, None)`` when ``cp_size`` is 1)."""
     if cp_size == 1:
@@ -211,7 +189,8 @@ class ATACAccelerator(Accelerator):
         self.dp_size = self.num_processes // config.cp_size
         self.sharder: BatchSharder | None = None
 
-    def _prepare_cp(self, *args: Any) -> tuple:  # noqa: D401 - see bypass_torch_cp_hooks
+    def _prepare_cp(self, *args: Any) -> tuple:
+        # Accelerate's torch-CP hooks (forced is_causal, no sliding windows) stay off: _hf_compat (2)
         return args
 
     def prepare(self, *args: Any, **kwargs: Any):

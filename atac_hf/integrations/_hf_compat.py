@@ -1,0 +1,60 @@
+"""Workarounds for Accelerate / Transformers behaviour the integration must change, in one place.
+
+Each says why and when it can go. Checked against accelerate 1.15 and transformers 5.24.
+
+1. :func:`validate_parallelism_on_cpu` - ``ParallelismConfig._validate_accelerator`` refuses any
+   config when the distributed type is ``MULTI_CPU``, although mesh, DDP and DataLoader
+   sharding work there with gloo. Can go when Accelerate accepts ``MULTI_CPU``.
+2. :func:`bypass_torch_cp_hooks` - ``Accelerator.prepare`` with ``cp_size > 1`` calls
+   ``_prepare_cp``, which attaches torch-CP hooks to the model that force ``is_causal=True``
+   (packed documents would attend to each other) and refuse sliding windows. Per instance,
+   idempotent, reversible (``del accelerator._prepare_cp``). Can go when Accelerate lets a CP
+   backend other than ``"torch"`` opt out of its hooks.
+3. Trainer's private hooks that :class:`~atac_hf.integrations.trainer.ATACTrainer` overrides
+   (no public alternative): ``_prepare_context_parallel_inputs`` (called after token counting,
+   in training and evaluation), ``_save_checkpoint`` / ``_get_output_dir`` (the checkpoint
+   folder, for the sampler state), ``_track_num_input_tokens``. Re-check them when raising the
+   transformers pin. ``gather_function`` is set to ``accelerator.gather``:
+   ``gather_for_metrics`` drops "duplicate" entries at the end of a loader, but under CP the
+   ranks' eval losses are shares of one batch, not duplicates.
+4. Multi-process CPU launch: ``distributed_type: MULTI_CPU`` makes ``accelerate launch`` use the
+   simple launcher (one process without mpirun); the CPU config says ``MULTI_GPU`` with
+   ``use_cpu: true`` (torchrun), and the code passes ``cpu=True`` / ``use_cpu=True`` when CUDA is
+   absent (the launcher does not export ``use_cpu`` for that launcher). Can go when
+   ``accelerate launch`` starts several CPU processes without mpirun.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+__all__ = ["bypass_torch_cp_hooks", "validate_parallelism_on_cpu"]
+
+
+def validate_parallelism_on_cpu(config: Any, accelerator: Any) -> None:
+    """The size check of ``ParallelismConfig._validate_accelerator``, without its device-type check.
+
+    Raises:
+        ValueError: the config's sizes do not multiply to the number of processes launched.
+    """
+    if config.total_size != accelerator.num_processes:
+        raise ValueError(
+            f"the parallelism config covers {config.total_size} processes (dp_replicate={config.dp_replicate_size} "
+            f"x dp_shard={config.dp_shard_size} x cp={config.cp_size} x tp={config.tp_size}) but "
+            f"{accelerator.num_processes} were launched; make them equal"
+        )
+
+
+def _prepare_cp_passthrough(self: Any, *args: Any) -> tuple:
+    # ATP-CP shards and masks the batch itself: Accelerate's torch-CP hooks must not touch the model.
+    return args
+
+
+def bypass_torch_cp_hooks(accelerator: Any) -> None:
+    """Keep ``accelerator.prepare`` from attaching Accelerate's torch context-parallel hooks.
+
+    Per instance and idempotent; undo with ``del accelerator._prepare_cp``.
+    """
+    if not isinstance(accelerator.__dict__.get("_prepare_cp"), types.MethodType):
+        accelerator._prepare_cp = types.MethodType(_prepare_cp_passthrough, accelerator)
