@@ -97,6 +97,7 @@ class ATACTrainer(Trainer):
         if args is None:
             args = TrainingArguments(output_dir="trainer_output")
         _check_args(args, config)
+        config.check_runtime(args.device.type)
         fsdp = bool(args.fsdp) or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
         if args.parallelism_config is None:
             args.parallelism_config = build_parallelism_config(config, args.world_size, fsdp=fsdp)
@@ -112,7 +113,6 @@ class ATACTrainer(Trainer):
         # every CP rank's loss is a share of the same batch: gather them all (gather_for_metrics
         # would drop "duplicates" at the end of the loader)
         self.gather_function = self.accelerator.gather
-        config.check_runtime(self.args.device.type)
         if not self.model_accepts_loss_kwargs:
             raise ValueError(f"{type(unwrap_base_model(self.model)).__name__} does not accept loss kwargs, so Trainer "
                              "cannot pass num_items_in_batch and the loss would be a per-rank mean; ATP-CP needs it")
