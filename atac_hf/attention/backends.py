@@ -128,14 +128,20 @@ def _sdpa_tables(layout: LocalLayout, window: int | None, device, cache: dict):
 
 
 def _sdpa(q, k, v, mask, scaling):
-    """q (H, Lq, D), k/v (K, Lk, D); mask None -> causal."""
+    """q (H, Lq, D), k/v (K, Lk, D); mask None -> causal. Returns (H, Lq, D).
+
+    The calls get a batch dim: SDPA's fused kernels (flash / memory-efficient, CPU flash)
+    accept only 4-D inputs and would fall back to the math kernel, which materialises
+    the (H, Lq, Lk) scores."""
     H, K = q.shape[0], k.shape[0]
     if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=H != K)
+        out = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=scaling,
+                                             enable_gqa=H != K)
+        return out[0]
     if H != K:
         k = k.repeat_interleave(H // K, dim=0)
         v = v.repeat_interleave(H // K, dim=0)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
+    return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scaling)[0]
 
 
 def sdpa_backend(q_HSD, k_HSD, v_HSD, layout: LocalLayout, cache: dict, wait: Wait | None, *,
