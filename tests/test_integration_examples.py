@@ -2,7 +2,7 @@
 
 * ``finetune_long_context.py`` (ATACTrainer) on the embedded default, 3 steps, CP 2.
 * ``accelerate_loop.py`` (ATACAccelerator, plain loop): CP 2 gives the same loss per step as
-  one process, with and without gradient accumulation.
+  one process (with gradient accumulation; without it the Trainer tests cover DDP + CP).
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ def test_finetune_example_accelerate_launch_cpu_cp2():
     assert re.search(r"\[atp\] 3 steps in [0-9.]+s \| loss .* mean imbalance [0-9.]+ \| mean kv_mb", out)
 
 
-@pytest.mark.parametrize("ga", ["1", "2"])
-def test_accelerate_loop_cp2_matches_one_process(ga):
-    args = ["--max_steps", "3", "--num_samples", "120", "--max_tokens", "768", "--gradient_accumulation_steps", ga]
+def test_accelerate_loop_cp2_matches_one_process():
+    # gradient accumulation 2: the loss normaliser covers world size x accumulation steps
+    args = ["--max_steps", "3", "--num_samples", "120", "--max_tokens", "768", "--gradient_accumulation_steps", "2"]
     cp2 = accelerate_launch(CPU_CONFIG, "examples/accelerate_loop.py", *args).stdout
     cp1 = run([sys.executable, "examples/accelerate_loop.py", "--cp_size", "1", *args]).stdout
     pattern = r"step +\d+ \| loss ([0-9.]+)"
