@@ -201,13 +201,26 @@ class ATACTrainer(Trainer):
         return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
 
     # ------------------------------------------------------------------ logging
+    def _maybe_log_save_evaluate(self, *args: Any, **kwargs: Any) -> None:
+        # every rank runs this together: the only place where log() may average over the world
+        self._atac_collective_log = True
+        try:
+            return super()._maybe_log_save_evaluate(*args, **kwargs)
+        finally:
+            self._atac_collective_log = False
+
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Trainer's ``log`` plus ``atac/imbalance``, ``atac/kv_mb``, ``atac/planner_ms`` on training logs.
+
+        The figures are means over the micro-batches since the last training log, over all ranks
+        (every DP replica's packs) when called from the training loop, else over this rank's.
+        """
         if "loss" in logs and not any(k.startswith("eval_") for k in logs):
             summary = self.atac_sharder.pop_summary()
             vals = torch.tensor([summary.get("imbalance", 0.0), summary.get("kv_mb", 0.0),
                                  summary.get("planner_ms", 0.0), 1.0 if summary else 0.0],
                                 dtype=torch.float64, device=self.args.device)
-            if self.args.world_size > 1 and dist.is_initialized():
+            if getattr(self, "_atac_collective_log", False) and self.args.world_size > 1 and dist.is_initialized():
                 dist.all_reduce(vals)
             if vals[3] > 0:
                 logs["atac/imbalance"] = float(vals[0] / vals[3])
