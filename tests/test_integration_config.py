@@ -335,3 +335,68 @@ def test_sharder_never_leaves_a_rank_without_tokens():
     assert stats.num_tokens == 16 and stats.num_docs == 1
     with pytest.raises(ValueError, match=r"a pack of 1 tokens cannot be shared by cp_size=2 ranks"):
         sharder.plan(PackedDataCollator()([{"input_ids": [5]}]))
+
+
+def test_more_user_errors_are_clear(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from accelerate.parallelism_config import ParallelismConfig
+
+    from atac_hf.integrations.accelerate import as_atac_parallelism_config
+    from atac_hf.integrations.trainer import _check_args
+
+    with pytest.raises(TypeError, match=r"packing_options must be a mapping of PackingConfig fields, got list"):
+        ATACConfig(packing_options=[("overlength", "split")])
+    with pytest.raises(TypeError, match=r"shuffle=1 must be True or False"):
+        ATACConfig(shuffle=1)
+    with pytest.raises(ValueError, match=r"ATAC_PACKING_OPTIONS must be a JSON object of PackingConfig fields"):
+        ATACConfig.from_env({"ATAC_PACKING_OPTIONS": "{overlength: split}"})
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ValueError, match=r"is not valid JSON"):
+        ATACConfig.from_yaml(tmp_path / "bad.json")
+    env = {"ACCELERATE_USE_PARALLELISM_CONFIG": "true", "PARALLELISM_CONFIG_CP_SIZE": "2",
+           "PARALLELISM_CONFIG_TP_SIZE": "2"}
+    with pytest.raises(ValueError, match=r"tp_size=2 / sp_size=1: ATP-CP does not compose with tensor"):
+        build_parallelism_config(ATACConfig(cp_size=2), 4, environ=env)
+    with pytest.raises(ValueError, match=r"tp_size=2 / sp_size=1: ATP-CP does not compose"):
+        as_atac_parallelism_config(ParallelismConfig(tp_size=2, cp_size=1, dp_shard_size=1, dp_replicate_size=1))
+    args = SimpleNamespace(world_size=2, label_smoothing_factor=0.0, average_tokens_across_devices=True,
+                           per_device_train_batch_size=1, per_device_eval_batch_size=1)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    _check_args(args, ATACConfig())
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ValueError, match=r"WORLD_SIZE=4 but TrainingArguments sees 2 .*use_cpu=True"):
+        _check_args(args, ATACConfig())
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"label_smoothing_factor=0.1: .*set it to 0"):
+        _check_args(SimpleNamespace(**{**vars(args), "label_smoothing_factor": 0.1}), ATACConfig())
+    with pytest.raises(ValueError, match=r"average_tokens_across_devices=False"):
+        _check_args(SimpleNamespace(**{**vars(args), "average_tokens_across_devices": False}), ATACConfig())
+    with pytest.warns(UserWarning, match=r"per_device_train/eval_batch_size is ignored"):
+        _check_args(SimpleNamespace(**{**vars(args), "per_device_train_batch_size": 8}), ATACConfig())
+    with pytest.raises(ValueError, match=r"dataset is empty"):
+        check_dataset_columns([])
+
+
+def test_model_checks_softcap_and_no_kwargs():
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=64)
+    model = _tiny(cfg)
+    model.config.attn_logit_softcapping = 30.0
+    with pytest.raises(ValueError, match=r"soft-capping \(attn_logit_softcapping=30.0\) is not implemented"):
+        check_model_shardable(model)
+
+    class NoKwargs(type(_tiny(cfg))):
+        def forward(self, input_ids=None, labels=None):
+            return super().forward(input_ids=input_ids, labels=labels)
+
+    with pytest.raises(ValueError, match=r"NoKwargs.forward takes no \*\*kwargs: the per-batch shard context"):
+        check_model_shardable(NoKwargs(copy.deepcopy(cfg)))
+
+
+def test_accelerator_shard_before_prepare_is_an_error():
+    acc = ATACAccelerator.__new__(ATACAccelerator)  # no process group needed for this check
+    acc.sharder = None
+    with pytest.raises(RuntimeError, match=r"call accelerator.prepare\(model, ...\) before shard\(\)"):
+        acc.shard({"input_ids": torch.zeros(1, 4, dtype=torch.long)})
