@@ -118,48 +118,18 @@ def model_config(layers: int = 2):
 
 # ---------------------------------------------------------------------------- per-rank attention
 def per_rank_attention_times(plan, repeats: int, warmup: int, seed: int) -> list[float]:
-    """Each rank's attention kernels (fwd + bwd, one layer) on its real shard, timed alone."""
+    """Each rank's attention kernels (fwd + bwd, one layer of the benchmark model) on its
+    real shard, timed alone by one thread's CPU time (unaffected by other jobs)."""
     import torch
 
-    from atac_hf.attention.backends import run_backend
+    from atac_hf.attention.timing import per_rank_times
 
     H, K, D = 8, 2, 32
-    torch.set_num_threads(1)  # CPU time of one thread: unaffected by other jobs on a shared machine
-    clock = time.process_time
+    torch.set_num_threads(1)
     g = torch.Generator().manual_seed(seed)
-    n_total = plan.num_tokens
-    k_all = torch.randn(K, n_total, D, generator=g)
-    v_all = torch.randn(K, n_total, D, generator=g)
-    times = []
-    for r in range(plan.cp_size):
-        lay = plan.local_layout(r)
-        tok = torch.as_tensor(plan.rank_token_indices(r))
-        q = torch.randn(H, len(tok), D, generator=g, requires_grad=True)
-        k = k_all.index_select(1, tok).requires_grad_()
-        v = v_all.index_select(1, tok).requires_grad_()
-        gathered = None
-        if len(plan.gathered_docs):
-            m = lay.max_send
-            rows = []
-            for rr in range(plan.cp_size):
-                t_rr = torch.as_tensor(plan.rank_token_indices(rr))
-                send = torch.as_tensor(plan.local_layout(rr).send_index)
-                kv = torch.cat([k_all, v_all], -1).index_select(1, t_rr).transpose(0, 1).index_select(0, send)
-                rows.append(torch.nn.functional.pad(kv, (0, 0, 0, 0, 0, m - kv.shape[0])))
-            buf = torch.cat(rows).requires_grad_()
-            gathered = (buf[..., :D], buf[..., D:])
-        cache: dict = {}
-        samples = []
-        for i in range(repeats + warmup):
-            t0 = clock()
-            out = run_backend("sdpa", q, k, v, lay, cache, (lambda: gathered) if gathered else None,
-                              scaling=D ** -0.5, window=None)
-            out.sum().backward()
-            if i >= warmup:
-                samples.append(clock() - t0)
-            q.grad = k.grad = v.grad = None
-        times.append(statistics.median(samples))
-    return times
+    n = plan.num_tokens
+    q, k, v = (torch.randn(h, n, D, generator=g) for h in (H, K, K))
+    return per_rank_times(plan, q, k, v, warmup=warmup, repeats=repeats, generator=g, cpu_clock=time.process_time)
 
 
 # ---------------------------------------------------------------------------- distributed step

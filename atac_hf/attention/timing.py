@@ -95,10 +95,12 @@ class RankKernel:
 
 
 def time_calls(fns: Sequence[Callable[[], Any]], *, device: Any, warmup: int = 1, repeats: int = 5,
-               before: Sequence[Callable[[], Any]] | None = None) -> list[list[float]]:
+               before: Sequence[Callable[[], Any]] | None = None,
+               cpu_clock: Callable[[], float] = time.perf_counter) -> list[list[float]]:
     """Seconds of each call, ``repeats`` rounds after ``warmup`` rounds; each round runs every
     closure once in order, each timed alone (CUDA events between synchronisations on CUDA,
-    ``perf_counter`` on CPU). ``before[i]`` runs untimed before each call of ``fns[i]``.
+    ``cpu_clock`` on CPU: ``time.process_time`` with one torch thread is immune to other
+    jobs on a shared machine). ``before[i]`` runs untimed before each call of ``fns[i]``.
 
     Returns:
         Per closure, its ``repeats`` timings in seconds.
@@ -118,9 +120,9 @@ def time_calls(fns: Sequence[Callable[[], Any]], *, device: Any, warmup: int = 1
                 end.synchronize()
                 dt = start.elapsed_time(end) / 1e3
             else:
-                t0 = time.perf_counter()
+                t0 = cpu_clock()
                 fn()
-                dt = time.perf_counter() - t0
+                dt = cpu_clock() - t0
             if rnd >= warmup:
                 out[i].append(dt)
     return out
@@ -128,7 +130,8 @@ def time_calls(fns: Sequence[Callable[[], Any]], *, device: Any, warmup: int = 1
 
 def per_rank_times(plan: ShardPlan, q_HND: torch.Tensor, k_KND: torch.Tensor, v_KND: torch.Tensor, *,
                    backend: str = "sdpa", warmup: int = 1, repeats: int = 5, scaling: float | None = None,
-                   window: int | None = None, generator: torch.Generator | None = None) -> list[float]:
+                   window: int | None = None, generator: torch.Generator | None = None,
+                   cpu_clock: Callable[[], float] = time.perf_counter) -> list[float]:
     """Median forward + backward seconds of each rank's attention, each rank timed alone on
     its real shard with the gathered buffer precomputed (one rank's tensors alive at a time)."""
     gathered = gathered_rows(plan, k_KND.detach(), v_KND.detach())
@@ -137,7 +140,7 @@ def per_rank_times(plan: ShardPlan, q_HND: torch.Tensor, k_KND: torch.Tensor, v_
         kern = RankKernel(plan, r, q_HND, k_KND, v_KND, backend=backend, gathered=gathered, scaling=scaling,
                           window=window, generator=generator)
         (samples,) = time_calls([kern], device=q_HND.device, warmup=warmup, repeats=repeats,
-                                before=[kern.zero_grad])
+                                before=[kern.zero_grad], cpu_clock=cpu_clock)
         times.append(statistics.median(samples))
         del kern
     return times

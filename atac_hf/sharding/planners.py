@@ -313,7 +313,10 @@ def _atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1, ma
     # bound on its block time shows it cannot win.
     even = None
     split_tokens = int(lengths[lengths >= 2].sum())
-    if best is None or best[0] > target + float(cm.comm_cost(split_tokens, C)):
+    # per_doc cuts a document into up to 2C-1 segments, each paying the per-segment overhead
+    extra_segments = int(np.minimum(lengths, 2 * C - 1).sum()) - D
+    even_bound = target + extra_segments * cm.segment_overhead_s / C + float(cm.comm_cost(split_tokens, C))
+    if best is None or best[0] > even_bound:
         even = _finish(lengths, C, "atp", list(_per_doc(lengths, C, cm).segments), None, cm)
         if even.rank_num_tokens().max() > cap:
             even = None
