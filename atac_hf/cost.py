@@ -28,6 +28,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ._io import load_json
+
 __all__ = [
     "CostModel",
     "HardwarePreset",
@@ -285,13 +287,7 @@ class CostModel:
     def from_profile(cls, path: str | os.PathLike) -> "CostModel":
         """Load a calibration profile written by :meth:`save` (JSON; never executes code)."""
         path = os.fspath(path)
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except FileNotFoundError:
-            raise ValueError(f"cost profile {path!r} does not exist (check the profile path setting)") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"cost profile {path!r} is not valid JSON: {e}") from None
+        data = load_json(path, "cost profile", "the cost profile path setting")
         return cls.from_dict(data, source=path)
 
     @classmethod

@@ -15,11 +15,12 @@ Everything is deterministic from ``seed``. Numpy only.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Callable
 
 import numpy as np
+
+from ._io import load_json
 
 __all__ = ["WORKLOADS", "make_workload", "longtail_lengths", "sft_lengths", "uniform_lengths", "load_lengths",
            "describe_lengths"]
@@ -92,13 +93,7 @@ def load_lengths(path: str | os.PathLike) -> np.ndarray:
             by index).
     """
     path = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise ValueError(f"lengths file {path!r} does not exist (check --lengths)") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"lengths file {path!r} is not valid JSON: {e}") from None
+    data = load_json(path, "lengths file", "--lengths")
     if not isinstance(data, list):
         raise ValueError(f"lengths file {path!r} must hold a JSON array of ints, got a {type(data).__name__}")
     for i, v in enumerate(data):

@@ -6,9 +6,8 @@ import argparse
 import json
 import time
 
-import numpy as np
-
 from ..cost import HARDWARE_PRESETS, MODEL_PRESETS, CostModel
+from ..workloads import load_lengths
 from .planners import STRATEGIES, plan_shards
 
 
@@ -32,16 +31,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _read_lengths(spec: str) -> list[int]:
     if spec.endswith(".json"):
-        with open(spec, encoding="utf-8") as f:
-            data = json.load(f)
-    else:
-        try:
-            data = [int(x) for x in spec.split(",") if x.strip()]
-        except ValueError:
-            raise ValueError(f"--doc-lengths {spec!r} must be comma-separated ints or a .json file") from None
-    if not isinstance(data, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in data):
-        raise ValueError(f"--doc-lengths {spec!r} must hold a JSON array of ints")
-    return data
+        return load_lengths(spec).tolist()
+    try:
+        return [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--doc-lengths {spec!r} must be comma-separated ints or a .json file") from None
 
 
 def run(args: argparse.Namespace) -> int:
