@@ -8,6 +8,8 @@ strategy:
 * per-rank attention compute, forward + backward, max / mean over ranks (each rank's
   kernels timed alone in one process on its real shard, by the CPU time of one thread,
   so no rank's time includes waiting for another or other jobs on the machine);
+* per-rank compute of a whole layer: that attention plus the rank's token-wise work
+  (norms, projections, MLP) timed the same way; this is what the planners balance;
 * the real distributed training step (forward + backward of the whole model under
   ``attn_implementation="atac_cp"``), the slowest rank's wall time, relative to
   ``contiguous``;
@@ -71,10 +73,13 @@ def load_lengths(spec: str, seed: int) -> np.ndarray:
     return np.asarray(load_workload(spec, num_samples=20000, seed=seed), dtype=np.int64)
 
 
-def make_packs(lengths: np.ndarray, pack_tokens: int, n: int, seed: int, cost_model) -> list[list[int]]:
-    """WFAP packs of a random stretch of the workload: each pack's document lengths."""
+def make_packs(lengths: np.ndarray, pack_tokens: int, n: int, seed: int) -> list[list[int]]:
+    """WFAP packs of a random stretch of the workload (packed for a 7B model on A800, so the
+    packs do not depend on this machine's calibration): each pack's document lengths."""
+    from atac_hf.cost import CostModel
     from atac_hf.packing import PackingConfig, pack_lengths
 
+    cost_model = CostModel.from_model("7b", "A800")
     rng = np.random.default_rng(seed)
     sample = lengths[rng.permutation(len(lengths))[: 40 * n * max(1, pack_tokens // 2048)]]
     cfg = PackingConfig(max_tokens=pack_tokens, packs_per_window=n, strategy="wfap")
@@ -132,6 +137,35 @@ def per_rank_attention_times(plan, repeats: int, warmup: int, seed: int) -> list
     return per_rank_times(plan, q, k, v, warmup=warmup, repeats=repeats, generator=g, cpu_clock=time.process_time)
 
 
+def per_rank_linear_times(plan, layers: int, repeats: int, warmup: int, seed: int) -> list[float]:
+    """Each rank's token-wise work of one decoder layer (norms, Q/K/V/O projections, MLP),
+    forward + backward on its number of tokens, by one thread's CPU time."""
+    import torch
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    from atac_hf.attention.timing import time_calls
+
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    cfg = model_config(layers)
+    layer = LlamaDecoderLayer(cfg, 0)
+    attn = layer.self_attn
+
+    def block(x):
+        h = layer.input_layernorm(x)
+        q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+        x = x + attn.o_proj(q) + 0 * (k.sum() + v.sum())  # attention itself is timed separately
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    times = []
+    for n in plan.rank_num_tokens().tolist():
+        x = torch.randn(1, n, cfg.hidden_size, requires_grad=True)
+        (samples,) = time_calls([lambda: block(x).sum().backward()], device="cpu", warmup=warmup, repeats=repeats,
+                                before=[lambda: layer.zero_grad(set_to_none=True)], cpu_clock=time.process_time)
+        times.append(statistics.median(samples))
+    return times
+
+
 # ---------------------------------------------------------------------------- distributed step
 def _worker(rank: int, world: int, init_file: str, packs, cm_dict, repeats: int, warmup: int, layers: int,
             seed: int, out_file: str):
@@ -158,6 +192,7 @@ def _worker(rank: int, world: int, init_file: str, packs, cm_dict, repeats: int,
         pos = torch.cat([torch.arange(L) for L in lengths]).unsqueeze(0)
         batch = {"input_ids": ids, "labels": ids.clone(), "position_ids": pos}
         for strategy in STRATEGIES:
+            plan_shards(lengths, world, strategy, cm)  # warm-up: time the planner, not first-call costs
             t0 = time.perf_counter()
             plan = plan_shards(lengths, world, strategy, cm)
             plan_ms = (time.perf_counter() - t0) * 1e3
@@ -205,28 +240,32 @@ def main(argv=None) -> int:
     rows, raw = [], []
     for world in args.world_sizes:
         for pack_tokens in args.pack_tokens:
-            packs = make_packs(lengths, pack_tokens, args.packs, args.seed + pack_tokens, cm)
+            packs = make_packs(lengths, pack_tokens, args.packs, args.seed + pack_tokens)
             print(f"cp={world}, {pack_tokens // 1024}K packs: distributed steps...", file=sys.stderr, flush=True)
             steps = distributed_steps(world, packs, cm, args.repeats, args.warmup, args.layers, args.seed)
             step = {(r["pack"], r["strategy"]): r for r in steps}
-            per = {s: {"attn_max_over_mean": [], "attn_max_s": [], "step_s": [], "kv_mb": [], "kv_mb_est": [],
-                       "plan_ms": []} for s in STRATEGIES}
+            per = {s: {"attn_max_over_mean": [], "layer_max_over_mean": [], "attn_max_s": [], "step_s": [],
+                       "kv_mb": [], "kv_mb_est": [], "plan_ms": []} for s in STRATEGIES}
             for pi, pack in enumerate(tqdm(packs, desc=f"cp={world} {pack_tokens // 1024}K per-rank timing",
                                            leave=False)):
                 for s in STRATEGIES:
                     plan = plan_shards(pack, world, s, cm)
                     t = per_rank_attention_times(plan, args.repeats, args.warmup, args.seed + pi)
+                    lin = per_rank_linear_times(plan, args.layers, args.repeats, args.warmup, args.seed)
+                    layer_t = [a + b for a, b in zip(t, lin)]
                     lay = plan.local_layout(0)
                     sent = lay.max_send * world * kv_bytes_tok if len(plan.gathered_docs) else 0
                     d = per[s]
                     d["attn_max_over_mean"].append(max(t) / (sum(t) / len(t)))
+                    d["layer_max_over_mean"].append(max(layer_t) / (sum(layer_t) / len(layer_t)))
                     d["attn_max_s"].append(max(t))
                     d["step_s"].append(step[(pi, s)]["step_s"])
                     d["kv_mb"].append(sent / 2**20)
                     d["kv_mb_est"].append(plan.kv_bytes(kv_bytes_tok) / 2**20)
                     d["plan_ms"].append(step[(pi, s)]["plan_ms"])
                     raw.append({"world": world, "pack_tokens": pack_tokens, "pack": pi, "docs": len(pack),
-                                "strategy": s, "rank_attn_s": t, **{k: v[-1] for k, v in d.items()}})
+                                "strategy": s, "rank_attn_s": t, "rank_linear_s": lin,
+                                **{k: v[-1] for k, v in d.items()}})
             base_step = sum(per["contiguous"]["step_s"])
             for s in STRATEGIES:
                 d = per[s]
@@ -234,6 +273,7 @@ def main(argv=None) -> int:
                     "cp": world, "pack": f"{pack_tokens // 1024}K", "strategy": s,
                     "attn max/mean": statistics.mean(d["attn_max_over_mean"]),
                     "attn max/mean worst": max(d["attn_max_over_mean"]),
+                    "layer max/mean": statistics.mean(d["layer_max_over_mean"]),
                     "attn max ms": 1e3 * statistics.mean(d["attn_max_s"]),
                     "step vs contiguous": sum(d["step_s"]) / base_step,
                     "step ms": 1e3 * statistics.mean(d["step_s"]),
@@ -255,12 +295,13 @@ def main(argv=None) -> int:
     md = [f"Cost model for planning: {cm_source}. Workload: `{Path(args.workload).name}`; "
           f"{args.packs} WFAP packs per size; model: hidden 256, {args.layers} layers, 8 query / 2 K/V heads "
           f"of 32, fp32, one thread per rank; median of {args.repeats} repeats after {args.warmup} warm-up.", "",
-          "| CP | pack | strategy | attn max/mean (mean, worst) | attn max ms | step vs contiguous | step ms "
-          "| KV MB sent/layer | planner ms |",
-          "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+          "| CP | pack | strategy | attn max/mean (mean, worst) | layer max/mean | attn max ms | step vs contiguous "
+          "| step ms | KV MB sent/layer | planner ms |",
+          "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         md.append(f"| {r['cp']} | {r['pack']} | {r['strategy']} | {r['attn max/mean']:.3f}, "
-                  f"{r['attn max/mean worst']:.3f} | {r['attn max ms']:.1f} | {r['step vs contiguous']:.3f} | "
+                  f"{r['attn max/mean worst']:.3f} | {r['layer max/mean']:.3f} | {r['attn max ms']:.1f} | "
+                  f"{r['step vs contiguous']:.3f} | "
                   f"{r['step ms']:.0f} | {r['KV MB sent/layer']:.2f} | {r['planner ms']:.2f} |")
     md += ["", "Planner alone, 128K-token pack of 200 documents, cp_size 8 (mean of 50 calls):", "",
            "| strategy | ms per pack |", "|---|---:|"]
