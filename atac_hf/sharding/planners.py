@@ -45,7 +45,9 @@ def plan_shards(
         cp_size: ranks in the CP group (>= 1).
         strategy: one of :data:`STRATEGIES`.
         cost_model: costs segments; :func:`~atac_hf.cost.default_cost_model` if None.
-        max_tokens_per_rank: memory cap on tokens per rank, or None for no cap.
+        max_tokens_per_rank: memory cap on tokens per rank, or None for no cap. ``atp``
+            respects every cap that some placement can respect (>= ceil(tokens / cp_size)),
+            falling back to a contiguous split when nothing better fits.
         min_chunk: ``atp`` only: a document is an anchor candidate only when each of
             its ``2 * cp_size`` chunks gets at least this many tokens (128 on GPU).
         max_anchors: ``atp`` only: largest number of anchors tried (default: all).
@@ -54,8 +56,11 @@ def plan_shards(
         The :class:`ShardPlan`.
 
     Raises:
-        ValueError: empty pack, a length < 1 or not an int, cp_size < 1, an unknown
-            strategy, or a cap no placement can respect.
+        ValueError: empty pack, a length < 1 or not an int, more than 2**62 tokens,
+            cp_size < 1, an unknown strategy, a bad ``max_tokens_per_rank``/``min_chunk``/
+            ``max_anchors``, or a cap the strategy cannot respect (for ``atp``: a cap no
+            placement can respect).
+        TypeError: ``cost_model`` is not a :class:`~atac_hf.cost.CostModel`.
     """
     lengths = _check_lengths(doc_lengths)
     if isinstance(cp_size, bool) or not isinstance(cp_size, (int, np.integer)) or cp_size < 1:
@@ -66,10 +71,15 @@ def plan_shards(
         raise ValueError(
             f"unknown sharding strategy {strategy!r}; legal values: {sorted(STRATEGIES)} (set sharding_strategy)"
         ) from None
-    if max_tokens_per_rank is not None and max_tokens_per_rank < 1:
-        raise ValueError(f"max_tokens_per_rank must be >= 1 or None, got {max_tokens_per_rank!r}")
-    if min_chunk < 1:
-        raise ValueError(f"min_chunk must be >= 1, got {min_chunk!r}")
+    if max_tokens_per_rank is not None and (not _is_int(max_tokens_per_rank) or max_tokens_per_rank < 1):
+        raise ValueError(f"max_tokens_per_rank must be >= 1 or None (an int), got {max_tokens_per_rank!r} "
+                         "(set max_tokens_per_rank)")
+    if not _is_int(min_chunk) or min_chunk < 1:
+        raise ValueError(f"min_chunk must be >= 1 (an int), got {min_chunk!r} (set min_chunk)")
+    if max_anchors is not None and (not _is_int(max_anchors) or max_anchors < 0):
+        raise ValueError(f"max_anchors must be an int >= 0 or None, got {max_anchors!r}")
+    if cost_model is not None and not isinstance(cost_model, CostModel):
+        raise TypeError(f"cost_model must be a CostModel or None, got {type(cost_model).__name__}")
     cm = cost_model if cost_model is not None else default_cost_model()
     plan = fn(lengths, int(cp_size), cm, max_tokens_per_rank=max_tokens_per_rank,
               min_chunk=int(min_chunk), max_anchors=max_anchors)
@@ -85,8 +95,15 @@ def plan_shards(
 
 
 # ---------------------------------------------------------------------------- helpers
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
 def _check_lengths(doc_lengths: Any) -> np.ndarray:
-    arr = np.asarray(doc_lengths)
+    try:
+        arr = np.asarray(doc_lengths)
+    except ValueError:  # ragged nesting
+        raise ValueError("doc_lengths must be a flat 1-D sequence of ints (got a ragged nested sequence)") from None
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"doc_lengths must be a non-empty 1-D sequence of ints, got shape {arr.shape}")
     if not np.issubdtype(arr.dtype, np.integer):
@@ -100,6 +117,9 @@ def _check_lengths(doc_lengths: Any) -> np.ndarray:
             f"document {bad} has length {int(arr[bad])}; every document must have >= 1 token "
             "(drop empty documents before packing)"
         )
+    if float(arr.astype(np.float64).sum()) >= 2.0**62:
+        raise ValueError(f"the pack holds {float(arr.astype(np.float64).sum()):.3g} tokens, more than 2**62: "
+                         "the document lengths are not token counts")
     return arr.astype(np.int64)
 
 
@@ -316,14 +336,18 @@ def _atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1, ma
     # per_doc cuts a document into up to 2C-1 segments, each paying the per-segment overhead
     extra_segments = int(np.minimum(lengths, 2 * C - 1).sum()) - D
     even_bound = target + extra_segments * cm.segment_overhead_s / C + float(cm.comm_cost(split_tokens, C))
-    if best is None or best[0] > even_bound:
+    if best is None or best[0] > even_bound * (1 + 1e-9):  # float noise: no hopeless per_doc pass
         even = _finish(lengths, C, "atp", list(_per_doc(lengths, C, cm).segments), None, cm)
         if even.rank_num_tokens().max() > cap:
             even = None
     if best is None or (even is not None and even.block_time_s < best[0]):
-        if even is None:  # nothing fits the cap; plan_shards reports the overflow
-            plan = _per_doc(lengths, C, cm)
-            return _finish(lengths, C, "atp", list(plan.segments), plan.sharded_docs, cm)
+        if even is None:
+            # neither anchor-tail nor per-document head-tail fits the cap; a contiguous
+            # split fits every cap >= ceil(tokens / C), i.e. every cap any placement can
+            # respect (plan_shards reports the overflow otherwise). It gathers only the
+            # documents it cuts.
+            plan = _contiguous(lengths, C, cm)
+            return _finish(lengths, C, "atp", list(plan.segments), None, cm)
         return even
     _, j, owner, bounds = best
     anchors = cand[:j]
