@@ -208,7 +208,10 @@ def _as_1d_ints(value: Any, row: int, key: str) -> np.ndarray:
     """A feature's token/length field as a 1-D int64 array (lists, numpy, torch; (1, n) is flattened)."""
     if hasattr(value, "detach"):  # torch tensor, without importing torch
         value = value.detach().cpu().numpy()
-    arr = np.asarray(value)
+    try:
+        arr = np.asarray(value)
+    except ValueError:  # ragged nesting: numpy's own message would not name the feature
+        raise ValueError(f"feature {row}: {key} must be a 1-D sequence of ints, got a ragged nested sequence") from None
     if arr.ndim == 2 and arr.shape[0] == 1:
         arr = arr[0]
     if arr.ndim != 1:
