@@ -1,0 +1,35 @@
+"""Case counters for the reliability tests (docs/RELIABILITY.md reports them).
+
+Every reliability test adds what it ran with :func:`count`; at the end of each test module
+the counts are printed (``pytest -s`` or ``-rA`` shows them) and, when the environment
+variable ``RELIABILITY_COUNTS`` names a file, merged into that JSON file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+
+COUNTS: Counter = Counter()
+
+
+def count(name: str, n: int = 1) -> None:
+    COUNTS[name] += int(n)
+
+
+def flush(module: str) -> None:
+    if not COUNTS:
+        return
+    print(f"\n[reliability] {module}: " + json.dumps(dict(sorted(COUNTS.items()))))
+    path = os.environ.get("RELIABILITY_COUNTS")
+    if path:
+        data = {}
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        for k, v in COUNTS.items():
+            data[k] = data.get(k, 0) + v
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(dict(sorted(data.items())), f, indent=1)
+    COUNTS.clear()
