@@ -139,8 +139,12 @@ def test_even_batches_splits_the_last_window():
     # one long sample: no document boundary to split at, so the sample is cut into fragments
     spans, offsets = plan_packs([CAP], _config(), num_replicas=2)
     assert spans.tolist() == [[0, 0, CAP // 2], [0, CAP // 2, CAP]] and len(offsets) - 1 == 2
+    # too short to split at min_fragment, no second pack to merge with: cut below min_fragment rather
+    # than let Accelerate repeat a batch (exactly-once)
+    spans, offsets = plan_packs([3], _config(), num_replicas=2)
+    assert sorted(spans.tolist()) == [[0, 0, 1], [0, 1, 3]] and len(offsets) - 1 == 2
     with pytest.warns(UserWarning, match="even_batches: the pass ends with 1 packs, not a multiple of num_replicas=2"):
-        plan_packs([3], _config(), num_replicas=2)
+        plan_packs([1], _config(), num_replicas=2)  # fewer tokens than replicas
     assert len(plan_packs([3], _config(), num_replicas=2, even_batches=False)[1]) - 1 == 1
 
 
@@ -333,8 +337,10 @@ def test_streaming_resume_round_trip_at_every_row(window_size):
         state = json.loads(json.dumps(s.state_dict()))
         resumed = make()
         resumed.load_state_dict(state)
-        # a state taken after the last row starts a new pass, like a fresh object
-        assert head + list(resumed) == (full + full if stop == len(full) else full), stop
+        # a state taken after the last row resumes with nothing left; the next pass starts over
+        assert head + list(resumed) == full, stop
+        if stop == len(full):
+            assert list(resumed) == full
 
 
 def test_streaming_rewind_for_prefetch_and_hf_iterable_source():

@@ -91,6 +91,7 @@ class WFAPBatchSampler(Sampler[list[Span]]):
         self.epoch = 0
         self.num_empty_skipped = int((self.lengths == 0).sum())
         self._position = 0
+        self._resumed = False  # set by load_state_dict: the next pass continues at _position, even at the end
         self._plan: tuple[int, int, np.ndarray, np.ndarray] | None = None  # (seed, epoch, spans, offsets)
         self.fingerprint = _fingerprint(lengths=self.lengths, **_config_parts(
             config, cost_model, window_size=window_size, num_replicas=self.num_replicas,
@@ -123,8 +124,9 @@ class WFAPBatchSampler(Sampler[list[Span]]):
     def __iter__(self) -> Iterator[list[Span]]:
         spans, offsets = self._epoch_plan()
         num_batches = len(offsets) - 1
-        if self._position >= num_batches:  # a finished pass: start the epoch over
-            self._position = 0
+        resumed, self._resumed = self._resumed, False
+        if self._position >= num_batches and not resumed:  # a finished pass: start the epoch over
+            self._position = 0  # (but a state saved at the end of the epoch resumes with nothing left)
         # one live iterator at a time: the position is shared (it is what state_dict saves)
         for b in range(self._position, num_batches):
             batch = [tuple(s) for s in spans[offsets[b]:offsets[b + 1]].tolist()]
@@ -155,10 +157,12 @@ class WFAPBatchSampler(Sampler[list[Span]]):
                 "num_batches": len(self), "fingerprint": self.fingerprint}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue where ``state`` was taken: same epoch, seed, and the remaining batches.
+        """Continue where ``state`` was taken: same epoch, seed, and the remaining batches
+        (none when it was taken at the end of the epoch: call ``set_epoch`` for the next).
 
         Raises:
-            ValueError: a state of another format, dataset or configuration, or a bad position.
+            ValueError: a state of another format, dataset or configuration, a missing or
+                non-integer seed/epoch/position, or a position outside the epoch.
         """
         if not isinstance(state, Mapping) or state.get("format") != _SAMPLER_FORMAT:
             raise ValueError(f"not a WFAPBatchSampler state (expected format {_SAMPLER_FORMAT!r})")
@@ -168,13 +172,17 @@ class WFAPBatchSampler(Sampler[list[Span]]):
                 "for different lengths or settings (config, cost_model, window_size, num_replicas, shuffle, "
                 "even_batches); build the sampler exactly as when the state was saved"
             )
-        self.seed = int(state["seed"])
-        self.epoch = int(state["epoch"])
+        try:
+            seed, epoch, pos = int(state["seed"]), int(state["epoch"]), int(state["position"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"malformed WFAPBatchSampler state (seed, epoch and position must be ints; {e!r}): "
+                             "a truncated or edited checkpoint?") from None
+        self.seed, self.epoch = seed, epoch
         num_batches = len(self)
-        pos = int(state["position"])
         if not 0 <= pos <= num_batches:
             raise ValueError(f"sampler state position={pos} outside [0, {num_batches}]")
         self._position = pos
+        self._resumed = True
 
 
 class SpanDataset(Dataset):

@@ -12,9 +12,11 @@ way with ``batch_size=1``) and gives every CP rank of a replica the same batches
 replica a share of the window with a balanced sum of pack costs (LPT), each replica's packs
 heaviest first (so any run of consecutive rounds is balanced too). With ``even_batches``
 the last window's packs are re-cut (split at document boundaries, else a long document
-into two fragments, else the two smallest packs merged) until the pass's pack count is a
-multiple of ``num_replicas``, so Accelerate need not repeat batches to even out the last
-round. Set ``packs_per_window`` to a multiple of ``num_replicas`` (e.g. DP replicas x
+into two fragments, else the two smallest packs merged, else - rather than let Accelerate
+repeat batches, which would train samples twice - a document cut into two fragments even
+below ``min_fragment``) until the pass's pack count is a multiple of ``num_replicas``, so
+Accelerate need not repeat batches to even out the last round; only a pass with fewer
+tokens than replicas cannot be evened out (a warning says so). Set ``packs_per_window`` to a multiple of ``num_replicas`` (e.g. DP replicas x
 gradient-accumulation steps: one window per optimizer step).
 
 **Determinism.** Everything is a pure function of (lengths, config, order): every rank
@@ -162,7 +164,10 @@ class WindowPlanner:
         first), else, under ``overlength="split"``, the longest document into two fragments
         (each >= ``min_fragment``); splitting never raises a pack's tokens or cost. If no
         pack can be split, merges the two packs with the fewest tokens while they fit the
-        cap (re-joining adjacent fragments of one sample).
+        cap (re-joining adjacent fragments of one sample). If that fails too, cuts the longest
+        document in two even below ``min_fragment`` (in any overlength mode): a short fragment
+        costs one next-token target, a repeated batch trains its samples twice. Warns only
+        when no pack holds 2 tokens (fewer tokens than replicas).
         """
         need = -(self.num_batches + len(packs)) % self.num_replicas
         min_fragment = max(1, int(getattr(self.config, "min_fragment", 1) or 1))
@@ -184,23 +189,36 @@ class WindowPlanner:
                 mid = start + (end - start) // 2
                 packs[i:i + 1] = [[(sid, start, mid)], [(sid, mid, end)]]
             else:
-                return self._merge_out(packs)
+                merged = self._merge_out(packs)
+                if merged is not None:
+                    return merged
+                # every pack holds one document here (multi is empty)
+                two = [i for i, p in enumerate(packs) if p[0][2] - p[0][1] >= 2]
+                if not two:
+                    warnings.warn(
+                        f"even_batches: the pass ends with {self.num_batches + len(packs)} packs, not a multiple "
+                        f"of num_replicas={self.num_replicas}, and its last packs can be neither split nor merged; "
+                        "Accelerate will even out the last round by repeating batches",
+                        stacklevel=4,
+                    )
+                    return packs
+                i = max(two, key=lambda i: (packs[i][0][2] - packs[i][0][1], -i))
+                sid, start, end = packs[i][0]
+                mid = start + (end - start) // 2
+                packs[i:i + 1] = [[(sid, start, mid)], [(sid, mid, end)]]
             need -= 1
         return packs
 
-    def _merge_out(self, packs: list[list[Span]]) -> list[list[Span]]:
+    def _merge_out(self, packs: list[list[Span]]) -> list[list[Span]] | None:
+        """Merge the two smallest packs while they fit the cap until the count is even; None if
+        that cannot finish (``packs`` is left unchanged then)."""
+        packs = list(packs)
         excess = (self.num_batches + len(packs)) % self.num_replicas
         tokens = lambda p: sum(e - s for _, s, e in p)  # noqa: E731
         while excess:
             order = sorted(range(len(packs)), key=lambda i: (tokens(packs[i]), i))
             if len(order) < 2 or tokens(packs[order[0]]) + tokens(packs[order[1]]) > self.config.max_tokens:
-                warnings.warn(
-                    f"even_batches: the pass ends with {self.num_batches + len(packs)} packs, not a multiple "
-                    f"of num_replicas={self.num_replicas}, and its last packs can be neither split nor merged; "
-                    "Accelerate will even out the last round by repeating batches",
-                    stacklevel=4,
-                )
-                break
+                return None
             a, b = sorted(order[:2])
             merged = _coalesce(packs[a] + packs[b])
             packs[a] = merged
@@ -213,10 +231,16 @@ class WindowPlanner:
                 "loads": list(self.loads)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.packer.load_state_dict(state["packer"])
-        self.prev_empty = bool(state["prev_empty"])
-        self.num_batches = int(state["num_batches"])
-        self.loads = [float(x) for x in state["loads"]]
+        try:  # parse everything before changing anything
+            prev_empty, num_batches = bool(state["prev_empty"]), int(state["num_batches"])
+            loads = [float(x) for x in state["loads"]]
+            packer = state["packer"]
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"malformed window planner state ({e!r}): a truncated or edited checkpoint?") from None
+        if len(loads) != self.num_replicas:
+            raise ValueError(f"window planner state has {len(loads)} replica loads, expected {self.num_replicas}")
+        self.packer.load_state_dict(packer)
+        self.prev_empty, self.num_batches, self.loads = prev_empty, num_batches, loads
 
 
 def _coalesce(pack: list[Span]) -> list[Span]:

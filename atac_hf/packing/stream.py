@@ -281,11 +281,15 @@ class StreamPacker:
         """Restore from :meth:`state_dict` (also after a JSON round trip).
 
         Raises:
-            ValueError: the state is not a packer state, or was saved with a different
-                config or cost model.
+            ValueError: the state is not a packer state, is malformed (missing or unparsable
+                fields; nothing is changed then), or was saved with a different config or cost model.
         """
         if not isinstance(state, Mapping) or state.get("format") != _STATE_FORMAT:
             raise ValueError(f"not a StreamPacker state (expected format {_STATE_FORMAT!r})")
+        missing = sorted({"config", "cost_model", "window", "seq", "pool", "open", "metrics"} - set(state))
+        if missing or not isinstance(state["config"], Mapping) or not isinstance(state["metrics"], Mapping):
+            raise ValueError(f"malformed StreamPacker state (missing {missing} or a non-mapping config/metrics): "
+                             "a truncated or edited checkpoint? Resume from an intact one")
         mine = self.config.to_dict()
         diff = sorted(k for k in mine if state["config"].get(k) != mine[k])
         if diff:
@@ -297,11 +301,16 @@ class StreamPacker:
             )
         if state["cost_model"] != dataclasses.asdict(self.cost_model):
             raise ValueError("packer state was saved with a different cost model: resume with the same CostModel")
-        self._window = int(state["window"])
-        self._seq = int(state["seq"])
-        self._pool = [tuple(int(x) for x in it) for it in state["pool"]]
-        self._open = {int(sid): [int(left), int(d)] for sid, left, d in state["open"]}
+        try:  # parse everything before changing anything
+            window, seq = int(state["window"]), int(state["seq"])
+            pool = [tuple(int(x) for x in it) for it in state["pool"]]
+            if any(len(it) != 6 or not 0 <= it[START] < it[END] for it in pool):
+                raise ValueError("pool items must be (sample, start, end, arrival, seq, frag) with start < end")
+            open_ = {int(sid): [int(left), int(d)] for sid, left, d in state["open"]}
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"malformed StreamPacker state ({e}): a truncated or edited checkpoint?") from None
         self._metrics.load_state_dict(state["metrics"])
+        self._window, self._seq, self._pool, self._open = window, seq, pool, open_
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,7 @@ class PackedIterableDataset(IterableDataset):
         self._st: dict[str, Any] = {"consumed": 0, "exhausted": False, "num_rows": 0, "num_empty_skipped": 0,
                                     "pending": [], "data": {}, "remaining": {}, "lookahead": []}
         self._snapshots = [self._snapshot()]
+        self._resumed = False
 
     @property
     def num_empty_skipped(self) -> int:
@@ -99,7 +100,10 @@ class PackedIterableDataset(IterableDataset):
                 "DataLoader workers (set num_workers to 0 or 1)"
             )
         st = self._st
+        resumed, self._resumed = self._resumed, False
         if st["exhausted"] and not st["pending"] and not st["lookahead"]:  # a finished pass: start over
+            if resumed:  # ... unless a state saved at the end of the pass was just loaded: nothing is left
+                return
             self._reset()
             st = self._st
         source = None if st["exhausted"] else self._open_source()
@@ -159,10 +163,11 @@ class PackedIterableDataset(IterableDataset):
         return {"format": _STREAM_FORMAT, "fingerprint": self.fingerprint, **st}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a state from :meth:`state_dict`; the next ``iter()`` continues from it.
+        """Restore a state from :meth:`state_dict`; the next ``iter()`` continues from it (and
+        yields nothing when the state was taken at the end of the pass).
 
         Raises:
-            ValueError: a state of another format or packing configuration.
+            ValueError: a state of another format or packing configuration, or with missing fields.
         """
         if not isinstance(state, Mapping) or state.get("format") != _STREAM_FORMAT:
             raise ValueError(f"not a PackedIterableDataset state (expected format {_STREAM_FORMAT!r})")
@@ -171,16 +176,31 @@ class PackedIterableDataset(IterableDataset):
                 f"stream state fingerprint {state.get('fingerprint')!r} != {self.fingerprint!r}: it was saved with "
                 "different settings (config, cost_model, window_size, num_replicas, even_batches)"
             )
+        missing = sorted({"planner", "consumed", "exhausted", "num_rows", "num_empty_skipped", "pending", "data",
+                          "remaining"} - set(state))
+        if missing:
+            raise ValueError(f"malformed PackedIterableDataset state (missing {missing}): a truncated or edited "
+                             "checkpoint?")
+        try:  # parse everything before changing anything
+            st = {
+                "consumed": int(state["consumed"]), "exhausted": bool(state["exhausted"]),
+                "num_rows": int(state["num_rows"]), "num_empty_skipped": int(state["num_empty_skipped"]),
+                "pending": [[[int(x) for x in s] for s in p] for p in state["pending"]],
+                "data": {int(sid): {"input_ids": [int(t) for t in ids],
+                                    "labels": None if lab is None else [int(t) for t in lab]}
+                         for sid, ids, lab in state["data"]},
+                "remaining": {int(sid): int(n) for sid, n in state["remaining"]},
+                "lookahead": [int(sid) for sid in state.get("lookahead", [])],
+            }
+            if not isinstance(state["exhausted"], bool):
+                raise ValueError(f"'exhausted' must be true or false, got {state['exhausted']!r}")
+            if not isinstance(state["planner"], Mapping) or not isinstance(state["planner"].get("packer"), Mapping):
+                raise ValueError("'planner' must hold the packer state")
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"malformed PackedIterableDataset state ({e}): a truncated or edited checkpoint?") from None
         self._planner.load_state_dict(state["planner"])
-        self._st = {
-            "consumed": int(state["consumed"]), "exhausted": bool(state["exhausted"]),
-            "num_rows": int(state["num_rows"]), "num_empty_skipped": int(state["num_empty_skipped"]),
-            "pending": [[list(s) for s in p] for p in state["pending"]],
-            "data": {int(sid): {"input_ids": list(ids), "labels": None if lab is None else list(lab)}
-                     for sid, ids, lab in state["data"]},
-            "remaining": {int(sid): int(n) for sid, n in state["remaining"]},
-            "lookahead": [int(sid) for sid in state.get("lookahead", [])],
-        }
+        self._st = st
+        self._resumed = True
         self._snapshots = [self._snapshot()]
 
 
