@@ -497,6 +497,12 @@ def _shard_case(batch, rows, mode, cp, strategy):
     if lengths_known:
         assert lengths.tolist() == [d for r in rows for d in r]
     plan = plan_shards(lengths, cp, strategy)
+    if cp > 1 and int(plan.rank_num_tokens().min()) == 0:  # cp_size beyond the pack (or an idle rank)
+        for rank in range(cp):  # every rank refuses alike (none would wait in a collective)
+            with pytest.raises(ValueError, match="without tokens"):
+                shard_batch(batch, plan, rank, None)
+        count("shard_batch.refused_empty_rank")
+        return
     full_ids = batch["input_ids"].reshape(-1)
     pos_full = (torch.as_tensor(batch["position_ids"]).reshape(-1) if "position_ids" in batch
                 else torch.cat([torch.arange(n) for n in lengths]))

@@ -234,7 +234,8 @@ def shard_batch(
     Raises:
         ValueError: rank outside the group, a group of another size, documents of length
             0, position_ids disagreeing with the lengths, a token count or document
-            lengths that differ from the plan's, padding in ``attention_mask``.
+            lengths that differ from the plan's, a plan that leaves a rank without tokens
+            (cp_size > 1; raised on every rank alike), padding in ``attention_mask``.
         RuntimeError: (debug) the ranks hold different plans.
     """
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < plan.cp_size:
@@ -255,6 +256,14 @@ def shard_batch(
     if not np.array_equal(lengths, plan.doc_lengths):
         raise ValueError(f"the batch's document lengths {_short(lengths)} differ from the plan's "
                          f"{_short(plan.doc_lengths)}: build the plan from doc_lengths_from_batch(batch)")
+    held = plan.rank_num_tokens()
+    if plan.cp_size > 1 and int(held.min()) == 0:  # the same answer on every rank: all raise, none waits
+        empty = np.flatnonzero(held == 0).tolist()
+        raise ValueError(
+            f"the plan leaves rank(s) {empty[:8]} without tokens ({plan.num_tokens} tokens over cp_size="
+            f"{plan.cp_size}, strategy {plan.strategy!r}): transformers models cannot run on 0 tokens; plan this "
+            "pack with strategy='contiguous' (>= 1 token per rank when it has >= cp_size tokens) or pack more tokens"
+        )
     mask = batch.get("attention_mask")
     if mask is not None and not bool(torch.as_tensor(mask).bool().all()):
         raise ValueError("attention_mask has padding (zeros): packed rows must not rely on it; make padding its "
