@@ -56,6 +56,8 @@ def parse_args(argv=None):
     p.add_argument("--profile", help="CPU cost profile JSON (default: calibrate now)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="packs of 4K-8K, one world size, 1 repeat")
+    p.add_argument("--skip-steps", action="store_true",
+                   help="only the per-rank timings (no distributed training steps)")
     p.add_argument("--json-out", help="write all measurements to this JSON file")
     p.add_argument("--markdown-out", help="write the result tables (markdown) to this file")
     args = p.parse_args(argv)
@@ -241,9 +243,13 @@ def main(argv=None) -> int:
     for world in args.world_sizes:
         for pack_tokens in args.pack_tokens:
             packs = make_packs(lengths, pack_tokens, args.packs, args.seed + pack_tokens)
-            print(f"cp={world}, {pack_tokens // 1024}K packs: distributed steps...", file=sys.stderr, flush=True)
-            steps = distributed_steps(world, packs, cm, args.repeats, args.warmup, args.layers, args.seed)
-            step = {(r["pack"], r["strategy"]): r for r in steps}
+            if args.skip_steps:
+                step = {(pi, s): {"step_s": float("nan"), "plan_ms": float("nan")}
+                        for pi in range(len(packs)) for s in STRATEGIES}
+            else:
+                print(f"cp={world}, {pack_tokens // 1024}K packs: distributed steps...", file=sys.stderr, flush=True)
+                steps = distributed_steps(world, packs, cm, args.repeats, args.warmup, args.layers, args.seed)
+                step = {(r["pack"], r["strategy"]): r for r in steps}
             per = {s: {"attn_max_over_mean": [], "layer_max_over_mean": [], "attn_max_s": [], "step_s": [],
                        "kv_mb": [], "kv_mb_est": [], "plan_ms": []} for s in STRATEGIES}
             for pi, pack in enumerate(tqdm(packs, desc=f"cp={world} {pack_tokens // 1024}K per-rank timing",
