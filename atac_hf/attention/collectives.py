@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from .._compat import all_gather_single, reduce_scatter_single
 
-__all__ = ["KVGather", "attach", "group_device"]
+__all__ = ["KVGather", "attach", "group_device", "peer_failure"]
 
 
 class KVGather:
@@ -64,13 +64,33 @@ class KVGather:
 
     def __del__(self):  # never leave a collective un-waited (its buffer may still be written)
         if getattr(self, "waited", True) is False and self._work is not None:
-            self._work.wait()
+            try:
+                self._work.wait()
+            except RuntimeError:  # a failed peer: the error was (or will be) raised where it was waited for
+                pass
+
+
+def peer_failure(what: str, group: Any, error: BaseException) -> RuntimeError:
+    """A clear error for a CP collective that failed because another rank did (raise it ``from error``)."""
+    try:
+        where = f"rank {dist.get_rank(group)} of {dist.get_world_size(group)}"
+    except Exception:  # noqa: BLE001 - only for the message; the group may be unusable now
+        where = "this rank"
+    return RuntimeError(
+        f"atac_cp: the {what} over the CP group failed on {where}: another CP rank crashed, raised or is stuck "
+        "(look for the first error in the other ranks' logs), and the process group's timeout ran out or its "
+        "connection closed. The timeout is the process group's: init_process_group(timeout=) / new_group(timeout=), "
+        f"TrainingArguments(ddp_timeout=), accelerate InitProcessGroupKwargs(timeout=). Cause: {error}"
+    )
 
 
 class _GatherWait(torch.autograd.Function):
     @staticmethod
     def forward(ctx, send_RX: torch.Tensor, handle: KVGather) -> torch.Tensor:
-        handle._work.wait()
+        try:
+            handle._work.wait()
+        except RuntimeError as e:
+            raise peer_failure("forward K/V all-gather", handle._group, e) from e
         ctx.group = handle._group
         ctx.rows = send_RX.shape[0]
         return handle._buf
@@ -78,7 +98,10 @@ class _GatherWait(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_CRX: torch.Tensor):
         grad_RX = torch.empty((ctx.rows, *grad_CRX.shape[1:]), dtype=grad_CRX.dtype, device=grad_CRX.device)
-        reduce_scatter_single(grad_RX, grad_CRX.contiguous(), op=dist.ReduceOp.SUM, group=ctx.group)
+        try:
+            reduce_scatter_single(grad_RX, grad_CRX.contiguous(), op=dist.ReduceOp.SUM, group=ctx.group)
+        except RuntimeError as e:
+            raise peer_failure("backward K/V reduce-scatter", ctx.group, e) from e
         return grad_RX, None
 
 

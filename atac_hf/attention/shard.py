@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from ..sharding.plan import LocalLayout, ShardPlan
 from .backends import BACKENDS
-from .collectives import group_device
+from .collectives import group_device, peer_failure
 
 __all__ = ["ShardContext", "shard_batch", "doc_lengths_from_batch", "build_shift_labels", "unshard"]
 
@@ -335,7 +335,10 @@ def check_plan_digest(plan: ShardPlan, group: Any = None) -> None:
     allg = torch.empty(world * 16, dtype=torch.uint8, device=dev)
     from .._compat import all_gather_single
 
-    all_gather_single(allg, mine, group=group)
+    try:
+        all_gather_single(allg, mine, group=group)
+    except RuntimeError as e:
+        raise peer_failure("plan digest check (debug)", group, e) from e
     digests = [bytes(allg[r * 16:(r + 1) * 16].tolist()).decode("ascii") for r in range(world)]
     if len(set(digests)) > 1:
         detail = ", ".join(f"rank {r}: {d}" for r, d in enumerate(digests))
