@@ -30,6 +30,7 @@ Plain loop::
 
 from __future__ import annotations
 
+import datetime
 import os
 from typing import Any, Mapping, Sequence
 
@@ -37,7 +38,7 @@ import torch
 import torch.distributed as dist
 from accelerate import Accelerator, PartialState
 from accelerate.parallelism_config import ParallelismConfig
-from accelerate.utils import DistributedType
+from accelerate.utils import DistributedType, InitProcessGroupKwargs
 
 from ._hf_compat import bypass_torch_cp_hooks, validate_parallelism_on_cpu
 from .config import ATACConfig
@@ -132,8 +133,12 @@ def as_atac_parallelism_config(pc: ParallelismConfig) -> ATACParallelismConfig:
                                  tp_size=1, cp_size=pc.cp_size, sp_size=1, cp_backend=pc.cp_backend)
 
 
-def cp_coordinates(accelerator: Accelerator, cp_size: int) -> tuple[int, Any]:
-    """``(cp_rank, cp_group)`` of this process (``(0, None)`` when ``cp_size`` is 1)."""
+def cp_coordinates(accelerator: Accelerator, cp_size: int, *, timeout_s: float | None = None) -> tuple[int, Any]:
+    """``(cp_rank, cp_group)`` of this process (``(0, None)`` when ``cp_size`` is 1).
+
+    ``timeout_s`` (``ATACConfig.collective_timeout_s``) becomes the CP group's timeout: a CP rank
+    that crashed, raised or hangs then fails its partners' K/V gather after that long.
+    """
     if cp_size == 1:
         return 0, None
     mesh = accelerator.torch_device_mesh
@@ -143,7 +148,10 @@ def cp_coordinates(accelerator: Accelerator, cp_size: int) -> tuple[int, Any]:
     sub = mesh["cp"]
     if sub.size() != cp_size:
         raise ValueError(f"the accelerator's cp axis has {sub.size()} ranks, the ATAC config says cp_size={cp_size}")
-    return int(sub.get_local_rank()), sub.get_group()
+    group = sub.get_group()
+    if timeout_s is not None:
+        group.set_timeout(datetime.timedelta(seconds=float(timeout_s)))
+    return int(sub.get_local_rank()), group
 
 
 def _fsdp_requested(kwargs: Mapping[str, Any]) -> bool:
@@ -174,7 +182,10 @@ class ATACAccelerator(Accelerator):
                  parallelism_config: ParallelismConfig | None = None, **kwargs: Any) -> None:
         config = atac_config if atac_config is not None else ATACConfig.from_sources()
         cpu = (not torch.cuda.is_available()) if cpu is None else bool(cpu)
-        state = PartialState(cpu=cpu)
+        # the process group is created here: hand it InitProcessGroupKwargs (timeout, backend...),
+        # which Accelerator.__init__ would read too late (PartialState is created only once)
+        init = next((h for h in kwargs.get("kwargs_handlers") or () if isinstance(h, InitProcessGroupKwargs)), None)
+        state = PartialState(cpu=cpu, **(init.to_kwargs() if init is not None else {}))
         if parallelism_config is None:
             parallelism_config = build_parallelism_config(config, state.num_processes, fsdp=_fsdp_requested(kwargs))
         else:
@@ -185,7 +196,7 @@ class ATACAccelerator(Accelerator):
         super().__init__(cpu=cpu, parallelism_config=parallelism_config, **kwargs)
         config.check_runtime(self.device.type)
         self.atac_config = config
-        self.cp_rank, self.cp_group = cp_coordinates(self, config.cp_size)
+        self.cp_rank, self.cp_group = cp_coordinates(self, config.cp_size, timeout_s=config.collective_timeout_s)
         self.dp_size = self.num_processes // config.cp_size
         self.sharder: BatchSharder | None = None
 

@@ -69,6 +69,13 @@ class ATACConfig:
             ``None``: 128 on CUDA (kernel tile), 1 elsewhere.
         debug: extra checks: every CP rank compares its plan's digest (one small all-gather
             per batch) and the first batches are validated more strictly.
+        collective_timeout_s: seconds a CP collective (K/V gather, digest check) waits for the
+            other ranks of its CP group before failing with a clear error (a rank that crashed,
+            raised or hangs), set on the CP group; ``None`` keeps the process group's timeout
+            (``TrainingArguments.ddp_timeout`` / accelerate ``InitProcessGroupKwargs(timeout=)``;
+            a CP group that is a mesh subgroup, when DP > 1, otherwise gets torch's 30 minutes).
+            When the CP group is the whole world it is the default group: the value then
+            applies to every collective of the run.
     """
 
     cp_size: int = 1
@@ -84,6 +91,7 @@ class ATACConfig:
     max_tokens_per_rank: int | None = None
     min_chunk: int | None = None
     debug: bool = False
+    collective_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.cp_size) or self.cp_size < 1:
@@ -128,6 +136,10 @@ class ATACConfig:
                 raise ValueError(f"cost_profile {path!r} does not exist or is not a file (write one with "
                                  "`atac-hf calibrate`, or unset cost_profile to use cost_preset)")
             object.__setattr__(self, "cost_profile", path)
+        t = self.collective_timeout_s
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf")):
+            raise ValueError(f"collective_timeout_s={t!r} must be None or a number of seconds > 0 "
+                             "(set collective_timeout_s / ATAC_COLLECTIVE_TIMEOUT_S)")
         for name in ("max_tokens_per_rank", "min_chunk"):
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or v < 1):
@@ -278,11 +290,11 @@ def _read_file(path: str | os.PathLike) -> dict[str, Any]:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise ValueError(f"ATAC config file {path!r} does not exist or is not a file (check --atac_config / ATAC_CONFIG)")
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
     try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
         data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as e:
+    except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"ATAC config file {path!r} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: {e}") from None
     if data is None:
         return {}
@@ -349,4 +361,11 @@ def _parse_env(key: str, name: str, raw: str) -> Any:
         return value
     if name == "cost_profile":
         return None if text.lower() in _NONE else text
+    if name == "collective_timeout_s":
+        if text.lower() in _NONE:
+            return None
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"{key}={raw!r} is not a number of seconds") from None
     return text

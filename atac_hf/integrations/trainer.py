@@ -117,7 +117,8 @@ class ATACTrainer(Trainer):
             raise ValueError(f"{type(unwrap_base_model(self.model)).__name__} does not accept loss kwargs, so Trainer "
                              "cannot pass num_items_in_batch and the loss would be a per-rank mean; ATP-CP needs it")
         self.atac_config = config
-        self.cp_rank, self.cp_group = cp_coordinates(self.accelerator, config.cp_size)
+        self.cp_rank, self.cp_group = cp_coordinates(self.accelerator, config.cp_size,
+                                                     timeout_s=config.collective_timeout_s)
         self.dp_size = self.args.world_size // config.cp_size
         base = unwrap_base_model(self.model)
         half = self.args.bf16 or self.args.fp16
