@@ -299,6 +299,10 @@ class CostModel:
                 f"cost profile {source} has format {data.get('format')!r}; expected {PROFILE_FORMAT!r} "
                 "(write profiles with CostModel.save or `atac-hf calibrate`)"
             )
+        extra = sorted(set(data) - {"format", "cost_model", "metadata"})
+        if extra:
+            raise ValueError(f"cost profile {source} has unknown top-level keys {extra}; legal keys: "
+                             "['cost_model', 'format', 'metadata']")
         fields = {f.name for f in dataclasses.fields(cls)}
         params = data.get("cost_model")
         if not isinstance(params, Mapping):
