@@ -1,0 +1,114 @@
+"""Reliability at scale, planners only (issue #6, item 4): out-of-memory risk is bounded by the
+caps, which the planners never exceed.
+
+* 1,000,000 samples through the WFAP packer: no pack over ``max_tokens``, every token once;
+* 1,000,000-token packs of very different shapes sharded at cp_size 64 under a per-rank cap
+  of ceil(tokens / 64) (the tightest possible) and 1% above it: every strategy respects the
+  cap or refuses with ValueError, ``atp`` always finds a placement, every token once.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import _reliability  # noqa: E402
+from _reliability import count  # noqa: E402
+
+from atac_hf.packing import PackingConfig, pack_lengths
+from atac_hf.sharding import STRATEGIES, plan_shards
+from atac_hf.workloads import make_workload
+
+N_TOKENS = 1_000_000
+CP = 64
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report_counts():
+    yield
+    _reliability.flush(__name__)
+
+
+def _check_cover(spans: np.ndarray, lengths: np.ndarray) -> None:
+    """Rows ``(item, start, end)`` tile ``[0, lengths[item])`` of every item with length > 0, exactly."""
+    order = np.lexsort((spans[:, 1], spans[:, 0]))
+    s = spans[order]
+    assert np.all(s[:, 2] > s[:, 1]), "empty span"
+    first = np.concatenate([[True], s[1:, 0] != s[:-1, 0]])
+    last = np.concatenate([s[1:, 0] != s[:-1, 0], [True]])
+    assert np.all(s[first, 1] == 0), "an item does not start at token 0"
+    assert np.all(s[last, 2] == lengths[s[last, 0]]), "an item does not end at its length"
+    inner = ~first
+    assert np.all(s[inner, 1] == s[np.flatnonzero(inner) - 1, 2]), "gap or overlap inside an item"
+    assert np.array_equal(np.unique(s[:, 0]), np.flatnonzero(lengths > 0)), "an item is missing"
+
+
+def test_packer_one_million_samples_never_exceeds_the_cap():
+    lengths = make_workload("sft", 1_000_000, seed=0)
+    lengths[::97] = 40_000  # samples over the cap: split into fragments
+    lengths[5::101] = 0
+    config = PackingConfig(max_tokens=16_384, packs_per_window=16)
+    t0 = time.perf_counter()
+    res = pack_lengths(lengths, config)
+    seconds = time.perf_counter() - t0
+    sizes = np.array([len(p) for p in res.packs])
+    spans = np.array([s for p in res.packs for s in p], dtype=np.int64)
+    pack_tokens = np.add.reduceat(spans[:, 2] - spans[:, 1], np.concatenate([[0], np.cumsum(sizes)[:-1]]))
+    assert int(pack_tokens.max()) <= config.max_tokens
+    _check_cover(spans, lengths)
+    assert max(len(w) for w in res.windows()) <= config.packs_per_window
+    print(f"\n1M samples -> {len(res.packs)} packs in {seconds:.1f} s; largest pack {int(pack_tokens.max())} tokens; "
+          f"{res.metrics['num_split']} samples split")
+    count("scale.samples_packed", int((lengths > 0).sum()))
+
+
+def _packs() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    longtail = make_workload("longtail", 2_000, seed=3)
+    longtail = longtail[np.cumsum(longtail) < N_TOKENS]
+    small = rng.integers(1, 200, 20_000)
+    small = small[np.cumsum(small) <= N_TOKENS // 2]
+    packs = {
+        "longtail": np.append(longtail, N_TOKENS - longtail.sum()),
+        "one_token_docs": np.ones(N_TOKENS, dtype=np.int64),
+        "one_document": np.array([N_TOKENS]),
+        "ten_token_docs": np.full(N_TOKENS // 10, 10),
+        "half_and_crumbs": np.concatenate([[N_TOKENS // 2], small, [N_TOKENS // 2 - small.sum()]]),
+    }
+    for name, p in packs.items():
+        assert p.sum() == N_TOKENS and p.min() >= 1, name
+    return packs
+
+
+def test_one_million_token_packs_at_cp64_respect_the_rank_cap():
+    tight = math.ceil(N_TOKENS / CP)
+    timings: dict[str, float] = {}
+    for name, lengths in _packs().items():
+        for cap in (tight, int(tight * 1.01)):
+            for strategy in sorted(STRATEGIES):
+                t0 = time.perf_counter()
+                try:
+                    plan = plan_shards(lengths, CP, strategy, max_tokens_per_rank=cap)
+                except ValueError as e:
+                    assert strategy != "atp", f"atp refused a feasible cap on {name}: {e}"
+                    assert f"over max_tokens_per_rank={cap}" in str(e)
+                    count("scale.plans_refused_cap")
+                    continue
+                finally:
+                    key = f"{name}/{strategy}"
+                    timings[key] = max(timings.get(key, 0.0), time.perf_counter() - t0)
+                held = plan.rank_num_tokens()
+                assert held.shape == (CP,) and int(held.max()) <= cap and int(held.sum()) == N_TOKENS
+                segments = np.concatenate(plan.segments)
+                _check_cover(segments, lengths)
+                count("scale.plans_checked")
+    slowest = sorted(timings.items(), key=lambda kv: -kv[1])[:3]
+    print("\nslowest plans (s): " + ", ".join(f"{k} {v:.2f}" for k, v in slowest))
+    assert max(v for k, v in timings.items() if k.endswith("/atp")) < 10, timings
+    count("scale.tokens_per_pack", N_TOKENS)
