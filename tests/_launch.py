@@ -36,8 +36,9 @@ def run(cmd: list, *, timeout: float = 300, env: dict | None = None) -> subproce
 
 
 def torchrun(nproc: int, script, *args, timeout: float = 300) -> subprocess.CompletedProcess:
-    return run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", nproc, "--master_addr",
-                "127.0.0.1", "--master_port", free_port(), script, *args], timeout=timeout)
+    # --standalone: torchrun binds a free port itself (no race between picking a port and binding it)
+    return run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", nproc,
+                script, *args], timeout=timeout)
 
 
 def accelerate_launch(config: str, script, *args, timeout: float = 300) -> subprocess.CompletedProcess:
