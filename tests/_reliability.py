@@ -11,6 +11,14 @@ import json
 import os
 from collections import Counter
 
+from hypothesis import HealthCheck
+
+from atac_hf.cost import CostModel
+
+# hypothesis settings and a small exact-ish cost model shared by the reliability tests
+FAST = dict(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+COST = CostModel(linear_s_per_token=1.0, attn_s_per_pair=0.05, tile=4, segment_overhead_s=0.5)
+
 COUNTS: Counter = Counter()
 
 

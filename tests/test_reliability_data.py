@@ -23,20 +23,17 @@ import numpy as np
 import pytest
 import torch
 from accelerate.data_loader import BatchSamplerShard, IterableDatasetShard
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(__file__))
 import _reliability  # noqa: E402
-from _reliability import count  # noqa: E402
+from _reliability import COST, FAST, count  # noqa: E402
 
-from atac_hf.cost import CostModel
 from atac_hf.packing import PackedDataCollator, PackedIterableDataset, PackingConfig, SpanDataset, StreamPacker
 from atac_hf.packing import WFAPBatchSampler
 
-FAST = dict(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-COST = CostModel(linear_s_per_token=1.0, attn_s_per_pair=0.05, tile=4, segment_overhead_s=0.5)
 
 
 @pytest.fixture(scope="module", autouse=True)

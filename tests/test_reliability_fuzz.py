@@ -22,20 +22,17 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.dirname(__file__))
 import _reliability  # noqa: E402
-from _reliability import count  # noqa: E402
+from _reliability import COST, FAST, count  # noqa: E402
 
 from atac_hf.attention import build_shift_labels, doc_lengths_from_batch, emulate_cp_attention, shard_batch
-from atac_hf.cost import CostModel
 from atac_hf.packing import PackedDataCollator, PackingConfig, StreamPacker
 from atac_hf.sharding import STRATEGIES, plan_shards
 
-FAST = dict(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-COST = CostModel(linear_s_per_token=1.0, attn_s_per_pair=0.05, tile=4, segment_overhead_s=0.5)
 
 
 @pytest.fixture(scope="module", autouse=True)
