@@ -1,20 +1,28 @@
 """`atac-hf calibrate`: measure one transformer-layer-like block on this device and fit
 the :class:`~atac_hf.cost.CostModel` coefficients.
 
-What is measured (forward + backward, median of ``repeats`` timed runs after a warm-up):
+What is measured (forward + backward, the minimum over ``repeats`` timed rounds after a
+warm-up):
 
 * **linear**: RMSNorm, Q/K/V/O projections and a gated MLP on ``n`` tokens (the
   attention is replaced by an element-wise stand-in), for a grid of ``n``;
   fits ``linear_s_per_token`` (least squares on ``n`` plus an intercept that is
   dropped: the cost model has no per-call constant).
-* **attention**: ``torch.nn.functional.scaled_dot_product_attention`` with
-  ``is_causal=True`` run once per document of a pack (document-masked causal
-  attention the way the runtime runs it), for single documents and packs of many
-  documents; fits ``attn_s_per_pair`` and ``segment_overhead_s`` (non-negative
-  least squares on tokens, tile-quantised causal pairs and segment count, relative
-  errors; the per-token part of attention joins ``linear_s_per_token``).
+* **attention**, through the attention backend's own per-segment kernel
+  (:func:`~atac_hf.attention.backends.attend_segment`, the code a CP rank runs):
+  whole documents (single documents and packs of many), and *chunks* of documents
+  (queries ``[start, end)`` against keys ``[0, end)``: what a rank computes for a
+  document sharded over the CP group). The ``sdpa`` backend runs chunks with an
+  explicit mask in blocks of query rows, which costs more per pair than its causal
+  kernel; non-negative least squares (relative errors) on tokens, causal pairs,
+  masked pairs and kernel calls fits ``attn_s_per_pair``,
+  ``masked_attn_s_per_pair``, ``segment_overhead_s`` (``mask_block`` is the
+  backend's row block). Backends with native bottom-right causal kernels (flash)
+  fit one pair coefficient. The per-token part of attention joins
+  ``linear_s_per_token``.
 * **held out**: the whole block (linear + per-document attention) on packs the
-  fit never saw; the report gives the fitted model's relative error on them.
+  fit never saw, and attention on rank-like shards (whole documents plus chunks);
+  the report gives the fitted model's relative error on them.
 
 Times are the minimum over ``repeats`` rounds that visit every measurement in a
 shuffled order (other processes only add time, and interleaving spreads their load).
@@ -49,8 +57,11 @@ class CalibrationResult:
         cost_model: the fitted :class:`CostModel`.
         device: ``"cpu"`` or the CUDA device name.
         dims: the model dimensions measured.
-        linear: rows ``(tokens, seconds)``; attention: rows ``(lengths, seconds)``.
-        heldout: rows ``{"lengths", "measured_s", "predicted_s", "rel_err"}``.
+        backend: the attention backend measured (``sdpa``, ``flash``, ``varlen_reference``).
+        linear: rows ``(tokens, seconds)``; attention: rows ``(segments, seconds)`` with
+            ``segments`` a list of ``(document length, start, end)``.
+        heldout: rows ``{"kind", "segments", "measured_s", "predicted_s", "rel_err"}``;
+            kind ``"pack"`` is the whole block on whole documents, ``"shard"`` attention only.
         seconds: wall time of the calibration.
     """
 
@@ -58,8 +69,9 @@ class CalibrationResult:
     device: str
     dims: ModelDims
     tp_size: int
+    backend: str = "sdpa"
     linear: list[tuple[int, float]] = field(default_factory=list)
-    attention: list[tuple[list[int], float]] = field(default_factory=list)
+    attention: list[tuple[list[tuple[int, int, int]], float]] = field(default_factory=list)
     heldout: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -77,6 +89,7 @@ class CalibrationResult:
             "device": self.device,
             "model": dataclasses.asdict(self.dims),
             "tp_size": self.tp_size,
+            "backend": self.backend,
             "heldout_max_rel_err": self.max_rel_err,
             "heldout_mean_rel_err": self.mean_rel_err,
             "num_measurements": len(self.linear) + len(self.attention) + len(self.heldout),
@@ -89,20 +102,27 @@ class CalibrationResult:
 
     def summary(self) -> str:
         cm = self.cost_model
+        masked = "same" if cm.masked_attn_s_per_pair is None else f"{cm.masked_attn_s_per_pair:.3e}"
         lines = [
-            f"device {self.device}; {len(self.linear)} linear + {len(self.attention)} attention measurements "
-            f"in {self.seconds:.1f} s",
+            f"device {self.device}, backend {self.backend}; {len(self.linear)} linear + {len(self.attention)} "
+            f"attention measurements in {self.seconds:.1f} s",
             f"linear_s_per_token {cm.linear_s_per_token:.3e}  attn_s_per_pair {cm.attn_s_per_pair:.3e}  "
-            f"segment_overhead_s {cm.segment_overhead_s:.3e}  tile {cm.tile}",
-            f"held-out whole-block packs: mean |error| {100 * self.mean_rel_err:.1f}%, "
-            f"max |error| {100 * self.max_rel_err:.1f}% over {len(self.heldout)} packs",
+            f"masked_attn_s_per_pair {masked}  segment_overhead_s {cm.segment_overhead_s:.3e}  "
+            f"mask_block {cm.mask_block}  tile {cm.tile}",
+            f"held out: mean |error| {100 * self.mean_rel_err:.1f}%, max |error| {100 * self.max_rel_err:.1f}% "
+            f"over {len(self.heldout)} cases",
         ]
         for h in self.heldout:
-            lens = h["lengths"]
-            desc = f"{len(lens)} docs, {sum(lens)} tok" if len(lens) > 3 else "+".join(map(str, lens))
-            lines.append(f"  {desc:<24} measured {1e3 * h['measured_s']:8.2f} ms  predicted "
-                         f"{1e3 * h['predicted_s']:8.2f} ms  ({100 * h['rel_err']:+.1f}%)")
+            lines.append(f"  {h['kind']:<5} {_describe(h['segments']):<34} measured {1e3 * h['measured_s']:8.2f} ms  "
+                         f"predicted {1e3 * h['predicted_s']:8.2f} ms  ({100 * h['rel_err']:+.1f}%)")
         return "\n".join(lines)
+
+
+def _describe(segments: Sequence[Sequence[int]]) -> str:
+    """``768+256`` for whole documents, ``2048[1024:2048]`` for chunks; counts for long lists."""
+    if len(segments) > 3:
+        return f"{len(segments)} segs, {sum(e - s for _, s, e in segments)} tok"
+    return "+".join(str(L) if (s, e) == (0, L) else f"{L}[{s}:{e}]" for L, s, e in segments)
 
 
 def fit_coefficients(X: np.ndarray, y: np.ndarray, *, relative: bool = True) -> np.ndarray:
@@ -131,20 +151,32 @@ def fit_coefficients(X: np.ndarray, y: np.ndarray, *, relative: bool = True) -> 
 
 # ---------------------------------------------------------------------------- measuring
 def _grid(quick: bool, cuda: bool) -> dict[str, Any]:
+    """Measurement grid: whole-document packs (lengths), chunks ``(document length, start, end)``
+    and held-out cases (packs for the whole block, shards of segments for attention)."""
     s = 8 if cuda else 1  # GPUs need far longer rows before times stop being launch-bound
     if quick:
         lin = [256, 512, 1024, 2048]
         attn = [[256], [512], [1024], [1536], [128] * 8, [32] * 32, [512] * 2, [64] * 8]
+        chunks = [(1024, 512, 1024), (2048, 1024, 2048), (2048, 512, 1536), (1536, 1280, 1536), (1024, 128, 384),
+                  (2048, 1920, 2048)]
         held = [[768, 256], [1024, 128, 128, 64], [96] * 12]
+        shards = [[(2048, 0, 512), (2048, 1536, 2048), (300, 0, 300)], [(1536, 384, 1152), (200, 0, 200), (90, 0, 90)]]
         repeats = 3
     else:
         lin = [256, 512, 1024, 1536, 2048]
         attn = [[256], [512], [1024], [1536], [2048], [256] * 8, [128] * 16, [64] * 16, [32] * 32, [16] * 64,
                 [1024, 512, 256], [768] * 2, [128] * 4, [512] * 4]
+        chunks = [(1024, 512, 1024), (2048, 1024, 2048), (2048, 512, 1536), (1536, 1280, 1536), (1024, 128, 384),
+                  (2048, 1920, 2048), (3072, 2048, 3072), (3072, 768, 2304), (512, 256, 512), (2048, 1000, 1100),
+                  (4096, 3584, 4096), (768, 100, 700)]
         held = [[1536, 512], [1024, 256, 128, 128], [96] * 16, [1792], [700, 300, 600, 40] + [20] * 10]
+        shards = [[(2048, 0, 512), (2048, 1536, 2048), (300, 0, 300)], [(1536, 384, 1152), (200, 0, 200), (90, 0, 90)],
+                  [(3072, 1024, 2048), (1024, 0, 1024)], [(2560, 0, 640), (2560, 1920, 2560)] + [(40, 0, 40)] * 8]
         repeats = 8  # many short rounds: the minimum finds the machine's quiet moments
+    scale_seg = lambda seg: tuple(x * s for x in seg)
     return dict(linear=[n * s for n in lin], attention=[[x * s for x in p] for p in attn],
-                heldout=[[x * s for x in p] for p in held], repeats=repeats)
+                chunks=[scale_seg(c) for c in chunks], heldout=[[x * s for x in p] for p in held],
+                heldout_shards=[[scale_seg(c) for c in sh] for sh in shards], repeats=repeats)
 
 
 def _interleaved_min_times(fns: Sequence[Callable[[], None]], repeats: int, sync: Callable[[], None],
@@ -171,7 +203,7 @@ def _interleaved_min_times(fns: Sequence[Callable[[], None]], repeats: int, sync
 class _Block:
     """A Llama-like decoder layer split into its linear part and its attention (torch)."""
 
-    def __init__(self, dims: ModelDims, tp_size: int, device: Any, dtype: Any, seed: int) -> None:
+    def __init__(self, dims: ModelDims, tp_size: int, device: Any, dtype: Any, seed: int, backend: str) -> None:
         import torch
         from torch import nn
 
@@ -193,6 +225,7 @@ class _Block:
         self.n1 = nn.RMSNorm(h).to(device=device, dtype=dtype)
         self.n2 = nn.RMSNorm(h).to(device=device, dtype=dtype)
         self.h, self.device, self.dtype, self.g = h, device, dtype, g
+        self.backend, self.window = backend, dims.sliding_window
 
     def input(self, n: int):
         import torch
@@ -201,18 +234,16 @@ class _Block:
 
     def _attend(self, q, k, v, lengths: Sequence[int] | None):
         import torch
-        import torch.nn.functional as F
 
-        rep = self.heads // self.kv_heads
-        k = k.repeat_interleave(rep, dim=0) if rep > 1 else k
-        v = v.repeat_interleave(rep, dim=0) if rep > 1 else v
+        from .attention.backends import attend_segment
+
         if lengths is None:  # stand-in for the linear-only measurement
-            return q + k + v
+            rep = self.heads // self.kv_heads
+            return q + k.repeat_interleave(rep, dim=0) + v.repeat_interleave(rep, dim=0)
         outs, start = [], 0
-        for L in lengths:  # one causal kernel per document, as the runtime runs it
+        for L in lengths:  # one kernel per document, as the runtime runs it
             sl = slice(start, start + L)
-            outs.append(F.scaled_dot_product_attention(q[:, sl].unsqueeze(0), k[:, sl].unsqueeze(0),
-                                                       v[:, sl].unsqueeze(0), is_causal=True)[0])
+            outs.append(attend_segment(self.backend, q[:, sl], k[:, sl], v[:, sl], 0, L, 0, window=self.window))
             start += L
         return torch.cat(outs, dim=1)
 
@@ -230,14 +261,28 @@ class _Block:
         y = self.n2(x)
         return x + self.down(F.silu(self.gate(y)) * self.up(y))
 
-    def attention_only(self, lengths: Sequence[int]):
-        """Leaf q/k/v for a pack, and a closure running its attention forward + backward."""
+    def attention_only(self, segments: Sequence[tuple[int, int, int]]):
+        """Leaf q/k/v for segments ``(document length, start, end)`` (queries ``[start, end)``,
+        keys from the window's start, or 0, to ``end``), and a closure running their attention
+        forward + backward."""
         import torch
 
-        n = int(sum(lengths))
-        mk = lambda h: torch.randn(h, n, self.hd, generator=self.g).to(self.device, self.dtype).requires_grad_(True)
-        q, k, v = mk(self.heads), mk(self.kv_heads), mk(self.kv_heads)
-        return lambda: self._attend(q, k, v, lengths).float().sum().backward()
+        from .attention.backends import attend_segment
+
+        def mk(h: int, n: int):
+            return torch.randn(h, n, self.hd, generator=self.g).to(self.device, self.dtype).requires_grad_(True)
+
+        leaves = []
+        for _, ds, de in segments:
+            lo = 0 if self.window is None else max(0, ds - self.window + 1)
+            leaves.append((ds, de, lo, mk(self.heads, de - ds), mk(self.kv_heads, de - lo), mk(self.kv_heads, de - lo)))
+
+        def run() -> None:
+            outs = [attend_segment(self.backend, q, k, v, ds, de, lo, window=self.window)
+                    for ds, de, lo, q, k, v in leaves]
+            torch.cat(outs, dim=1).float().sum().backward()
+
+        return run
 
 
 def _resolve_dims(model: Any) -> ModelDims:
@@ -251,8 +296,8 @@ def _resolve_dims(model: Any) -> ModelDims:
 
 
 def calibrate(model: Any = "tiny", *, device: str | None = None, quick: bool = False, tp_size: int = 1,
-              seed: int = 0, threads: int | None = None, progress: Callable[[str], None] | None = None,
-              grid: dict[str, Any] | None = None) -> CalibrationResult:
+              seed: int = 0, threads: int | None = None, backend: str | None = None,
+              progress: Callable[[str], None] | None = None, grid: dict[str, Any] | None = None) -> CalibrationResult:
     """Measure the block on ``device`` and fit a :class:`CostModel`.
 
     Args:
@@ -264,20 +309,30 @@ def calibrate(model: Any = "tiny", *, device: str | None = None, quick: bool = F
         seed: weights and inputs.
         threads: torch CPU threads (default 1: see module doc; more threads are timed by
             wall clock, which picks up other processes' load).
+        backend: the attention backend the profile is for (the ``attention_backend`` the run
+            uses): ``sdpa``, ``flash`` or ``varlen_reference``; default ``sdpa``.
         progress: called with a short message per measurement.
-        grid: override the measurement grid (keys ``linear``, ``attention``, ``heldout``, ``repeats``).
+        grid: override the measurement grid (keys ``linear``, ``attention``, ``chunks``,
+            ``heldout``, ``heldout_shards``, ``repeats``; see ``_grid``).
 
     Returns:
         The :class:`CalibrationResult` (``.save(path)`` writes the profile JSON).
 
     Raises:
-        ValueError: unknown model, ``tp_size`` not dividing the heads, CUDA requested but absent.
+        ValueError: unknown model or backend, ``tp_size`` not dividing the heads, CUDA
+            requested but absent.
     """
     import torch
+
+    from .attention.backends import SEGMENT_BACKENDS
 
     dims = _resolve_dims(model)
     if tp_size < 1 or dims.num_heads % tp_size:
         raise ValueError(f"tp_size={tp_size} must be >= 1 and divide num_heads={dims.num_heads}")
+    backend = backend or "sdpa"
+    if backend not in SEGMENT_BACKENDS:
+        raise ValueError(f"calibration backend {backend!r} is not supported; legal values: {list(SEGMENT_BACKENDS)} "
+                         "(flex runs whole layouts in one call: calibrate sdpa for it)")
     cuda_ok = torch.cuda.is_available()
     dev = device or ("cuda" if cuda_ok else "cpu")
     if dev.startswith("cuda") and not cuda_ok:
@@ -291,52 +346,85 @@ def calibrate(model: Any = "tiny", *, device: str | None = None, quick: bool = F
             clock = time.process_time
     try:
         return _measure_and_fit(dims, tp_size, dev, cuda, clock, dict(_grid(quick, cuda), **(grid or {})), seed,
-                                progress or (lambda msg: None))
+                                backend, progress or (lambda msg: None))
     finally:
         torch.set_num_threads(old_threads)
 
 
 def _measure_and_fit(dims: ModelDims, tp_size: int, dev: str, cuda: bool, clock: Callable[[], float],
-                     g: dict[str, Any], seed: int, say: Callable[[str], None]) -> CalibrationResult:
+                     g: dict[str, Any], seed: int, backend: str, say: Callable[[str], None]) -> CalibrationResult:
     import torch
+
+    from .attention.backends import QUERY_BLOCK, prefix_merge_available
 
     dtype = torch.bfloat16 if cuda else torch.float32
     tile = 128 if cuda else 1
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     t_start = time.perf_counter()
-    blk = _Block(dims, tp_size, dev, dtype, seed)
-    probe = CostModel(linear_s_per_token=0.0, attn_s_per_pair=0.0, tile=tile)
+    blk = _Block(dims, tp_size, dev, dtype, seed, backend)
 
     def whole(lengths: Sequence[int] | None, n: int) -> Callable[[], None]:
         x = blk.input(n)
         return lambda: blk.layer(x, lengths).float().sum().backward()
 
+    docs = lambda lengths: [(int(L), 0, int(L)) for L in lengths]
+    segs = lambda rows: [tuple(int(x) for x in r) for r in rows]
     jobs = ([("linear", int(n), whole(None, int(n))) for n in g["linear"]]
-            + [("attention", [int(x) for x in ls], blk.attention_only(ls)) for ls in g["attention"]]
-            + [("heldout", [int(x) for x in ls], whole(ls, int(sum(ls)))) for ls in g["heldout"]])
+            + [("attention", docs(ls), blk.attention_only(docs(ls))) for ls in g["attention"]]
+            + [("attention", segs([c]), blk.attention_only(segs([c]))) for c in g.get("chunks", [])]
+            + [("pack", docs(ls), whole(ls, int(sum(ls)))) for ls in g["heldout"]]
+            + [("shard", segs(sh), blk.attention_only(segs(sh))) for sh in g.get("heldout_shards", [])])
     times = _interleaved_min_times([fn for _, _, fn in jobs], g["repeats"], sync, clock, seed, say)
-    linear_rows = [(key, t) for (kind, key, _), t in zip(jobs, times) if kind == "linear"]
-    attn_rows = [(key, t) for (kind, key, _), t in zip(jobs, times) if kind == "attention"]
-    held_rows = [(key, t) for (kind, key, _), t in zip(jobs, times) if kind == "heldout"]
+    rows = {kind: [(key, t) for (k, key, _), t in zip(jobs, times) if k == kind]
+            for kind in ("linear", "attention", "pack", "shard")}
     del jobs
 
-    n_arr = np.array([r[0] for r in linear_rows], dtype=np.float64)
-    lin_coef = fit_coefficients(np.stack([n_arr, np.ones_like(n_arr)], 1), np.array([r[1] for r in linear_rows]))
+    n_arr = np.array([r[0] for r in rows["linear"]], dtype=np.float64)
+    lin_coef = fit_coefficients(np.stack([n_arr, np.ones_like(n_arr)], 1), np.array([r[1] for r in rows["linear"]]))
+    # The sdpa backend runs chunks with other kernels than whole documents (on CPU an unmasked
+    # prefix kernel merged with a causal one; elsewhere, and under a window, masked blocks of
+    # QUERY_BLOCK query rows): fit a separate pair price for them when the grid measured any.
+    # Features come from the cost model itself (probes with one unit coefficient), so fit
+    # and prediction agree.
+    masked_rows = any(s > 0 or (dims.sliding_window or math.inf) < e
+                      for segments, _ in rows["attention"] for _, s, e in segments)
+    masking = backend == "sdpa" and masked_rows
+    blocks = masking and (dims.sliding_window is not None or not prefix_merge_available(dev))
+    base = dict(linear_s_per_token=0.0, attn_s_per_pair=0.0, tile=tile, sliding_window=dims.sliding_window,
+                mask_block=QUERY_BLOCK if blocks else 0)
+    probes = [CostModel(**dict(base, attn_s_per_pair=1.0, masked_attn_s_per_pair=0.0 if masking else None))]
+    if masking:
+        probes.append(CostModel(**dict(base, masked_attn_s_per_pair=1.0)))
+    probes.append(CostModel(**dict(base, segment_overhead_s=1.0, masked_attn_s_per_pair=0.0 if masking else None)))
+
+    def features(segments) -> list[float]:
+        s, e = np.array([x[1] for x in segments]), np.array([x[2] for x in segments])
+        return [float((e - s).sum())] + [float(p.attention_cost(s, e).sum()) for p in probes]
+
+    Xa = np.array([features(segments) for segments, _ in rows["attention"]])
+    coef = fit_coefficients(Xa, np.array([r[1] for r in rows["attention"]]))
+    attn_tok, pair = float(coef[0]), float(coef[1])
+    masked_pair = float(coef[2]) if masking else None
+    overhead = float(coef[-1])
+    kv_bytes = 2.0 * blk.kv_heads * dims.head_dim * (2 if cuda else 4)
     # attention kernels also cost per query token (softmax statistics, the backward's
     # delta): that part joins the linear coefficient, as the cost model has no other home for it.
-    Xa = np.array([[float(sum(ls)), float(probe.attention_pairs(np.zeros(len(ls), np.int64), ls).sum()), len(ls)]
-                   for ls, _ in attn_rows])
-    attn_coef = fit_coefficients(Xa, np.array([r[1] for r in attn_rows]))
-    kv_bytes = 2.0 * blk.kv_heads * dims.head_dim * (2 if cuda else 4)
-    cm = CostModel(linear_s_per_token=float(lin_coef[0] + attn_coef[0]), attn_s_per_pair=float(attn_coef[1]),
-                   segment_overhead_s=float(attn_coef[2]), tile=tile, kv_bytes_per_token=kv_bytes,
-                   sliding_window=dims.sliding_window, name=f"calibrated@{_device_name(dev)}")
+    cm = CostModel(linear_s_per_token=float(lin_coef[0]) + attn_tok, attn_s_per_pair=pair,
+                   masked_attn_s_per_pair=masked_pair, mask_block=base["mask_block"],
+                   segment_overhead_s=overhead, tile=tile, kv_bytes_per_token=kv_bytes,
+                   sliding_window=dims.sliding_window, name=f"calibrated@{_device_name(dev)}/{backend}")
     held = []
-    for lens, meas in held_rows:
-        pred = cm.pack_cost(lens)
-        held.append({"lengths": lens, "measured_s": meas, "predicted_s": pred, "rel_err": (pred - meas) / meas})
-    return CalibrationResult(cost_model=cm, device=_device_name(dev), dims=dims, tp_size=tp_size, linear=linear_rows,
-                             attention=attn_rows, heldout=held, seconds=time.perf_counter() - t_start)
+    for kind in ("pack", "shard"):
+        for segments, meas in rows[kind]:
+            s, e = np.array([x[1] for x in segments]), np.array([x[2] for x in segments])
+            # a pack is the whole block; a shard is attention only (its per-token part included)
+            pred = float(cm.segment_cost(s, e).sum()) if kind == "pack" else \
+                float(cm.attention_cost(s, e).sum() + attn_tok * (e - s).sum())
+            held.append({"kind": kind, "segments": segments, "measured_s": meas, "predicted_s": pred,
+                         "rel_err": (pred - meas) / meas})
+    return CalibrationResult(cost_model=cm, device=_device_name(dev), dims=dims, tp_size=tp_size, backend=backend,
+                             linear=rows["linear"], attention=rows["attention"], heldout=held,
+                             seconds=time.perf_counter() - t_start)
 
 
 def _device_name(dev: str) -> str:

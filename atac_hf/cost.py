@@ -202,6 +202,17 @@ class CostModel:
         link_latency_s: latency of one collective step.
         sliding_window: attention window in tokens (keys ``(i - w, i]``), or None.
         name: a label for reports.
+        masked_attn_s_per_pair: seconds per pair computed by a kernel that needs an explicit
+            mask: chunks that do not start at their document's first token, and segments
+            longer than the sliding window. The ``sdpa`` backend runs those with a boolean
+            mask, which costs more per pair than a causal kernel and computes whole
+            rectangles (see ``mask_block``). None: the same as ``attn_s_per_pair`` (kernels
+            with native bottom-right causal masking, such as flash-attn's varlen kernel).
+        mask_block: query rows per masked kernel call (the ``sdpa`` backend's row blocks);
+            each call computes its rows against every key up to its last row, so a masked
+            segment of ``n`` rows computes about ``n * (mask_block - 1) / 2`` pairs beyond
+            the causal ones, and pays ``segment_overhead_s`` once per call. 0: masked
+            segments are one call and compute only their causal pairs.
     """
 
     linear_s_per_token: float
@@ -213,6 +224,8 @@ class CostModel:
     link_latency_s: float = 10e-6
     sliding_window: int | None = None
     name: str = "custom"
+    masked_attn_s_per_pair: float | None = None
+    mask_block: int = 0
 
     def __post_init__(self) -> None:
         for f in ("linear_s_per_token", "attn_s_per_pair", "segment_overhead_s", "kv_bytes_per_token",
@@ -220,6 +233,12 @@ class CostModel:
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"CostModel.{f} must be a finite number >= 0, got {v!r}")
+        m = self.masked_attn_s_per_pair
+        if m is not None and (not isinstance(m, (int, float)) or not math.isfinite(m) or m < 0):
+            raise ValueError(f"CostModel.masked_attn_s_per_pair must be None or a finite number >= 0, got {m!r}")
+        if not isinstance(self.mask_block, (int, np.integer)) or self.mask_block < 0:
+            raise ValueError(f"CostModel.mask_block must be an int >= 0 (0: one call per masked segment), "
+                             f"got {self.mask_block!r}")
         if not isinstance(self.link_bandwidth, (int, float)) or not self.link_bandwidth > 0:
             raise ValueError(f"CostModel.link_bandwidth must be > 0 bytes/s, got {self.link_bandwidth!r}")
         if not isinstance(self.tile, (int, np.integer)) or self.tile < 1:
@@ -357,12 +376,42 @@ class CostModel:
             pairs = np.minimum(pairs, band)
         return pairs
 
-    def attention_cost(self, start: Any, end: Any) -> np.ndarray:
-        """Seconds of attention (work + per-segment overhead) of segments ``[start, end)``."""
+    @property
+    def models_masking(self) -> bool:
+        """Whether masked segments cost differently from causal ones (see ``masked_attn_s_per_pair``)."""
+        return self.masked_attn_s_per_pair is not None or self.mask_block > 0
+
+    def needs_mask(self, start: Any, end: Any) -> np.ndarray:
+        """Bool: which non-empty segments ``[start, end)`` a causal kernel cannot run unmasked
+        (a chunk after its document's first token, or longer than the sliding window)."""
         s = np.asarray(start, dtype=np.int64)
         e = np.asarray(end, dtype=np.int64)
-        nonempty = (e > s).astype(np.float64)
-        return self.attention_pairs(s, e) * self.attn_s_per_pair + nonempty * self.segment_overhead_s
+        masked = s > 0
+        if self.sliding_window is not None:
+            masked = masked | (e > int(self.sliding_window))
+        return masked & (e > s)
+
+    def attention_cost(self, start: Any, end: Any) -> np.ndarray:
+        """Seconds of attention (work + per-call overhead) of segments ``[start, end)``."""
+        s = np.asarray(start, dtype=np.int64)
+        e = np.asarray(end, dtype=np.int64)
+        pairs = self.attention_pairs(s, e)
+        calls = (e > s).astype(np.float64)
+        if not self.models_masking:
+            return pairs * self.attn_s_per_pair + calls * self.segment_overhead_s
+        masked = self.needs_mask(s, e)
+        n = np.maximum(e - s, 0)
+        b = int(self.mask_block)
+        if b:
+            # each call of b rows computes the rectangle up to its last row: the causal
+            # pairs plus a triangle of b (b - 1) / 2 per full block, r (r - 1) / 2 for the rest.
+            r = n % b
+            waste = (n // b) * (b * (b - 1) // 2) + r * (r - 1) // 2
+            calls = np.where(masked, -(-n // b), calls)
+            pairs = pairs + np.where(masked, waste, 0)
+        per_pair = np.where(masked, self.attn_s_per_pair if self.masked_attn_s_per_pair is None
+                            else self.masked_attn_s_per_pair, self.attn_s_per_pair)
+        return pairs * per_pair + calls * self.segment_overhead_s
 
     def segment_cost(self, start: Any, end: Any) -> np.ndarray:
         """Seconds (fwd+bwd, one layer) of segments: linear + attention + overhead.

@@ -48,7 +48,8 @@ def parse_args(argv=None):
     p.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
     p.add_argument("--pack-tokens", type=int, nargs="+", default=[8192, 16384])
     p.add_argument("--packs", type=int, default=3, help="packs per pack size")
-    p.add_argument("--repeats", type=int, default=2, help="timed repeats per measurement (median taken)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed rounds (per-rank timings: minimum kept; distributed steps: median)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs before the timed ones")
     p.add_argument("--layers", type=int, default=2, help="decoder layers of the benchmark model")
     p.add_argument("--workload", default=str(WLB_PATH) if WLB_PATH.exists() else "longtail",
@@ -99,8 +100,8 @@ def cpu_cost_model(profile: str | None, layers: int):
     try:
         from atac_hf.calibrate import calibrate
 
-        res = calibrate(model_dims(layers), quick=True)
-        return res.cost_model, (f"calibrated on this CPU for this model (atac_hf.calibrate, quick; "
+        res = calibrate(model_dims(layers))
+        return res.cost_model, (f"calibrated on this CPU for this model (atac_hf.calibrate; "
                                 f"held-out error <= {100 * res.max_rel_err:.0f}%)")
     except ImportError:
         # hidden 256 fp32 on one CPU core: rough, measured once by hand
@@ -123,31 +124,28 @@ def model_config(layers: int = 2):
                        attention_dropout=0.0)
 
 
-# ---------------------------------------------------------------------------- per-rank attention
-def per_rank_attention_times(plan, repeats: int, warmup: int, seed: int) -> list[float]:
-    """Each rank's attention kernels (fwd + bwd, one layer of the benchmark model) on its
-    real shard, timed alone by one thread's CPU time (unaffected by other jobs)."""
-    import torch
+# ---------------------------------------------------------------------------- per-rank compute
+def per_rank_times(plans: dict, layers: int, repeats: int, warmup: int, seed: int) -> dict:
+    """Per strategy, each rank's attention kernels and its token-wise layer work (norms,
+    Q/K/V/O projections, MLP), forward + backward of one layer of the benchmark model on
+    the rank's real shard, by one thread's CPU time (other jobs on the machine do not add
+    to it). Every (strategy, rank, part) is one closure and the rounds visit them all in
+    turn, so a slow moment of the machine hits every strategy alike; the minimum over the
+    rounds is kept (load only ever adds time).
 
-    from atac_hf.attention.timing import per_rank_times
+    Returns:
+        ``{strategy: (attention seconds per rank, linear seconds per rank)}``.
+    """
+    import torch
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    from atac_hf.attention.timing import RankKernel, gathered_rows, time_calls
 
     H, K, D = 8, 2, 32
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(seed)
-    n = plan.num_tokens
+    n = next(iter(plans.values())).num_tokens
     q, k, v = (torch.randn(h, n, D, generator=g) for h in (H, K, K))
-    return per_rank_times(plan, q, k, v, warmup=warmup, repeats=repeats, generator=g, cpu_clock=time.process_time)
-
-
-def per_rank_linear_times(plan, layers: int, repeats: int, warmup: int, seed: int) -> list[float]:
-    """Each rank's token-wise work of one decoder layer (norms, Q/K/V/O projections, MLP),
-    forward + backward on its number of tokens, by one thread's CPU time."""
-    import torch
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-
-    from atac_hf.attention.timing import time_calls
-
-    torch.set_num_threads(1)
     torch.manual_seed(seed)
     cfg = model_config(layers)
     layer = LlamaDecoderLayer(cfg, 0)
@@ -155,17 +153,27 @@ def per_rank_linear_times(plan, layers: int, repeats: int, warmup: int, seed: in
 
     def block(x):
         h = layer.input_layernorm(x)
-        q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
-        x = x + attn.o_proj(q) + 0 * (k.sum() + v.sum())  # attention itself is timed separately
+        qq, kk, vv = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+        x = x + attn.o_proj(qq) + 0 * (kk.sum() + vv.sum())  # attention itself is timed separately
         return x + layer.mlp(layer.post_attention_layernorm(x))
 
-    times = []
-    for n in plan.rank_num_tokens().tolist():
-        x = torch.randn(1, n, cfg.hidden_size, requires_grad=True)
-        (samples,) = time_calls([lambda: block(x).sum().backward()], device="cpu", warmup=warmup, repeats=repeats,
-                                before=[lambda: layer.zero_grad(set_to_none=True)], cpu_clock=time.process_time)
-        times.append(statistics.median(samples))
-    return times
+    def linear_fn(tokens: int):
+        x = torch.randn(1, tokens, cfg.hidden_size, requires_grad=True)
+        return lambda: block(x).sum().backward()
+
+    fns, before, keys = [], [], []
+    for s, plan in plans.items():
+        gathered = gathered_rows(plan, k, v)
+        for r in range(plan.cp_size):
+            kern = RankKernel(plan, r, q, k, v, gathered=gathered, generator=g)
+            fns += [kern, linear_fn(int(plan.rank_num_tokens()[r]))]
+            before += [kern.zero_grad, lambda: layer.zero_grad(set_to_none=True)]
+            keys += [(s, r, "attn"), (s, r, "linear")]
+    samples = time_calls(fns, device="cpu", warmup=warmup, repeats=repeats, before=before,
+                         cpu_clock=time.process_time)
+    best = {key: min(t) for key, t in zip(keys, samples)}
+    return {s: ([best[(s, r, "attn")] for r in range(p.cp_size)], [best[(s, r, "linear")] for r in range(p.cp_size)])
+            for s, p in plans.items()}
 
 
 # ---------------------------------------------------------------------------- distributed step
@@ -254,10 +262,10 @@ def main(argv=None) -> int:
                        "kv_mb": [], "kv_mb_est": [], "plan_ms": []} for s in STRATEGIES}
             for pi, pack in enumerate(tqdm(packs, desc=f"cp={world} {pack_tokens // 1024}K per-rank timing",
                                            leave=False)):
-                for s in STRATEGIES:
-                    plan = plan_shards(pack, world, s, cm)
-                    t = per_rank_attention_times(plan, args.repeats, args.warmup, args.seed + pi)
-                    lin = per_rank_linear_times(plan, args.layers, args.repeats, args.warmup, args.seed)
+                plans = {s: plan_shards(pack, world, s, cm) for s in STRATEGIES}
+                timed = per_rank_times(plans, args.layers, args.repeats, args.warmup, args.seed + pi)
+                for s, plan in plans.items():
+                    t, lin = timed[s]
                     layer_t = [a + b for a, b in zip(t, lin)]
                     lay = plan.local_layout(0)
                     sent = lay.max_send * world * kv_bytes_tok if len(plan.gathered_docs) else 0
@@ -300,7 +308,8 @@ def main(argv=None) -> int:
 
     md = [f"Cost model for planning: {cm_source}. Workload: `{Path(args.workload).name}`; "
           f"{args.packs} WFAP packs per size; model: hidden 256, {args.layers} layers, 8 query / 2 K/V heads "
-          f"of 32, fp32, one thread per rank; median of {args.repeats} repeats after {args.warmup} warm-up.", "",
+          f"of 32, fp32, one thread per rank; {args.repeats} rounds after {args.warmup} warm-up (per-rank "
+          f"timings: every strategy and rank interleaved, minimum kept; steps: median).", "",
           "| CP | pack | strategy | attn max/mean (mean, worst) | layer max/mean | attn max ms | step vs contiguous "
           "| step ms | KV MB sent/layer | planner ms |",
           "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]

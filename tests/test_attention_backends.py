@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from atac_hf.attention import emulate_cp_attention, varlen_attention_reference
+from atac_hf.attention import backends, emulate_cp_attention, varlen_attention_reference
 from atac_hf.attention.runtime import _send_rows, _split
 from atac_hf.sharding import STRATEGIES, plan_shards
 
@@ -112,8 +112,12 @@ def _full_reference(q, k, v, lens, window, scaling):
                                       window=window, scaling=scaling)
 
 
+@pytest.mark.parametrize("chunk_kernel", ["prefix_merge", "masked_blocks"])
 @pytest.mark.parametrize("window", [None, 1, 5, 16])
-def test_emulated_cp_equals_full_attention_fwd_bwd(window):
+def test_emulated_cp_equals_full_attention_fwd_bwd(window, chunk_kernel, monkeypatch):
+    if chunk_kernel == "masked_blocks":  # the sdpa path off CPU (and under windows): small blocks, many calls
+        monkeypatch.setattr(backends, "prefix_merge_available", lambda device: False)
+        monkeypatch.setattr(backends, "QUERY_BLOCK", 16)
     seen_gather = seen_split = 0
     for pi, lens in enumerate(_packs()):
         q, k, v = _qkv(lens, seed=pi)
@@ -222,3 +226,28 @@ def test_one_token_and_tiny_documents_only():
     for strategy in STRATEGIES:
         out = emulate_cp_attention(q, k, v, plan_shards(lens, 4, strategy))
         torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_prefix_merge_chunk_equals_reference(dtype):
+    """The CPU chunk kernel (unmasked prefix + causal square, merged by log-sum-exp) against
+    the bottom-right causal reference, forward and every gradient, with GQA."""
+    if not backends.prefix_merge_available("cpu"):
+        pytest.skip("this torch has no CPU flash kernel")
+    g = torch.Generator().manual_seed(3)
+    tol = dict(rtol=0, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
+    for L, ds in [(300, 1), (300, 150), (300, 299), (64, 63), (513, 256)]:
+        q = torch.randn(4, L - ds, 16, generator=g, dtype=dtype).requires_grad_()
+        k, v = (torch.randn(2, L, 16, generator=g, dtype=dtype).requires_grad_() for _ in range(2))
+        gout = torch.randn(4, L - ds, 16, generator=g, dtype=dtype)
+        ref = backends.attend_segment("varlen_reference", q, k, v, ds, L, scaling=0.3)
+        out = backends.attend_segment("sdpa", q, k, v, ds, L, scaling=0.3)
+        torch.testing.assert_close(out, ref, **tol)
+        for a, b in zip(torch.autograd.grad(out, (q, k, v), gout), torch.autograd.grad(ref, (q, k, v), gout)):
+            torch.testing.assert_close(a, b, **tol)
+
+
+def test_attend_segment_unknown_backend():
+    q = torch.zeros(2, 3, 4)
+    with pytest.raises(ValueError, match="legal values: \\['sdpa', 'flash', 'varlen_reference'\\]"):
+        backends.attend_segment("flex", q, q[:1], q[:1], 0, 3)

@@ -40,8 +40,12 @@ def test_calibrate_quick_writes_a_loadable_profile(tmp_path, capsys):
     assert len(report["heldout"]) >= 3
     assert report["heldout_max_rel_err"] < 1.0  # sanity only: the 15% target is for the full run
 
+    assert report["backend"] == "sdpa" and {h["kind"] for h in report["heldout"]} == {"pack", "shard"}
     cm = CostModel.from_profile(out)
     assert cm.tile == 1 and cm.linear_s_per_token > 0 and cm.attn_s_per_pair > 0
+    # the grid measured chunks: they get their own price (and no row blocks on CPU, where
+    # the sdpa backend merges an unmasked prefix kernel with a causal one)
+    assert cm.masked_attn_s_per_pair is not None and cm.mask_block == 0
     # the planners and the simulator accept it
     plan = plan_shards([300, 1200, 90], 2, "atp", cm)
     assert plan.block_time_s > 0
@@ -51,9 +55,22 @@ def test_calibrate_quick_writes_a_loadable_profile(tmp_path, capsys):
         ClusterConfig(model="8b", profile=str(out), max_tokens=2048)
 
 
+def test_calibrate_native_varlen_backend_fits_one_pair_price():
+    from atac_hf.calibrate import calibrate
+
+    grid = dict(linear=[64, 128], attention=[[96], [64, 32], [16] * 4], chunks=[(96, 48, 96)], heldout=[[40, 20]],
+                heldout_shards=[[(80, 40, 80), (10, 0, 10)]], repeats=1)
+    res = calibrate("tiny", device="cpu", backend="varlen_reference", grid=grid)
+    cm = res.cost_model
+    assert res.backend == "varlen_reference" and cm.masked_attn_s_per_pair is None and cm.mask_block == 0
+    assert len(res.attention) == 4 and len(res.heldout) == 2 and "varlen_reference" in res.summary()
+
+
 def test_calibrate_bad_settings():
     from atac_hf.calibrate import calibrate
 
+    with pytest.raises(ValueError, match=r"calibration backend 'flex' is not supported; legal values: \['sdpa'"):
+        calibrate("tiny", quick=True, device="cpu", backend="flex")
     with pytest.raises(ValueError, match="tp_size=3"):
         calibrate("tiny", tp_size=3, quick=True, device="cpu")
     with pytest.raises(ValueError, match="calibration model 'huge'"):

@@ -84,6 +84,30 @@ def test_presets_and_hf_config():
     assert CostModel.from_model(mcfg, "H100").sliding_window == 32
 
 
+def test_masked_segments_priced_by_the_kernel_that_runs_them():
+    """Chunks after a document's first token (and segments longer than the window) run on
+    other kernels in the sdpa backend: their own pair price, and with ``mask_block`` whole
+    rectangles of ``mask_block`` rows, one call each."""
+    base = CostModel(linear_s_per_token=0.0, attn_s_per_pair=1.0, segment_overhead_s=100.0, tile=1)
+    assert not base.models_masking
+    m = base.replace(masked_attn_s_per_pair=2.0)
+    assert m.models_masking
+    assert m.needs_mask([0, 5, 3], [10, 10, 3]).tolist() == [False, True, False]  # empty: no kernel
+    # whole documents cost as before; a chunk's causal pairs at the masked price
+    assert m.attention_cost(0, 10) == base.attention_cost(0, 10)
+    assert m.attention_cost(5, 10) == 2.0 * (5 * 5 + 15) + 100.0
+    # blocks of 4 rows over the chunk [5, 15): rows 5-8 see keys < 9, 9-12 < 13, 13-14 < 15
+    b = m.replace(mask_block=4)
+    rect = 4 * 9 + 4 * 13 + 2 * 15
+    assert b.attention_cost(5, 15) == pytest.approx(2.0 * rect + 3 * 100.0)
+    assert b.attention_cost(0, 15) == base.attention_cost(0, 15)  # unmasked: one causal call
+    # with a window, a whole document longer than the window needs the mask too
+    w = m.replace(sliding_window=8)
+    assert w.needs_mask([0, 0, 2], [8, 9, 5]).tolist() == [False, True, True]
+    # the profile keeps the fields
+    assert CostModel.from_dict(b.to_dict()) == b
+
+
 def test_comm_cost():
     cm = CostModel(linear_s_per_token=0.0, attn_s_per_pair=0.0, kv_bytes_per_token=100.0,
                    link_bandwidth=1000.0, link_latency_s=0.5)
@@ -132,6 +156,10 @@ def test_errors():
         CostModel.from_model("7b", "H100", efficiency=1.5)
     with pytest.raises(ValueError, match="tile must be an int >= 1"):
         CostModel(linear_s_per_token=1.0, attn_s_per_pair=1.0, tile=0)
+    with pytest.raises(ValueError, match="masked_attn_s_per_pair must be None or a finite number >= 0"):
+        CostModel(linear_s_per_token=1.0, attn_s_per_pair=1.0, masked_attn_s_per_pair=-1.0)
+    with pytest.raises(ValueError, match="mask_block must be an int >= 0"):
+        CostModel(linear_s_per_token=1.0, attn_s_per_pair=1.0, mask_block=-3)
     with pytest.raises(ValueError, match="link_bandwidth must be > 0"):
         CostModel(linear_s_per_token=1.0, attn_s_per_pair=1.0, link_bandwidth=0)
     with pytest.raises(ValueError, match="num_heads=6 must be a multiple of num_kv_heads=4"):

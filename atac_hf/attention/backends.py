@@ -9,8 +9,10 @@ gathered document are rows of the all-gathered buffer. Local segments are comput
 first, so they overlap with the gather; ``wait()`` is called once, before the first
 gathered segment.
 
-Backends: ``sdpa`` (reference, CPU and GPU: a loop of SDPA calls, with an explicit
-bool mask only where alignment or the window needs one), ``flash``
+Backends: ``sdpa`` (reference, CPU and GPU: a loop of SDPA calls, one per segment;
+a chunk that starts after its document's first token runs, on CPU, as an unmasked
+kernel over its key prefix plus a causal kernel over its own square merged by
+log-sum-exp, and elsewhere, or under a sliding window, as masked blocks of query rows), ``flash``
 (``flash_attn_varlen_func``, CUDA), ``flex`` (``flex_attention``; GPU for training,
 forward-only on CPU), ``varlen_reference`` (the flash bookkeeping fed to a pure-torch
 varlen kernel: slow, for tests and debugging).
@@ -29,7 +31,8 @@ import torch.nn.functional as F
 
 from ..sharding.plan import LocalLayout
 
-__all__ = ["BACKENDS", "run_backend", "varlen_attention_reference"]
+__all__ = ["BACKENDS", "SEGMENT_BACKENDS", "attend_segment", "prefix_merge_available", "run_backend",
+           "varlen_attention_reference"]
 
 Wait = Callable[[], "tuple[torch.Tensor, torch.Tensor]"]  # -> (k_RKD, v_RKD)
 
@@ -144,6 +147,55 @@ def _sdpa(q, k, v, mask, scaling):
     return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scaling)[0]
 
 
+_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_CPU_FLASH_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+
+
+def prefix_merge_available(device: torch.device | str) -> bool:
+    """Whether the sdpa backend runs unwindowed chunks as two unmasked kernels merged by
+    log-sum-exp (CPU, torch's CPU flash kernel present) instead of masked row blocks."""
+    return torch.device(device).type == "cpu" and _CPU_FLASH is not None and _CPU_FLASH_BWD is not None
+
+
+class _PrefixChunkAttention(torch.autograd.Function):
+    """Attention of a chunk's queries over ``[prefix keys, own keys]``: the prefix with no
+    mask (every prefix key precedes every query) and the chunk's own square with the plain
+    causal kernel, merged by their log-sum-exps. Both are fused unmasked kernels, where one
+    masked call would compute and mask whole rectangles. Backward: the same two kernels'
+    backward with the merged output and log-sum-exp (the partitioned-softmax identity).
+    Inputs (1, H, L, D), K/V already expanded to H heads."""
+
+    @staticmethod
+    def forward(ctx, q, k_pre, v_pre, k_own, v_own, scale):
+        o_pre, l_pre = _CPU_FLASH(q, k_pre, v_pre, 0.0, False, scale=scale)
+        o_own, l_own = _CPU_FLASH(q, k_own, v_own, 0.0, True, scale=scale)
+        lse = torch.logaddexp(l_pre, l_own)
+        out = (o_pre * torch.exp(l_pre - lse).unsqueeze(-1).to(o_pre.dtype)
+               + o_own * torch.exp(l_own - lse).unsqueeze(-1).to(o_own.dtype))
+        ctx.save_for_backward(q, k_pre, v_pre, k_own, v_own, out, lse)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k_pre, v_pre, k_own, v_own, out, lse = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        dq_pre, dk_pre, dv_pre = _CPU_FLASH_BWD(grad_out, q, k_pre, v_pre, out, lse, 0.0, False, scale=ctx.scale)
+        dq_own, dk_own, dv_own = _CPU_FLASH_BWD(grad_out, q, k_own, v_own, out, lse, 0.0, True, scale=ctx.scale)
+        return dq_pre + dq_own, dk_pre, dv_pre, dk_own, dv_own, None
+
+
+def _prefix_chunk(q, k, v, n_pre: int, scaling: float) -> torch.Tensor:
+    """q (H, Lq, D) at the last Lq of k/v's (K, n_pre + Lq, D) positions. Returns (H, Lq, D)."""
+    H, K = q.shape[0], k.shape[0]
+    if H != K:
+        k = k.repeat_interleave(H // K, dim=0)
+        v = v.repeat_interleave(H // K, dim=0)
+    k, v = k[None], v[None]
+    return _PrefixChunkAttention.apply(q[None], k[:, :, :n_pre], v[:, :, :n_pre], k[:, :, n_pre:], v[:, :, n_pre:],
+                                       scaling)[0]
+
+
 # Query rows per SDPA call for a chunk that needs an explicit mask (it does not start at its
 # document's first token, or has a window): mask kernels compute the whole (queries x keys)
 # rectangle, so one call per chunk would spend ~Lq * Lk instead of the causal pairs the cost
@@ -154,6 +206,8 @@ QUERY_BLOCK = 256
 def _attend(q, k, v, ds: int, de: int, lo: int, window: int | None, scaling: float) -> torch.Tensor:
     """Bottom-right causal (windowed) attention of a chunk: q (H, Lq, D) at document positions
     ``[ds, de)``, k/v (K, de - lo, D) at positions ``[lo, de)``. Returns (H, Lq, D)."""
+    if lo == 0 and ds > 0 and (window is None or window >= de) and prefix_merge_available(q.device):
+        return _prefix_chunk(q, k, v, ds, scaling)
     mask = _segment_mask(ds, de, lo, window, q.device)
     if mask is None or de - ds <= QUERY_BLOCK:
         return _sdpa(q, k, v, mask, scaling)
@@ -328,6 +382,33 @@ BACKENDS: dict[str, Callable] = {
     "flex": flex_backend,
     "varlen_reference": _varlen_backend(_reference_kernel),
 }
+
+
+SEGMENT_BACKENDS = ("sdpa", "flash", "varlen_reference")
+
+
+def attend_segment(backend: str, q_HLD: torch.Tensor, k_KLD: torch.Tensor, v_KLD: torch.Tensor, ds: int, de: int,
+                   lo: int = 0, *, window: int | None = None, scaling: float | None = None) -> torch.Tensor:
+    """One segment's attention exactly as ``backend`` runs it inside a layer (what
+    :mod:`atac_hf.calibrate` times): queries at document positions ``[ds, de)`` against
+    keys ``[lo, de)``, bottom-right causal, windowed if ``window``. Returns (H, de - ds, D).
+
+    Raises:
+        ValueError: ``backend`` not in :data:`SEGMENT_BACKENDS` (``flex`` runs a whole layout
+            in one call and has no per-segment kernel).
+    """
+    scale = q_HLD.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    if backend == "sdpa":
+        return _attend(q_HLD, k_KLD, v_KLD, ds, de, lo, window, scale)
+    kernels = {"flash": _flash_kernel, "varlen_reference": _reference_kernel}
+    if backend not in kernels:
+        raise ValueError(f"backend {backend!r} has no per-segment kernel; legal values: {list(SEGMENT_BACKENDS)}")
+    dev = q_HLD.device
+    cu_q = torch.tensor([0, de - ds], dtype=torch.int32, device=dev)
+    cu_k = torch.tensor([0, de - lo], dtype=torch.int32, device=dev)
+    out = kernels[backend](q_HLD.transpose(0, 1), k_KLD.transpose(0, 1), v_KLD.transpose(0, 1), cu_q, cu_k,
+                           de - ds, de - lo, scale, window)
+    return out.transpose(0, 1)
 
 
 def run_backend(name: str, *args, **kwargs) -> torch.Tensor:

@@ -361,6 +361,8 @@ def _atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1, ma
     # per_doc cuts a document into up to 2C-1 segments, each paying the per-segment overhead
     extra_segments = int(np.minimum(lengths, 2 * C - 1).sum()) - D
     even_bound = target + extra_segments * cm.segment_overhead_s / C + float(cm.comm_cost(split_tokens, C))
+    if cm.masked_attn_s_per_pair is not None and cm.masked_attn_s_per_pair < cm.attn_s_per_pair:
+        even_bound = 0.0  # chunks cheaper than whole documents: the bound does not hold
     if best is None or best[0] > even_bound * (1 + 1e-9):  # float noise: no hopeless per_doc pass
         even = _finish(lengths, C, "atp", list(_per_doc(lengths, C, cm).segments), None, cm)
         if even.rank_num_tokens().max() > cap:

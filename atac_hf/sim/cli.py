@@ -230,6 +230,9 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tp-size", type=int, default=1, help="tensor-parallel degree the profile is for")
     p.add_argument("--quick", action="store_true", help="a small grid (seconds), e.g. for tests")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default 1, timed by the process clock)")
+    p.add_argument("--backend", choices=["sdpa", "flash", "varlen_reference"], default="sdpa",
+                   help="attention backend the profile is for: the ATACConfig attention_backend of the run "
+                        "(default sdpa; use sdpa for flex)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the profile metadata as JSON")
     p.set_defaults(func=run_calibrate)
@@ -246,7 +249,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
             else "tiny"
     say = None if args.json else (lambda msg: print(msg, file=sys.stderr))
     res = calibrate(model, device=args.device, quick=args.quick, tp_size=args.tp_size, seed=args.seed,
-                    threads=args.threads, progress=say)
+                    threads=args.threads, backend=args.backend, progress=say)
     res.save(args.output)
     if args.json:
         print(json.dumps({"profile": args.output, **res.metadata(), "heldout": res.heldout}, default=float))
