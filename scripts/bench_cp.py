@@ -55,6 +55,9 @@ def parse_args(argv=None):
     p.add_argument("--workload", default=str(WLB_PATH) if WLB_PATH.exists() else "longtail",
                    help="JSON array of document lengths, or a built-in workload name")
     p.add_argument("--profile", help="CPU cost profile JSON (default: calibrate now)")
+    p.add_argument("--length-scale", type=float, default=1.0,
+                   help="divide the workload's document lengths by this (8: a 16K pack holds the document "
+                        "mix of a 128K pack)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="packs of 4K-8K, one world size, 1 repeat")
     p.add_argument("--skip-steps", action="store_true",
@@ -122,6 +125,54 @@ def model_config(layers: int = 2):
     return LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=layers, num_attention_heads=8,
                        num_key_value_heads=2, vocab_size=512, max_position_embeddings=32768,
                        attention_dropout=0.0)
+
+
+# ---------------------------------------------------------------------------- link
+def _link_worker(rank: int, world: int, init_file: str, sizes, repeats: int, out_file: str):
+    import torch
+    import torch.distributed as dist
+
+    from atac_hf._compat import all_gather_single, reduce_scatter_single
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    rows = []
+    for n in sizes:  # floats sent per rank
+        x = torch.randn(n)
+        full = torch.empty(n * world)
+        best = float("inf")
+        for i in range(repeats + 1):
+            dist.barrier()
+            t0 = time.perf_counter()
+            all_gather_single(full, x)  # forward: K/V all-gather; backward: gradient reduce-scatter
+            reduce_scatter_single(x, full, op=dist.ReduceOp.SUM)
+            dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+            if i:
+                best = min(best, float(dt))
+        rows.append((n * 4 * (world - 1), best))  # bytes each rank receives in the all-gather
+    if rank == 0:
+        Path(out_file).write_text(json.dumps(rows))
+    dist.destroy_process_group()
+
+
+def measure_link(world: int, repeats: int = 5) -> tuple[float, float]:
+    """(bandwidth bytes/s, latency s) of this machine's gloo all-gather + reduce-scatter pair,
+    fitted to the cost model's ``comm_cost`` form: ``2 * (latency * (C - 1) + bytes / bandwidth)``."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    from atac_hf.calibrate import fit_coefficients
+
+    sizes = [2**12, 2**16, 2**18, 2**20]
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file, out_file = os.path.join(tmp, "init"), os.path.join(tmp, "out.json")
+        mp.spawn(_link_worker, args=(world, init_file, sizes, repeats, out_file), nprocs=world)
+        rows = json.loads(Path(out_file).read_text())
+    X = np.array([[2.0 * (world - 1), 2.0 * b] for b, _ in rows])
+    lat, inv_bw = fit_coefficients(X, np.array([t for _, t in rows]))
+    return 1.0 / max(inv_bw, 1e-15), float(lat)
 
 
 # ---------------------------------------------------------------------------- per-rank compute
@@ -244,11 +295,17 @@ def main(argv=None) -> int:
 
     from atac_hf.sharding import plan_shards
 
-    cm, cm_source = cpu_cost_model(args.profile, args.layers)
+    cm0, cm_source = cpu_cost_model(args.profile, args.layers)
     kv_bytes_tok = 2 * 2 * 32 * 4  # K and V, 2 kv heads x 32 dims, fp32
     lengths = load_lengths(args.workload, args.seed)
-    rows, raw = [], []
+    if args.length_scale != 1.0:
+        lengths = np.maximum(1, np.round(lengths / args.length_scale)).astype(np.int64)
+    rows, raw, links = [], [], {}
     for world in args.world_sizes:
+        bw, lat = measure_link(world)
+        links[world] = (bw, lat)
+        print(f"cp={world}: gloo link {bw / 1e9:.2f} GB/s, latency {lat * 1e6:.0f} us", file=sys.stderr, flush=True)
+        cm = cm0.replace(link_bandwidth=bw, link_latency_s=lat)
         for pack_tokens in args.pack_tokens:
             packs = make_packs(lengths, pack_tokens, args.packs, args.seed + pack_tokens)
             if args.skip_steps:
@@ -277,7 +334,7 @@ def main(argv=None) -> int:
                     d["kv_mb"].append(sent / 2**20)
                     d["kv_mb_est"].append(plan.kv_bytes(kv_bytes_tok) / 2**20)
                     d["plan_ms"].append(step[(pi, s)]["plan_ms"])
-                    raw.append({"world": world, "pack_tokens": pack_tokens, "pack": pi, "docs": len(pack),
+                    raw.append({"world": world, "pack_tokens": pack_tokens, "pack": pi, "docs": len(pack), "lengths": pack,
                                 "strategy": s, "rank_attn_s": t, "rank_linear_s": lin,
                                 **{k: v[-1] for k, v in d.items()}})
             base_step = sum(per["contiguous"]["step_s"])
@@ -306,7 +363,11 @@ def main(argv=None) -> int:
             plan_shards(big, 8, s, cm)
         planner[s] = (time.perf_counter() - t0) / 50 * 1e3
 
-    md = [f"Cost model for planning: {cm_source}. Workload: `{Path(args.workload).name}`; "
+    cm = cm0
+    scale = f" with lengths divided by {args.length_scale:g}" if args.length_scale != 1.0 else ""
+    link = "; ".join(f"CP {w}: {bw / 1e9:.2f} GB/s, {lat * 1e6:.0f} us" for w, (bw, lat) in links.items())
+    md = [f"Cost model for planning: {cm_source}; link measured (gloo all-gather + reduce-scatter): {link}. "
+          f"Workload: `{Path(args.workload).name}`{scale}; "
           f"{args.packs} WFAP packs per size; model: hidden 256, {args.layers} layers, 8 query / 2 K/V heads "
           f"of 32, fp32, one thread per rank; {args.repeats} rounds after {args.warmup} warm-up (per-rank "
           f"timings: every strategy and rank interleaved, minimum kept; steps: median).", "",
@@ -326,7 +387,8 @@ def main(argv=None) -> int:
     if args.markdown_out:
         Path(args.markdown_out).write_text(text + "\n")
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"rows": rows, "raw": raw, "planner_ms": planner}, indent=1))
+        Path(args.json_out).write_text(json.dumps({"rows": rows, "raw": raw, "planner_ms": planner, "links": links,
+                                                   "cost_model": cm0.to_dict()}, indent=1))
     return 0
 
 

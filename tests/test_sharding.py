@@ -12,6 +12,12 @@ from atac_hf.sharding import STRATEGIES, head_tail_bounds, plan_shards
 
 EXACT = CostModel(linear_s_per_token=1.0, attn_s_per_pair=1.0, tile=1)
 GPU = CostModel.from_model("7b", "A800")
+# the cost models planners meet: GPU presets (tiled or exact), CPU profiles whose chunks cost
+# less per pair than whole documents (sdpa's merged prefix kernel) or more (masked row blocks)
+CPU = CostModel(linear_s_per_token=6e-5, attn_s_per_pair=7.6e-8, masked_attn_s_per_pair=6.8e-8,
+                segment_overhead_s=3.5e-5, tile=1, kv_bytes_per_token=512.0, link_bandwidth=5e8, link_latency_s=4e-4)
+COSTS = {"gpu": GPU, "gpu_exact": GPU.replace(tile=1), "cpu_merged": CPU,
+         "cpu_masked_blocks": CPU.replace(masked_attn_s_per_pair=9e-8, mask_block=256)}
 
 
 def check_plan(plan, lengths, cap=None):
@@ -209,14 +215,27 @@ def test_rank_out_of_range():
     lengths=st.lists(st.one_of(st.integers(1, 8), st.integers(1, 4000)), min_size=1, max_size=40),
     cp=st.integers(1, 8),
     strategy=st.sampled_from(sorted(STRATEGIES)),
-    tile=st.sampled_from([1, 128]),
+    cost=st.sampled_from(sorted(COSTS)),
 )
-def test_property_every_token_once(lengths, cp, strategy, tile):
-    cm = GPU.replace(tile=tile)
+def test_property_every_token_once(lengths, cp, strategy, cost):
+    cm = COSTS[cost]
     plan = plan_shards(lengths, cp, strategy, cm)
     check_plan(plan, lengths)
     assert plan.block_time_s >= plan.rank_compute_s.max() - 1e-12
     assert plan.digest == plan_shards(lengths, cp, strategy, cm).digest
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.one_of(st.integers(1, 8), st.integers(1, 4000)), min_size=1, max_size=40),
+    cp=st.integers(2, 8),
+    cost=st.sampled_from(sorted(COSTS)),
+)
+def test_property_atp_never_worse_than_per_doc_by_its_own_estimate(lengths, cp, cost):
+    """per_doc is one of ATP's candidates (skipped only when a lower bound shows it cannot win)."""
+    atp, even = plan_shards(lengths, cp, "atp", COSTS[cost]), plan_shards(lengths, cp, "per_doc", COSTS[cost])
+    # per_doc gathers every document; ATP's per_doc candidate gathers only the split ones
+    assert atp.block_time_s <= even.block_time_s * (1 + 1e-9)
 
 
 @settings(max_examples=100, deadline=None)
