@@ -178,6 +178,41 @@ def _per_doc_segments(lengths: np.ndarray, C: int) -> list[np.ndarray]:
     return out
 
 
+def _per_doc_block_time(lengths: np.ndarray, C: int, cm: CostModel) -> float:
+    """Estimated block time of ``_finish(_per_doc_segments(lengths, C), gathered=None)``
+    (head-tail inside every document, gathering the documents it splits) without building
+    the segments: a rank's head and tail chunk of a document are costed as one call where
+    they touch (as ``_finish`` merges them). Ranks are costed in batches of (ranks x docs)
+    arrays of at most ~1M entries."""
+    L = np.asarray(lengths, dtype=np.int64)
+    split = L >= 2  # a document of 2+ tokens has tokens on 2+ ranks
+    # only rank 0 holds unsplit (1-token) documents
+    local0 = float(cm.attention_cost(np.zeros(int((~split).sum()), np.int64), L[~split]).sum())
+    comm = float(cm.comm_cost(int(L[split].sum()), C)) if split.any() else 0.0
+    base, rem = L // (2 * C), L % (2 * C)
+    head_start, tail_end = np.zeros_like(L), L.copy()
+    step = max(1, (1 << 20) // max(len(L), 1))
+    block = 0.0
+    for r0 in range(0, C, step):
+        r = np.arange(r0, min(C, r0 + step))[:, None]
+        extra = rem // C + (r < rem % C)
+        head, tail = base + (extra + 1) // 2, base + extra // 2
+        he = head_start + np.cumsum(head, axis=0)
+        hs = he - head
+        ts = tail_end - np.cumsum(tail, axis=0)
+        te = ts + tail
+        cost = cm.segment_cost(hs, he) + cm.segment_cost(ts, te)
+        touch = (he == ts) & (he > hs) & (te > ts)  # few: the middle rank's chunks, short documents
+        if touch.any():
+            cost[touch] = cm.segment_cost(hs[touch], te[touch])
+        compute = cost.sum(axis=1)
+        local = np.where(r[:, 0] == 0, local0, 0.0)
+        exposed = np.maximum(local, comm) if split.any() else local
+        block = max(block, float(np.max(compute - local + exposed)))
+        head_start, tail_end = he[-1], ts[-1]
+    return block
+
+
 def _row_ranges_to_segments(offsets: np.ndarray, ranges: list[tuple[int, int]]) -> np.ndarray:
     """(n, 3) document segments covering row ranges ``[lo, hi)`` (given in ascending order)."""
     parts = []
@@ -197,6 +232,8 @@ def _finish(lengths, C, strategy, segments, gathered_docs, cm: CostModel) -> Sha
     """Cost the segments and build the plan (block time = max over ranks of
     gathered-doc compute + max(local-doc attention, K/V exchange) + local linear).
     ``gathered_docs=None`` gathers exactly the documents held by several ranks."""
+    # cost what the ranks will run: touching chunks of one document are one kernel call
+    segments = [_merge_adjacent(s) for s in segments]
     gathered = np.zeros(len(lengths), dtype=bool)
     if gathered_docs is None:
         seen = np.zeros(len(lengths), dtype=np.int64)
@@ -221,7 +258,7 @@ def _finish(lengths, C, strategy, segments, gathered_docs, cm: CostModel) -> Sha
         doc_lengths=lengths,
         cp_size=C,
         strategy=strategy,
-        segments=tuple(_merge_adjacent(s) for s in segments),
+        segments=tuple(segments),
         gathered_docs=gdocs,
         rank_compute_s=compute,
         comm_s=comm,
@@ -353,39 +390,34 @@ def _atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1, ma
         # level ranks: more anchors only add K/V traffic and remove overlap.
         if float(load.max()) <= float(load.mean()) * 1.005 or stale >= 3:
             break
+    anchor_plan = None
+    if best is not None:
+        _, j, owner, bounds = best
+        anchors = cand[:j]
+        per_rank = _head_tail_segments(anchors, bounds, C) if j else [np.zeros((0, 3), np.int64)] * C
+        tails = np.flatnonzero(owner >= 0)
+        segments = []
+        for rr in range(C):
+            t = tails[owner[tails] == rr]
+            whole_segs = np.stack([t, np.zeros(len(t), np.int64), lengths[t]], axis=1)
+            segments.append(_sort_segments(np.concatenate([per_rank[rr], whole_segs]), offsets))
+        anchor_plan = _finish(lengths, C, "atp", segments, np.sort(anchors), cm)
     # Head-tail inside every document, moving only the K/V of documents it splits,
-    # is a candidate too (ATP is never worse than per_doc); skipped when a lower
-    # bound on its block time shows it cannot win.
-    even = None
-    split_tokens = int(lengths[lengths >= 2].sum())
-    # per_doc cuts a document into up to 2C-1 segments, each paying the per-segment overhead
-    extra_segments = int(np.minimum(lengths, 2 * C - 1).sum()) - D
-    even_bound = target + extra_segments * cm.segment_overhead_s / C + float(cm.comm_cost(split_tokens, C))
-    if cm.masked_attn_s_per_pair is not None and cm.masked_attn_s_per_pair < cm.attn_s_per_pair:
-        even_bound = 0.0  # chunks cheaper than whole documents: the bound does not hold
-    if best is None or best[0] > even_bound * (1 + 1e-9):  # float noise: no hopeless per_doc pass
-        even = _finish(lengths, C, "atp", list(_per_doc(lengths, C, cm).segments), None, cm)
-        if even.rank_num_tokens().max() > cap:
-            even = None
-    if best is None or (even is not None and even.block_time_s < best[0]):
-        if even is None:
-            # neither anchor-tail nor per-document head-tail fits the cap; a contiguous
-            # split fits every cap >= ceil(tokens / C), i.e. every cap any placement can
-            # respect (plan_shards reports the overflow otherwise). It gathers only the
-            # documents it cuts.
-            plan = _contiguous(lengths, C, cm)
-            return _finish(lengths, C, "atp", list(plan.segments), None, cm)
-        return even
-    _, j, owner, bounds = best
-    anchors = cand[:j]
-    per_rank = _head_tail_segments(anchors, bounds, C) if j else [np.zeros((0, 3), np.int64)] * C
-    tails = np.flatnonzero(owner >= 0)
-    segments = []
-    for rr in range(C):
-        t = tails[owner[tails] == rr]
-        whole_segs = np.stack([t, np.zeros(len(t), np.int64), lengths[t]], axis=1)
-        segments.append(_sort_segments(np.concatenate([per_rank[rr], whole_segs]), offsets))
-    return _finish(lengths, C, "atp", segments, np.sort(anchors), cm)
+    # is a candidate too (ATP is never worse than per_doc); its block time is costed
+    # without building it first, and the plan is built only if it can win.
+    if anchor_plan is None or _per_doc_block_time(lengths, C, cm) < anchor_plan.block_time_s * (1 + 1e-6):
+        even = _finish(lengths, C, "atp", _per_doc_segments(lengths, C), None, cm)
+        if even.rank_num_tokens().max() <= cap and (anchor_plan is None
+                                                      or even.block_time_s < anchor_plan.block_time_s):
+            return even
+    if anchor_plan is None:
+        # neither anchor-tail nor per-document head-tail fits the cap; a contiguous
+        # split fits every cap >= ceil(tokens / C), i.e. every cap any placement can
+        # respect (plan_shards reports the overflow otherwise). It gathers only the
+        # documents it cuts.
+        plan = _contiguous(lengths, C, cm)
+        return _finish(lengths, C, "atp", list(plan.segments), None, cm)
+    return anchor_plan
 
 
 def _water_fill(cm: CostModel, lengths: np.ndarray, costs: np.ndarray, load: np.ndarray,
