@@ -15,9 +15,9 @@ warm-up):
   document sharded over the CP group). The ``sdpa`` backend runs chunks with an
   explicit mask in blocks of query rows, which costs more per pair than its causal
   kernel; non-negative least squares (relative errors) on tokens, causal pairs,
-  masked pairs and kernel calls fits ``attn_s_per_pair``,
-  ``masked_attn_s_per_pair``, ``segment_overhead_s`` (``mask_block`` is the
-  backend's row block). Backends with native bottom-right causal kernels (flash)
+  masked pairs, causal calls and masked calls fits ``attn_s_per_pair``,
+  ``masked_attn_s_per_pair``, ``segment_overhead_s``, ``masked_segment_overhead_s``
+  (``mask_block`` is the backend's row block where it uses one). Backends with native bottom-right causal kernels (flash)
   fit one pair coefficient. The per-token part of attention joins
   ``linear_s_per_token``.
 * **held out**: the whole block (linear + per-document attention) on packs the
@@ -102,7 +102,8 @@ class CalibrationResult:
 
     def summary(self) -> str:
         cm = self.cost_model
-        masked = "same" if cm.masked_attn_s_per_pair is None else f"{cm.masked_attn_s_per_pair:.3e}"
+        fmt = lambda v: "same" if v is None else f"{v:.3e}"
+        masked = f"{fmt(cm.masked_attn_s_per_pair)}  masked_segment_overhead_s {fmt(cm.masked_segment_overhead_s)}"
         lines = [
             f"device {self.device}, backend {self.backend}; {len(self.linear)} linear + {len(self.attention)} "
             f"attention measurements in {self.seconds:.1f} s",
@@ -151,14 +152,15 @@ def fit_coefficients(X: np.ndarray, y: np.ndarray, *, relative: bool = True) -> 
 
 # ---------------------------------------------------------------------------- measuring
 def _grid(quick: bool, cuda: bool) -> dict[str, Any]:
-    """Measurement grid: whole-document packs (lengths), chunks ``(document length, start, end)``
-    and held-out cases (packs for the whole block, shards of segments for attention)."""
+    """Measurement grid: whole-document packs (lengths), sets of chunks ``(document length,
+    start, end)`` (one big chunk, or many small ones as head-tail splits of short documents
+    give) and held-out cases (packs for the whole block, shards of segments for attention)."""
     s = 8 if cuda else 1  # GPUs need far longer rows before times stop being launch-bound
     if quick:
         lin = [256, 512, 1024, 2048]
         attn = [[256], [512], [1024], [1536], [128] * 8, [32] * 32, [512] * 2, [64] * 8]
-        chunks = [(1024, 512, 1024), (2048, 1024, 2048), (2048, 512, 1536), (1536, 1280, 1536), (1024, 128, 384),
-                  (2048, 1920, 2048)]
+        chunks = [[(1024, 512, 1024)], [(2048, 1024, 2048)], [(2048, 512, 1536)], [(1536, 1280, 1536)],
+                  [(1024, 128, 384)], [(2048, 1920, 2048)], [(64, 32, 64)] * 32, [(256, 64, 192)] * 8]
         held = [[768, 256], [1024, 128, 128, 64], [96] * 12]
         shards = [[(2048, 0, 512), (2048, 1536, 2048), (300, 0, 300)], [(1536, 384, 1152), (200, 0, 200), (90, 0, 90)]]
         repeats = 3
@@ -166,16 +168,18 @@ def _grid(quick: bool, cuda: bool) -> dict[str, Any]:
         lin = [256, 512, 1024, 1536, 2048]
         attn = [[256], [512], [1024], [1536], [2048], [256] * 8, [128] * 16, [64] * 16, [32] * 32, [16] * 64,
                 [1024, 512, 256], [768] * 2, [128] * 4, [512] * 4]
-        chunks = [(1024, 512, 1024), (2048, 1024, 2048), (2048, 512, 1536), (1536, 1280, 1536), (1024, 128, 384),
-                  (2048, 1920, 2048), (3072, 2048, 3072), (3072, 768, 2304), (512, 256, 512), (2048, 1000, 1100),
-                  (4096, 3584, 4096), (768, 100, 700)]
+        chunks = [[(1024, 512, 1024)], [(2048, 1024, 2048)], [(2048, 512, 1536)], [(1536, 1280, 1536)],
+                  [(1024, 128, 384)], [(2048, 1920, 2048)], [(3072, 2048, 3072)], [(3072, 768, 2304)],
+                  [(512, 256, 512)], [(2048, 1000, 1100)], [(4096, 3584, 4096)], [(768, 100, 700)],
+                  [(64, 32, 64)] * 32, [(32, 8, 24)] * 64, [(256, 64, 192)] * 8, [(128, 96, 128)] * 16,
+                  [(512, 128, 384)] * 4]
         held = [[1536, 512], [1024, 256, 128, 128], [96] * 16, [1792], [700, 300, 600, 40] + [20] * 10]
         shards = [[(2048, 0, 512), (2048, 1536, 2048), (300, 0, 300)], [(1536, 384, 1152), (200, 0, 200), (90, 0, 90)],
                   [(3072, 1024, 2048), (1024, 0, 1024)], [(2560, 0, 640), (2560, 1920, 2560)] + [(40, 0, 40)] * 8]
         repeats = 8  # many short rounds: the minimum finds the machine's quiet moments
     scale_seg = lambda seg: tuple(x * s for x in seg)
     return dict(linear=[n * s for n in lin], attention=[[x * s for x in p] for p in attn],
-                chunks=[scale_seg(c) for c in chunks], heldout=[[x * s for x in p] for p in held],
+                chunks=[[scale_seg(c) for c in ch] for ch in chunks], heldout=[[x * s for x in p] for p in held],
                 heldout_shards=[[scale_seg(c) for c in sh] for sh in shards], repeats=repeats)
 
 
@@ -371,7 +375,7 @@ def _measure_and_fit(dims: ModelDims, tp_size: int, dev: str, cuda: bool, clock:
     segs = lambda rows: [tuple(int(x) for x in r) for r in rows]
     jobs = ([("linear", int(n), whole(None, int(n))) for n in g["linear"]]
             + [("attention", docs(ls), blk.attention_only(docs(ls))) for ls in g["attention"]]
-            + [("attention", segs([c]), blk.attention_only(segs([c]))) for c in g.get("chunks", [])]
+            + [("attention", segs(ch), blk.attention_only(segs(ch))) for ch in g.get("chunks", [])]
             + [("pack", docs(ls), whole(ls, int(sum(ls)))) for ls in g["heldout"]]
             + [("shard", segs(sh), blk.attention_only(segs(sh))) for sh in g.get("heldout_shards", [])])
     times = _interleaved_min_times([fn for _, _, fn in jobs], g["repeats"], sync, clock, seed, say)
@@ -392,10 +396,14 @@ def _measure_and_fit(dims: ModelDims, tp_size: int, dev: str, cuda: bool, clock:
     blocks = masking and (dims.sliding_window is not None or not prefix_merge_available(dev))
     base = dict(linear_s_per_token=0.0, attn_s_per_pair=0.0, tile=tile, sliding_window=dims.sliding_window,
                 mask_block=QUERY_BLOCK if blocks else 0)
-    probes = [CostModel(**dict(base, attn_s_per_pair=1.0, masked_attn_s_per_pair=0.0 if masking else None))]
+    # columns: unmasked pairs, [masked pairs], unmasked calls, [masked calls]
+    off = dict(masked_attn_s_per_pair=0.0, masked_segment_overhead_s=0.0) if masking else {}
+    probes = [CostModel(**dict(base, **off, attn_s_per_pair=1.0))]
     if masking:
-        probes.append(CostModel(**dict(base, masked_attn_s_per_pair=1.0)))
-    probes.append(CostModel(**dict(base, segment_overhead_s=1.0, masked_attn_s_per_pair=0.0 if masking else None)))
+        probes.append(CostModel(**dict(base, **dict(off, masked_attn_s_per_pair=1.0))))
+    probes.append(CostModel(**dict(base, **off, segment_overhead_s=1.0)))
+    if masking:
+        probes.append(CostModel(**dict(base, **dict(off, masked_segment_overhead_s=1.0))))
 
     def features(segments) -> list[float]:
         s, e = np.array([x[1] for x in segments]), np.array([x[2] for x in segments])
@@ -403,14 +411,16 @@ def _measure_and_fit(dims: ModelDims, tp_size: int, dev: str, cuda: bool, clock:
 
     Xa = np.array([features(segments) for segments, _ in rows["attention"]])
     coef = fit_coefficients(Xa, np.array([r[1] for r in rows["attention"]]))
-    attn_tok, pair = float(coef[0]), float(coef[1])
-    masked_pair = float(coef[2]) if masking else None
-    overhead = float(coef[-1])
+    if masking:
+        attn_tok, pair, masked_pair, overhead, masked_overhead = (float(c) for c in coef)
+    else:
+        (attn_tok, pair, overhead), masked_pair, masked_overhead = (float(c) for c in coef), None, None
     kv_bytes = 2.0 * blk.kv_heads * dims.head_dim * (2 if cuda else 4)
     # attention kernels also cost per query token (softmax statistics, the backward's
     # delta): that part joins the linear coefficient, as the cost model has no other home for it.
     cm = CostModel(linear_s_per_token=float(lin_coef[0]) + attn_tok, attn_s_per_pair=pair,
-                   masked_attn_s_per_pair=masked_pair, mask_block=base["mask_block"],
+                   masked_attn_s_per_pair=masked_pair, masked_segment_overhead_s=masked_overhead,
+                   mask_block=base["mask_block"],
                    segment_overhead_s=overhead, tile=tile, kv_bytes_per_token=kv_bytes,
                    sliding_window=dims.sliding_window, name=f"calibrated@{_device_name(dev)}/{backend}")
     held = []

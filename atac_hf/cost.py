@@ -208,6 +208,9 @@ class CostModel:
             mask, which costs more per pair than a causal kernel and computes whole
             rectangles (see ``mask_block``). None: the same as ``attn_s_per_pair`` (kernels
             with native bottom-right causal masking, such as flash-attn's varlen kernel).
+        masked_segment_overhead_s: fixed seconds per kernel call of a masked segment (the
+            ``sdpa`` backend's chunk kernels are several calls with more set-up than one
+            causal call); None: ``segment_overhead_s``.
         mask_block: query rows per masked kernel call (the ``sdpa`` backend's row blocks);
             each call computes its rows against every key up to its last row, so a masked
             segment of ``n`` rows computes about ``n * (mask_block - 1) / 2`` pairs beyond
@@ -225,6 +228,7 @@ class CostModel:
     sliding_window: int | None = None
     name: str = "custom"
     masked_attn_s_per_pair: float | None = None
+    masked_segment_overhead_s: float | None = None
     mask_block: int = 0
 
     def __post_init__(self) -> None:
@@ -233,9 +237,10 @@ class CostModel:
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"CostModel.{f} must be a finite number >= 0, got {v!r}")
-        m = self.masked_attn_s_per_pair
-        if m is not None and (not isinstance(m, (int, float)) or not math.isfinite(m) or m < 0):
-            raise ValueError(f"CostModel.masked_attn_s_per_pair must be None or a finite number >= 0, got {m!r}")
+        for f in ("masked_attn_s_per_pair", "masked_segment_overhead_s"):
+            m = getattr(self, f)
+            if m is not None and (not isinstance(m, (int, float)) or not math.isfinite(m) or m < 0):
+                raise ValueError(f"CostModel.{f} must be None or a finite number >= 0, got {m!r}")
         if not isinstance(self.mask_block, (int, np.integer)) or self.mask_block < 0:
             raise ValueError(f"CostModel.mask_block must be an int >= 0 (0: one call per masked segment), "
                              f"got {self.mask_block!r}")
@@ -379,7 +384,8 @@ class CostModel:
     @property
     def models_masking(self) -> bool:
         """Whether masked segments cost differently from causal ones (see ``masked_attn_s_per_pair``)."""
-        return self.masked_attn_s_per_pair is not None or self.mask_block > 0
+        return (self.masked_attn_s_per_pair is not None or self.masked_segment_overhead_s is not None
+                or self.mask_block > 0)
 
     def needs_mask(self, start: Any, end: Any) -> np.ndarray:
         """Bool: which non-empty segments ``[start, end)`` a causal kernel cannot run unmasked
@@ -411,7 +417,9 @@ class CostModel:
             pairs = pairs + np.where(masked, waste, 0)
         per_pair = np.where(masked, self.attn_s_per_pair if self.masked_attn_s_per_pair is None
                             else self.masked_attn_s_per_pair, self.attn_s_per_pair)
-        return pairs * per_pair + calls * self.segment_overhead_s
+        per_call = np.where(masked, self.segment_overhead_s if self.masked_segment_overhead_s is None
+                            else self.masked_segment_overhead_s, self.segment_overhead_s)
+        return pairs * per_pair + calls * per_call
 
     def segment_cost(self, start: Any, end: Any) -> np.ndarray:
         """Seconds (fwd+bwd, one layer) of segments: linear + attention + overhead.

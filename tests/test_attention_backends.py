@@ -115,9 +115,11 @@ def _full_reference(q, k, v, lens, window, scaling):
 @pytest.mark.parametrize("chunk_kernel", ["prefix_merge", "masked_blocks"])
 @pytest.mark.parametrize("window", [None, 1, 5, 16])
 def test_emulated_cp_equals_full_attention_fwd_bwd(window, chunk_kernel, monkeypatch):
-    if chunk_kernel == "masked_blocks":  # the sdpa path off CPU (and under windows): small blocks, many calls
+    if chunk_kernel == "masked_blocks":  # the sdpa path off CPU, for small chunks and under windows
         monkeypatch.setattr(backends, "prefix_merge_available", lambda device: False)
-        monkeypatch.setattr(backends, "QUERY_BLOCK", 16)
+        monkeypatch.setattr(backends, "QUERY_BLOCK", 16)  # small blocks, many calls
+    else:
+        monkeypatch.setattr(backends, "MERGE_MIN_PAIRS", 1)  # every unwindowed chunk merged
     seen_gather = seen_split = 0
     for pi, lens in enumerate(_packs()):
         q, k, v = _qkv(lens, seed=pi)
@@ -229,11 +231,15 @@ def test_one_token_and_tiny_documents_only():
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_prefix_merge_chunk_equals_reference(dtype):
+def test_prefix_merge_chunk_equals_reference(dtype, monkeypatch):
     """The CPU chunk kernel (unmasked prefix + causal square, merged by log-sum-exp) against
     the bottom-right causal reference, forward and every gradient, with GQA."""
     if not backends.prefix_merge_available("cpu"):
         pytest.skip("this torch has no CPU flash kernel")
+    monkeypatch.setattr(backends, "MERGE_MIN_PAIRS", 1)
+    calls = []
+    merged = backends._prefix_chunk
+    monkeypatch.setattr(backends, "_prefix_chunk", lambda *a: calls.append(1) or merged(*a))
     g = torch.Generator().manual_seed(3)
     tol = dict(rtol=0, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
     for L, ds in [(300, 1), (300, 150), (300, 299), (64, 63), (513, 256)]:
@@ -245,6 +251,7 @@ def test_prefix_merge_chunk_equals_reference(dtype):
         torch.testing.assert_close(out, ref, **tol)
         for a, b in zip(torch.autograd.grad(out, (q, k, v), gout), torch.autograd.grad(ref, (q, k, v), gout)):
             torch.testing.assert_close(a, b, **tol)
+    assert len(calls) == 5  # every case ran the merged kernels
 
 
 def test_attend_segment_unknown_backend():

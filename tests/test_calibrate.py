@@ -58,7 +58,7 @@ def test_calibrate_quick_writes_a_loadable_profile(tmp_path, capsys):
 def test_calibrate_native_varlen_backend_fits_one_pair_price():
     from atac_hf.calibrate import calibrate
 
-    grid = dict(linear=[64, 128], attention=[[96], [64, 32], [16] * 4], chunks=[(96, 48, 96)], heldout=[[40, 20]],
+    grid = dict(linear=[64, 128], attention=[[96], [64, 32], [16] * 4], chunks=[[(96, 48, 96)]], heldout=[[40, 20]],
                 heldout_shards=[[(80, 40, 80), (10, 0, 10)]], repeats=1)
     res = calibrate("tiny", device="cpu", backend="varlen_reference", grid=grid)
     cm = res.cost_model

@@ -96,6 +96,8 @@ def test_masked_segments_priced_by_the_kernel_that_runs_them():
     # whole documents cost as before; a chunk's causal pairs at the masked price
     assert m.attention_cost(0, 10) == base.attention_cost(0, 10)
     assert m.attention_cost(5, 10) == 2.0 * (5 * 5 + 15) + 100.0
+    assert m.replace(masked_segment_overhead_s=7.0).attention_cost(5, 10) == 2.0 * (5 * 5 + 15) + 7.0
+    assert base.replace(masked_segment_overhead_s=7.0).attention_cost(0, 10) == base.attention_cost(0, 10)
     # blocks of 4 rows over the chunk [5, 15): rows 5-8 see keys < 9, 9-12 < 13, 13-14 < 15
     b = m.replace(mask_block=4)
     rect = 4 * 9 + 4 * 13 + 2 * 15
@@ -158,6 +160,8 @@ def test_errors():
         CostModel(linear_s_per_token=1.0, attn_s_per_pair=1.0, tile=0)
     with pytest.raises(ValueError, match="masked_attn_s_per_pair must be None or a finite number >= 0"):
         CostModel(linear_s_per_token=1.0, attn_s_per_pair=1.0, masked_attn_s_per_pair=-1.0)
+    with pytest.raises(ValueError, match="masked_segment_overhead_s must be None or a finite number >= 0"):
+        CostModel(linear_s_per_token=1.0, attn_s_per_pair=1.0, masked_segment_overhead_s=float("nan"))
     with pytest.raises(ValueError, match="mask_block must be an int >= 0"):
         CostModel(linear_s_per_token=1.0, attn_s_per_pair=1.0, mask_block=-3)
     with pytest.raises(ValueError, match="link_bandwidth must be > 0"):

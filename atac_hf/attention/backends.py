@@ -10,9 +10,9 @@ first, so they overlap with the gather; ``wait()`` is called once, before the fi
 gathered segment.
 
 Backends: ``sdpa`` (reference, CPU and GPU: a loop of SDPA calls, one per segment;
-a chunk that starts after its document's first token runs, on CPU, as an unmasked
-kernel over its key prefix plus a causal kernel over its own square merged by
-log-sum-exp, and elsewhere, or under a sliding window, as masked blocks of query rows), ``flash``
+a chunk that starts after its document's first token runs, on CPU and when it is big
+enough, as an unmasked kernel over its key prefix plus a causal kernel over its own
+square merged by log-sum-exp, and otherwise as masked blocks of query rows), ``flash``
 (``flash_attn_varlen_func``, CUDA), ``flex`` (``flex_attention``; GPU for training,
 forward-only on CPU), ``varlen_reference`` (the flash bookkeeping fed to a pure-torch
 varlen kernel: slow, for tests and debugging).
@@ -196,6 +196,12 @@ def _prefix_chunk(q, k, v, n_pre: int, scaling: float) -> torch.Tensor:
                                        scaling)[0]
 
 
+# Causal pairs from which a chunk runs as the merged pair of kernels on CPU: their extra
+# calls cost ~0.15 ms, which one masked call of a small chunk does not pay (measured on
+# x86 with torch 2.13: the merge wins from ~1K-token chunks over a long prefix, loses on
+# chunks of a few hundred tokens).
+MERGE_MIN_PAIRS = 1 << 18
+
 # Query rows per SDPA call for a chunk that needs an explicit mask (it does not start at its
 # document's first token, or has a window): mask kernels compute the whole (queries x keys)
 # rectangle, so one call per chunk would spend ~Lq * Lk instead of the causal pairs the cost
@@ -206,7 +212,9 @@ QUERY_BLOCK = 256
 def _attend(q, k, v, ds: int, de: int, lo: int, window: int | None, scaling: float) -> torch.Tensor:
     """Bottom-right causal (windowed) attention of a chunk: q (H, Lq, D) at document positions
     ``[ds, de)``, k/v (K, de - lo, D) at positions ``[lo, de)``. Returns (H, Lq, D)."""
-    if lo == 0 and ds > 0 and (window is None or window >= de) and prefix_merge_available(q.device):
+    n = de - ds
+    if (lo == 0 and ds > 0 and (window is None or window >= de) and n * ds + n * (n + 1) // 2 >= MERGE_MIN_PAIRS
+            and prefix_merge_available(q.device)):
         return _prefix_chunk(q, k, v, ds, scaling)
     mask = _segment_mask(ds, de, lo, window, q.device)
     if mask is None or de - ds <= QUERY_BLOCK:
