@@ -12,14 +12,16 @@ warm-up):
   (:func:`~atac_hf.attention.backends.attend_segment`, the code a CP rank runs):
   whole documents (single documents and packs of many), and *chunks* of documents
   (queries ``[start, end)`` against keys ``[0, end)``: what a rank computes for a
-  document sharded over the CP group). The ``sdpa`` backend runs chunks with an
-  explicit mask in blocks of query rows, which costs more per pair than its causal
-  kernel; non-negative least squares (relative errors) on tokens, causal pairs,
-  masked pairs, causal calls and masked calls fits ``attn_s_per_pair``,
-  ``masked_attn_s_per_pair``, ``segment_overhead_s``, ``masked_segment_overhead_s``
-  (``mask_block`` is the backend's row block where it uses one). Backends with native bottom-right causal kernels (flash)
-  fit one pair coefficient. The per-token part of attention joins
-  ``linear_s_per_token``.
+  document sharded over the CP group). The ``sdpa`` backend runs chunks on other
+  kernels than whole documents (on CPU two unmasked kernels merged by log-sum-exp for
+  big chunks, one masked call for small ones; elsewhere masked blocks of query rows),
+  with another price per pair and far more set-up per call; non-negative least
+  squares (relative errors) on tokens, causal pairs, chunk pairs, causal calls and
+  chunk calls fits ``attn_s_per_pair``, ``masked_attn_s_per_pair``,
+  ``segment_overhead_s`` and ``masked_segment_overhead_s`` (``mask_block`` is the
+  backend's row block where it uses one). Backends with native bottom-right causal
+  kernels (flash) fit one pair price and one call price. The per-token part of
+  attention joins ``linear_s_per_token``.
 * **held out**: the whole block (linear + per-document attention) on packs the
   fit never saw, and attention on rank-like shards (whole documents plus chunks);
   the report gives the fitted model's relative error on them.
