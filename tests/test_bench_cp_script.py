@@ -1,0 +1,25 @@
+"""`scripts/bench_cp.py --quick`: the CPU context-parallel benchmark runs end to end (gloo link
+measurement, per-rank timing of every strategy) and writes its tables; numbers are not checked
+here (benchmarks are measured in docs/BENCHMARKS.md, not asserted in tests)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_cp_quick_runs_every_strategy(tmp_path):
+    out, md = tmp_path / "cp.json", tmp_path / "cp.md"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_cp.py"), "--quick", "--skip-steps",
+                    "--profile", str(ROOT / "configs" / "cost_cpu_tiny_llama.json"), "--length-scale", "8",
+                    "--json-out", str(out), "--markdown-out", str(md)], check=True, cwd=ROOT, timeout=300)
+    data = json.loads(out.read_text())
+    assert [r["strategy"] for r in data["rows"]] == ["contiguous", "zigzag", "per_doc", "wlb_adaptive", "atp"]
+    bw, lat = data["links"]["2"]
+    assert bw > 0 and lat >= 0
+    for r in data["raw"]:
+        assert len(r["rank_attn_s"]) == len(r["rank_linear_s"]) == 2 and min(r["rank_attn_s"]) > 0
+        assert sum(r["lengths"]) > 0
+    assert "| atp |" in md.read_text() and set(data["planner_ms"]) == {r["strategy"] for r in data["rows"]}
