@@ -15,11 +15,13 @@ warm-up):
   document sharded over the CP group). The ``sdpa`` backend runs chunks on other
   kernels than whole documents (on CPU two unmasked kernels merged by log-sum-exp for
   big chunks, one masked call for small ones; elsewhere masked blocks of query rows),
-  with another price per pair and far more set-up per call; non-negative least
-  squares (relative errors) on tokens, causal pairs, chunk pairs, causal calls and
-  chunk calls fits ``attn_s_per_pair``, ``masked_attn_s_per_pair``,
-  ``segment_overhead_s`` and ``masked_segment_overhead_s`` (``mask_block`` is the
-  backend's row block where it uses one). Backends with native bottom-right causal
+  with far more set-up per call; non-negative least squares (relative errors) on
+  tokens, pairs, calls and chunk calls fits ``attn_s_per_pair``,
+  ``segment_overhead_s`` and ``masked_segment_overhead_s``. Where chunks run as
+  masked row blocks (CUDA, or a sliding window), which compute and mask whole
+  rectangles, their pairs get their own price, ``masked_attn_s_per_pair``, and
+  ``mask_block`` is the backend's row block. On CPU the merge runs the same fused
+  kernel as whole documents, so pairs share one price there. Backends with native bottom-right causal
   kernels (flash) fit one pair price and one call price. The per-token part of
   attention joins ``linear_s_per_token``.
 * **held out**: the whole block (linear + per-document attention) on packs the
@@ -395,28 +397,30 @@ def _measure_and_fit(dims: ModelDims, tp_size: int, dev: str, cuda: bool, clock:
     masked_rows = any(s > 0 or (dims.sliding_window or math.inf) < e
                       for segments, _ in rows["attention"] for _, s, e in segments)
     masking = backend == "sdpa" and masked_rows
+    # Masked row blocks compute and mask whole rectangles: their own price per pair. The CPU
+    # merge runs the same fused kernel as whole documents (one price per pair), and only its
+    # extra calls cost more; small chunks' single masked call is folded into the same columns.
     blocks = masking and (dims.sliding_window is not None or not prefix_merge_available(dev))
     base = dict(linear_s_per_token=0.0, attn_s_per_pair=0.0, tile=tile, sliding_window=dims.sliding_window,
                 mask_block=QUERY_BLOCK if blocks else 0)
-    # columns: unmasked pairs, [masked pairs], unmasked calls, [masked calls]
-    off = dict(masked_attn_s_per_pair=0.0, masked_segment_overhead_s=0.0) if masking else {}
-    probes = [CostModel(**dict(base, **off, attn_s_per_pair=1.0))]
-    if masking:
-        probes.append(CostModel(**dict(base, **dict(off, masked_attn_s_per_pair=1.0))))
-    probes.append(CostModel(**dict(base, **off, segment_overhead_s=1.0)))
-    if masking:
-        probes.append(CostModel(**dict(base, **dict(off, masked_segment_overhead_s=1.0))))
+    if not masking:
+        columns = [dict(attn_s_per_pair=1.0), dict(segment_overhead_s=1.0)]
+    else:
+        off = dict(masked_attn_s_per_pair=0.0 if blocks else None, masked_segment_overhead_s=0.0)
+        columns = ([dict(off, attn_s_per_pair=1.0)] + ([dict(off, masked_attn_s_per_pair=1.0)] if blocks else [])
+                   + [dict(off, segment_overhead_s=1.0), dict(off, masked_segment_overhead_s=1.0)])
+    probes = [CostModel(**dict(base, **c)) for c in columns]
 
     def features(segments) -> list[float]:
         s, e = np.array([x[1] for x in segments]), np.array([x[2] for x in segments])
         return [float((e - s).sum())] + [float(p.attention_cost(s, e).sum()) for p in probes]
 
     Xa = np.array([features(segments) for segments, _ in rows["attention"]])
-    coef = fit_coefficients(Xa, np.array([r[1] for r in rows["attention"]]))
-    if masking:
-        attn_tok, pair, masked_pair, overhead, masked_overhead = (float(c) for c in coef)
-    else:
-        (attn_tok, pair, overhead), masked_pair, masked_overhead = (float(c) for c in coef), None, None
+    coef = [float(c) for c in fit_coefficients(Xa, np.array([r[1] for r in rows["attention"]]))]
+    attn_tok, pair = coef[0], coef[1]
+    masked_pair = coef[2] if blocks else None
+    overhead = coef[3 if blocks else 2]
+    masked_overhead = coef[-1] if masking else None
     kv_bytes = 2.0 * blk.kv_heads * dims.head_dim * (2 if cuda else 4)
     # attention kernels also cost per query token (softmax statistics, the backward's
     # delta): that part joins the linear coefficient, as the cost model has no other home for it.

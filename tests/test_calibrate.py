@@ -43,9 +43,10 @@ def test_calibrate_quick_writes_a_loadable_profile(tmp_path, capsys):
     assert report["backend"] == "sdpa" and {h["kind"] for h in report["heldout"]} == {"pack", "shard"}
     cm = CostModel.from_profile(out)
     assert cm.tile == 1 and cm.linear_s_per_token > 0 and cm.attn_s_per_pair > 0
-    # the grid measured chunks: they get their own price (and no row blocks on CPU, where
-    # the sdpa backend merges an unmasked prefix kernel with a causal one)
-    assert cm.masked_attn_s_per_pair is not None and cm.mask_block == 0
+    # the grid measured chunks: on CPU the sdpa backend runs big ones as an unmasked prefix
+    # kernel merged with a causal one (the same price per pair, no row blocks), with their own
+    # price per call
+    assert cm.masked_segment_overhead_s is not None and cm.masked_attn_s_per_pair is None and cm.mask_block == 0
     # the planners and the simulator accept it
     plan = plan_shards([300, 1200, 90], 2, "atp", cm)
     assert plan.block_time_s > 0
@@ -62,8 +63,23 @@ def test_calibrate_native_varlen_backend_fits_one_pair_price():
                 heldout_shards=[[(80, 40, 80), (10, 0, 10)]], repeats=1)
     res = calibrate("tiny", device="cpu", backend="varlen_reference", grid=grid)
     cm = res.cost_model
-    assert res.backend == "varlen_reference" and cm.masked_attn_s_per_pair is None and cm.mask_block == 0
+    assert res.backend == "varlen_reference" and cm.mask_block == 0
+    assert cm.masked_attn_s_per_pair is None and cm.masked_segment_overhead_s is None
     assert len(res.attention) == 4 and len(res.heldout) == 2 and "varlen_reference" in res.summary()
+
+
+def test_calibrate_masked_blocks_get_their_own_price_per_pair(monkeypatch):
+    """Where the sdpa backend runs chunks as masked row blocks (off CPU, or without the CPU
+    merge), their pairs get their own price and the profile records the row block."""
+    from atac_hf.attention import backends
+    from atac_hf.calibrate import calibrate
+
+    monkeypatch.setattr(backends, "prefix_merge_available", lambda device: False)
+    grid = dict(linear=[64, 128], attention=[[96], [64, 32], [16] * 4], repeats=1,
+                chunks=[[(300, 100, 300)], [(64, 32, 64)] * 4, [(200, 20, 120)]], heldout=[[40, 20]], heldout_shards=[])
+    cm = calibrate("tiny", device="cpu", grid=grid).cost_model
+    assert cm.mask_block == backends.QUERY_BLOCK and cm.masked_attn_s_per_pair is not None
+    assert cm.masked_segment_overhead_s is not None
 
 
 def test_calibrate_bad_settings():
