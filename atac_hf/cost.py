@@ -202,19 +202,21 @@ class CostModel:
         link_latency_s: latency of one collective step.
         sliding_window: attention window in tokens (keys ``(i - w, i]``), or None.
         name: a label for reports.
-        masked_attn_s_per_pair: seconds per pair computed by a kernel that needs an explicit
-            mask: chunks that do not start at their document's first token, and segments
-            longer than the sliding window. The ``sdpa`` backend runs those with a boolean
-            mask, which costs more per pair than a causal kernel and computes whole
-            rectangles (see ``mask_block``). None: the same as ``attn_s_per_pair`` (kernels
-            with native bottom-right causal masking, such as flash-attn's varlen kernel).
+        masked_attn_s_per_pair: seconds per pair of a *masked* segment, one a plain causal
+            kernel cannot run: a chunk that does not start at its document's first token, or
+            a segment longer than the sliding window. The ``sdpa`` backend runs those on other
+            kernels (on CPU, big chunks as two unmasked kernels merged by log-sum-exp and
+            small ones as one masked call; elsewhere, and under a window, masked blocks of
+            query rows, which compute and mask whole rectangles: see ``mask_block``). None:
+            the same as ``attn_s_per_pair`` (the CPU merge, or kernels with native
+            bottom-right causal masking such as flash-attn's varlen kernel).
         masked_segment_overhead_s: fixed seconds per kernel call of a masked segment (the
             ``sdpa`` backend's chunk kernels are several calls with more set-up than one
             causal call); None: ``segment_overhead_s``.
         mask_block: query rows per masked kernel call (the ``sdpa`` backend's row blocks);
             each call computes its rows against every key up to its last row, so a masked
             segment of ``n`` rows computes about ``n * (mask_block - 1) / 2`` pairs beyond
-            the causal ones, and pays ``segment_overhead_s`` once per call. 0: masked
+            the causal ones, and pays the per-call overhead once per block. 0: masked
             segments are one call and compute only their causal pairs.
     """
 
