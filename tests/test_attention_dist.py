@@ -45,14 +45,23 @@ def _packs(world: int) -> list[tuple[str, list[list[int]]]]:
 
 
 def _cp_run(model, batch, plan, rank, backend):
+    from atac_hf.attention import backends as kernels
     from atac_hf.attention import shard_batch, unshard
 
     _dist.set_attn(model, "atac_cp")
     model.zero_grad(set_to_none=True)
-    local = shard_batch(batch, plan, rank, backend=backend, debug=True)
-    assert local["input_ids"].shape == (1, int(plan.rank_num_tokens()[rank]))
-    out = model(**local)
-    out.loss.backward()
+    # "sdpa+merge": the sdpa backend with its CPU chunk kernel (unmasked prefix merged with a
+    # causal square) on every chunk; these packs are below its size threshold otherwise.
+    merge_threshold = kernels.MERGE_MIN_PAIRS
+    if backend == "sdpa+merge":
+        backend, kernels.MERGE_MIN_PAIRS = "sdpa", 1
+    try:
+        local = shard_batch(batch, plan, rank, backend=backend, debug=True)
+        assert local["input_ids"].shape == (1, int(plan.rank_num_tokens()[rank]))
+        out = model(**local)
+        out.loss.backward()
+    finally:
+        kernels.MERGE_MIN_PAIRS = merge_threshold
     loss = out.loss.detach().clone()
     n = local["num_items_in_batch"]
     loss64 = F.cross_entropy(out.logits[0].detach().double(), local["shift_labels"][0], reduction="sum") / n
@@ -153,6 +162,8 @@ def equivalence_worker(rank: int, world: int, out_path: str) -> None:
                     backends = ["sdpa"]
                     if model_name != "llama" and dtype == torch.float64:
                         backends.append("varlen_reference")  # the flash bookkeeping, with real gathers
+                    if model_name == "llama":
+                        backends.append("sdpa+merge")  # unwindowed chunks: the CPU chunk kernel too
                     for backend in backends:
                         got = _cp_run(model, batch, plan, rank, backend)
                         if rank == 0:
