@@ -58,6 +58,20 @@ def spawn(fn, world: int, *args, timeout_s: float = 300.0) -> None:
             os.unlink(init_file)
 
 
+def join_or_kill(ctx, timeout_s: float) -> list[int]:
+    """Wait up to ``timeout_s`` in total for every process of an ``mp.spawn(..., join=False)``
+    context whose workers may fail on purpose (fault tests), then kill the ones still
+    running. Returns their pids: a non-empty list means a rank hung."""
+    deadline = time.monotonic() + timeout_s
+    for p in ctx.processes:
+        p.join(max(1.0, deadline - time.monotonic()))
+    hung = [p.pid for p in ctx.processes if p.is_alive()]
+    for p in ctx.processes:
+        if p.is_alive():
+            p.kill()
+    return hung
+
+
 # ---------------------------------------------------------------------------- models
 def tiny_config(name: str):
     """Tiny configs: hidden 64, 2 layers, 4 heads, 2 KV heads, vocab 128 (GQA on)."""

@@ -277,13 +277,7 @@ def test_faulty_cp_rank_makes_the_other_fail_clearly_within_the_timeout():
     os.close(fd)
     os.unlink(init_file)
     ctx = mp.spawn(_fault_entry, args=(2, init_file, out_dir), nprocs=2, join=False)
-    deadline = time.monotonic() + 120
-    for p in ctx.processes:
-        p.join(max(1.0, deadline - time.monotonic()))
-    hung = [p.pid for p in ctx.processes if p.is_alive()]
-    for p in ctx.processes:
-        if p.is_alive():
-            p.kill()
+    hung = _dist.join_or_kill(ctx, 120)
     assert not hung, f"workers {hung} still running after 120 s: a CP rank hung"
     for scenario in SCENARIOS:
         with open(os.path.join(out_dir, f"{scenario}.0.json")) as f:

@@ -88,14 +88,7 @@ def test_collective_timeout_reaches_the_cp_group_and_a_faulty_rank_fails_fast():
 
     out_dir = tempfile.mkdtemp(prefix="atac_timeout_")
     ctx = mp.spawn(_entry, args=(4, free_port(), out_dir), nprocs=4, join=False)
-    deadline = time.monotonic() + 150
-    for p in ctx.processes:
-        p.join(max(1.0, deadline - time.monotonic()))
-    hung = [p.pid for p in ctx.processes if p.is_alive()]
-    for p in ctx.processes:
-        if p.is_alive():
-            p.kill()
-    assert not hung, "a rank hung"
+    assert not _dist.join_or_kill(ctx, 150), "a rank hung"
     res = [json.loads(open(os.path.join(out_dir, f"{r}.json")).read()) for r in range(4)]
     for r in res:
         assert "setup_error" not in r, r["setup_error"]
