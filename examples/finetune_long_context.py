@@ -245,6 +245,10 @@ def main(argv=None) -> int:
         if rank0:
             _summary(args.compare, base_rows, base_wall, base_eval)
             _side_by_side(atac_config.sharding_strategy, rows, args.compare, base_rows)
+    # End the processes together and destroy the process group: a gloo group left to the interpreter's
+    # shutdown can abort the process (SIGABRT) after all the work is done
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()
     return 0
 
 

@@ -132,5 +132,15 @@ def main(out_path: str, cp_size: int, mode: str = "all") -> None:
             json.dump(results, f)
 
 
+def end_processes() -> None:
+    """Destroy the process group before exit (gloo can abort at interpreter shutdown without it)."""
+    from accelerate import PartialState
+
+    state = PartialState()
+    state.wait_for_everyone()
+    state.destroy_process_group()
+
+
 if __name__ == "__main__":
     main(sys.argv[1], int(sys.argv[2]), *sys.argv[3:4])
+    end_processes()
