@@ -87,6 +87,11 @@ class CalibrationResult:
     def mean_rel_err(self) -> float:
         return float(np.mean([abs(h["rel_err"]) for h in self.heldout])) if self.heldout else float("nan")
 
+    @property
+    def longest_document(self) -> int:
+        """Length of the longest document measured: prices beyond it are extrapolated."""
+        return max((seg[0] for segments, _ in self.attention for seg in segments), default=0)
+
     def metadata(self) -> dict[str, Any]:
         """What :meth:`CostModel.save` stores beside the coefficients (the simulator checks ``model``/``tp_size``)."""
         return {
@@ -97,6 +102,7 @@ class CalibrationResult:
             "heldout_max_rel_err": self.max_rel_err,
             "heldout_mean_rel_err": self.mean_rel_err,
             "num_measurements": len(self.linear) + len(self.attention) + len(self.heldout),
+            "longest_document": self.longest_document,
             "seconds": self.seconds,
             "tool": "atac-hf calibrate",
         }
@@ -110,7 +116,7 @@ class CalibrationResult:
         masked = f"{fmt(cm.masked_attn_s_per_pair)}  masked_segment_overhead_s {fmt(cm.masked_segment_overhead_s)}"
         lines = [
             f"device {self.device}, backend {self.backend}; {len(self.linear)} linear + {len(self.attention)} "
-            f"attention measurements in {self.seconds:.1f} s",
+            f"attention measurements (documents up to {self.longest_document} tokens) in {self.seconds:.1f} s",
             f"linear_s_per_token {cm.linear_s_per_token:.3e}  attn_s_per_pair {cm.attn_s_per_pair:.3e}  "
             f"masked_attn_s_per_pair {masked}  segment_overhead_s {cm.segment_overhead_s:.3e}  "
             f"mask_block {cm.mask_block}  tile {cm.tile}",
@@ -155,10 +161,13 @@ def fit_coefficients(X: np.ndarray, y: np.ndarray, *, relative: bool = True) -> 
 
 
 # ---------------------------------------------------------------------------- measuring
-def _grid(quick: bool, cuda: bool) -> dict[str, Any]:
+def _grid(quick: bool, cuda: bool, max_len: int | None = None) -> dict[str, Any]:
     """Measurement grid: whole-document packs (lengths), sets of chunks ``(document length,
     start, end)`` (one big chunk, or many small ones as head-tail splits of short documents
-    give) and held-out cases (packs for the whole block, shards of segments for attention)."""
+    give) and held-out cases (packs for the whole block, shards of segments for attention).
+
+    ``max_len`` (tokens) extends the grid with documents, chunks and shards of up to that
+    length, doubling from the grid's longest document (see :func:`calibrate`)."""
     s = 8 if cuda else 1  # GPUs need far longer rows before times stop being launch-bound
     if quick:
         lin = [256, 512, 1024, 2048]
@@ -182,9 +191,21 @@ def _grid(quick: bool, cuda: bool) -> dict[str, Any]:
                   [(3072, 1024, 2048), (1024, 0, 1024)], [(2560, 0, 640), (2560, 1920, 2560)] + [(40, 0, 40)] * 8]
         repeats = 8  # many short rounds: the minimum finds the machine's quiet moments
     scale_seg = lambda seg: tuple(x * s for x in seg)
-    return dict(linear=[n * s for n in lin], attention=[[x * s for x in p] for p in attn],
-                chunks=[[scale_seg(c) for c in ch] for ch in chunks], heldout=[[x * s for x in p] for p in held],
-                heldout_shards=[[scale_seg(c) for c in sh] for sh in shards], repeats=repeats)
+    g = dict(linear=[n * s for n in lin], attention=[[x * s for x in p] for p in attn],
+             chunks=[[scale_seg(c) for c in ch] for ch in chunks], heldout=[[x * s for x in p] for p in held],
+             heldout_shards=[[scale_seg(c) for c in sh] for sh in shards], repeats=repeats)
+    longest = max(c[0] for ch in g["chunks"] for c in ch)
+    lengths = []
+    while max_len and longest < max_len:  # long documents: what the run's packs hold
+        longest = min(2 * longest, int(max_len))
+        lengths.append(longest)
+    for L in lengths:  # a whole document, a tail chunk, a middle chunk (head-tail sharding's two kinds)
+        g["attention"].append([L])
+        g["chunks"] += [[(L, L // 2, L)], [(L, L // 4, 3 * L // 4)]]
+    if lengths:  # held out: a rank's head-tail pair of the longest document, with a short whole one
+        L = lengths[-1]
+        g["heldout_shards"].append([(L, 0, L // 4), (L, 3 * L // 4, L), (L // 8, 0, L // 8)])
+    return g
 
 
 def _interleaved_min_times(fns: Sequence[Callable[[], None]], repeats: int, sync: Callable[[], None],
@@ -305,7 +326,8 @@ def _resolve_dims(model: Any) -> ModelDims:
 
 def calibrate(model: Any = "tiny", *, device: str | None = None, quick: bool = False, tp_size: int = 1,
               seed: int = 0, threads: int | None = None, backend: str | None = None,
-              progress: Callable[[str], None] | None = None, grid: dict[str, Any] | None = None) -> CalibrationResult:
+              progress: Callable[[str], None] | None = None, grid: dict[str, Any] | None = None,
+              max_len: int | None = None) -> CalibrationResult:
     """Measure the block on ``device`` and fit a :class:`CostModel`.
 
     Args:
@@ -322,6 +344,12 @@ def calibrate(model: Any = "tiny", *, device: str | None = None, quick: bool = F
         progress: called with a short message per measurement.
         grid: override the measurement grid (keys ``linear``, ``attention``, ``chunks``,
             ``heldout``, ``heldout_shards``, ``repeats``; see ``_grid``).
+        max_len: the longest document the profile must price, e.g. the run's ``max_tokens``.
+            The default grid covers documents up to 4K tokens on CPU (32K on CUDA); a longer
+            ``max_len`` adds whole documents and chunks of doubling lengths up to it, so the
+            fitted prices hold where the run's long documents are (per-pair cost keeps
+            falling with length on CPU kernels). Long rows take time: a 16K-token document
+            is about 8 s per round on one CPU core.
 
     Returns:
         The :class:`CalibrationResult` (``.save(path)`` writes the profile JSON).
@@ -337,6 +365,8 @@ def calibrate(model: Any = "tiny", *, device: str | None = None, quick: bool = F
     dims = _resolve_dims(model)
     if tp_size < 1 or dims.num_heads % tp_size:
         raise ValueError(f"tp_size={tp_size} must be >= 1 and divide num_heads={dims.num_heads}")
+    if max_len is not None and (not isinstance(max_len, (int, np.integer)) or max_len < 1):
+        raise ValueError(f"max_len={max_len!r} must be a positive token count (e.g. the run's max_tokens) or None")
     backend = backend or "sdpa"
     if backend not in SEGMENT_BACKENDS:
         raise ValueError(f"calibration backend {backend!r} is not supported; legal values: {list(SEGMENT_BACKENDS)} "
@@ -353,7 +383,7 @@ def calibrate(model: Any = "tiny", *, device: str | None = None, quick: bool = F
         if (threads or 1) == 1:
             clock = time.process_time
     try:
-        return _measure_and_fit(dims, tp_size, dev, cuda, clock, dict(_grid(quick, cuda), **(grid or {})), seed,
+        return _measure_and_fit(dims, tp_size, dev, cuda, clock, dict(_grid(quick, cuda, max_len), **(grid or {})), seed,
                                 backend, progress or (lambda msg: None))
     finally:
         torch.set_num_threads(old_threads)

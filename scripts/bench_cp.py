@@ -95,7 +95,7 @@ def make_packs(lengths: np.ndarray, pack_tokens: int, n: int, seed: int) -> list
     return packs[:n]
 
 
-def cpu_cost_model(profile: str | None, layers: int):
+def cpu_cost_model(profile: str | None, layers: int, max_len: int | None = None):
     from atac_hf.cost import CostModel
 
     if profile:
@@ -103,9 +103,9 @@ def cpu_cost_model(profile: str | None, layers: int):
     try:
         from atac_hf.calibrate import calibrate
 
-        res = calibrate(model_dims(layers))
-        return res.cost_model, (f"calibrated on this CPU for this model (atac_hf.calibrate; "
-                                f"held-out error <= {100 * res.max_rel_err:.0f}%)")
+        res = calibrate(model_dims(layers), max_len=max_len)
+        return res.cost_model, (f"calibrated on this CPU for this model (atac_hf.calibrate, documents up to "
+                                f"{res.longest_document} tokens; held-out error <= {100 * res.max_rel_err:.0f}%)")
     except ImportError:
         # hidden 256 fp32 on one CPU core: rough, measured once by hand
         return CostModel(linear_s_per_token=2e-6, attn_s_per_pair=4e-9, segment_overhead_s=3e-5, tile=1,
@@ -295,11 +295,14 @@ def main(argv=None) -> int:
 
     from atac_hf.sharding import plan_shards
 
-    cm0, cm_source = cpu_cost_model(args.profile, args.layers)
     kv_bytes_tok = 2 * 2 * 32 * 4  # K and V, 2 kv heads x 32 dims, fp32
     lengths = load_lengths(args.workload, args.seed)
     if args.length_scale != 1.0:
         lengths = np.maximum(1, np.round(lengths / args.length_scale)).astype(np.int64)
+    all_packs = {n: make_packs(lengths, n, args.packs, args.seed + n) for n in args.pack_tokens}
+    # calibrate up to the longest document the packs hold: CPU per-pair cost keeps falling with length
+    longest = max(max(p) for packs in all_packs.values() for p in packs)
+    cm0, cm_source = cpu_cost_model(args.profile, args.layers, max_len=longest)
     rows, raw, links = [], [], {}
     for world in args.world_sizes:
         bw, lat = measure_link(world)
@@ -307,7 +310,7 @@ def main(argv=None) -> int:
         print(f"cp={world}: gloo link {bw / 1e9:.2f} GB/s, latency {lat * 1e6:.0f} us", file=sys.stderr, flush=True)
         cm = cm0.replace(link_bandwidth=bw, link_latency_s=lat)
         for pack_tokens in args.pack_tokens:
-            packs = make_packs(lengths, pack_tokens, args.packs, args.seed + pack_tokens)
+            packs = all_packs[pack_tokens]
             if args.skip_steps:
                 step = {(pi, s): {"step_s": float("nan"), "plan_ms": float("nan")}
                         for pi in range(len(packs)) for s in STRATEGIES}

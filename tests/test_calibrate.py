@@ -94,3 +94,32 @@ def test_calibrate_bad_settings():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
             calibrate("tiny", quick=True, device="cuda")
+    with pytest.raises(ValueError, match=r"max_len=0 must be a positive token count"):
+        calibrate("tiny", quick=True, device="cpu", max_len=0)
+
+
+def test_grid_max_len_extends_to_the_run_s_longest_document():
+    from atac_hf.calibrate import _grid
+
+    base = _grid(quick=False, cuda=False)
+    assert _grid(quick=False, cuda=False, max_len=1000) == base  # already covered: nothing added
+    g = _grid(quick=False, cuda=False, max_len=12000)
+    docs = lambda grid: {L for ls in grid["attention"] for L in ls} | {c[0] for ch in grid["chunks"] for c in ch}
+    added = [ls for ls in g["attention"] if ls not in base["attention"]]
+    assert added == [[8192], [12000]]  # doubling from the grid's longest document (4K), capped at max_len
+    assert [(12000, 6000, 12000)] in g["chunks"] and [(12000, 3000, 9000)] in g["chunks"]
+    assert g["heldout_shards"][-1][0] == (12000, 0, 3000) and len(g["heldout_shards"]) == len(base["heldout_shards"]) + 1
+    assert max(docs(g)) == 12000 and g["linear"] == base["linear"]
+
+
+def test_calibrate_max_len_reaches_the_profile_and_the_cli():
+    from atac_hf.calibrate import calibrate
+
+    grid = dict(linear=[64, 128], attention=[[96], [64, 32], [16] * 4], chunks=[[(96, 48, 96)]], heldout=[[40, 20]],
+                heldout_shards=[], repeats=1)
+    res = calibrate("tiny", device="cpu", backend="varlen_reference", grid=grid)
+    assert res.longest_document == 96 and res.metadata()["longest_document"] == 96
+    p = argparse.ArgumentParser()
+    add_parser(p.add_subparsers(dest="command", required=True))
+    assert p.parse_args(["calibrate", "--max-len", "16K"]).max_len == 16384
+    assert p.parse_args(["calibrate"]).max_len is None

@@ -233,6 +233,9 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=["sdpa", "flash", "varlen_reference"], default="sdpa",
                    help="attention backend the profile is for: the ATACConfig attention_backend of the run "
                         "(default sdpa; use sdpa for flex)")
+    p.add_argument("--max-len", type=parse_tokens, default=None,
+                   help="longest document to price, e.g. the run's max_tokens (16K): extends the grid up to it "
+                        "(default: documents up to 4K on CPU, 32K on CUDA)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the profile metadata as JSON")
     p.set_defaults(func=run_calibrate)
@@ -249,7 +252,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
             else "tiny"
     say = None if args.json else (lambda msg: print(msg, file=sys.stderr))
     res = calibrate(model, device=args.device, quick=args.quick, tp_size=args.tp_size, seed=args.seed,
-                    threads=args.threads, backend=args.backend, progress=say)
+                    threads=args.threads, backend=args.backend, progress=say, max_len=args.max_len)
     res.save(args.output)
     if args.json:
         print(json.dumps({"profile": args.output, **res.metadata(), "heldout": res.heldout}, default=float))
