@@ -114,6 +114,55 @@ def test_atp_anchor_tail_structure():
     assert plan.kv_tokens <= per_doc.kv_tokens / 2
 
 
+def _rank_pairs(plan):
+    """Causal query-key pairs per rank (exact, untiled)."""
+    return np.array([sum((e * (e + 1) - st * (st + 1)) // 2 for _, st, e in plan.rank_segments(r))
+                     for r in range(plan.cp_size)], dtype=np.float64)
+
+
+@pytest.mark.parametrize("cost", sorted(COSTS))
+@pytest.mark.parametrize("lengths,cp", [([14841, 1509], 2), ([14841, 1509], 4), ([4619, 3573], 2),
+                                        ([9000, 700, 300, 200], 2), ([6000, 5000, 800, 90], 4)])
+def test_atp_levels_tokens_and_pairs_separately(lengths, cp, cost):
+    """Where tails leave room, ATP's anchors level every rank in tokens *and* in attention pairs,
+    so the balance holds whatever the true price ratio of token-wise work and attention: the
+    same plan is level under a model that prices only tokens and one that prices only pairs."""
+    plan = plan_shards(lengths, cp, "atp", COSTS[cost])
+    check_plan(plan, lengths)
+    assert len(plan.gathered_docs) >= 1
+    tok, pairs = plan.rank_num_tokens(), _rank_pairs(plan)
+    assert tok.max() - tok.min() <= len(plan.gathered_docs)  # rounding: a token per anchor
+    assert pairs.max() / pairs.mean() < 1.002
+    for only in (dict(linear_s_per_token=1.0, attn_s_per_pair=0.0), dict(linear_s_per_token=0.0, attn_s_per_pair=1.0)):
+        cm = CostModel(tile=1, **only)
+        work = np.array([cm.segment_cost(seg[:, 1], seg[:, 2]).sum() for seg in plan.segments])
+        assert work.max() / work.mean() < 1.002
+
+
+def test_two_way_split_unit():
+    """The anchor splitter on its own: tokens and pairs hit per-rank targets; no chunk under
+    min_chunk; None where a rank's tails already exceed its share."""
+    from atac_hf.sharding.planners import _two_way_anchor_segments
+
+    lengths = np.array([12000, 3000, 500], dtype=np.int64)
+    owner = np.array([-1, 0, 1])  # document 0 is the anchor; 1 on rank 0, 2 on rank 1
+    segs = _two_way_anchor_segments(lengths, 3, np.array([0]), owner, np.inf, 64)
+    got = np.concatenate(segs)
+    cover = np.zeros(12000, dtype=int)
+    for _, a, b in got:
+        cover[a:b] += 1
+        assert b - a >= 64
+    assert (cover == 1).all()
+    tok = [sum(b - a for _, a, b in sg) for sg in segs]
+    assert [t + x for t, x in zip(tok, [3000, 500, 0])] in ([5167, 5167, 5166], [5166, 5167, 5167],
+                                                               [5167, 5166, 5167])
+    pair = lambda e: e * (e + 1) // 2
+    pairs = [sum(pair(b) - pair(a) for _, a, b in sg) + pair(x) for sg, x in zip(segs, [3000, 500, 0])]
+    assert max(pairs) / np.mean(pairs) < 1.001
+    # a tail longer than a rank's share of the tokens: no level split exists
+    assert _two_way_anchor_segments(np.array([4000, 3000]), 3, np.array([0]), np.array([-1, 0]), np.inf, 1) is None
+
+
 def test_atp_no_anchor_when_tails_balance():
     plan = plan_shards([100] * 16, 4, "atp", EXACT)
     assert len(plan.sharded_docs) == 0

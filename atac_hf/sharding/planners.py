@@ -27,6 +27,11 @@ from .plan import ShardPlan
 
 __all__ = ["plan_shards", "STRATEGIES", "head_tail_bounds"]
 
+#: ATP takes the plan whose ranks are level in tokens and in attention pairs separately
+#: (robust to the cost model's error in their relative price) over the one level in
+#: estimated cost alone, unless its estimated block time is more than this fraction higher.
+TWO_WAY_TOLERANCE = 0.02
+
 
 def plan_shards(
     doc_lengths: Any,
@@ -396,12 +401,21 @@ def _atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1, ma
         anchors = cand[:j]
         per_rank = _head_tail_segments(anchors, bounds, C) if j else [np.zeros((0, 3), np.int64)] * C
         tails = np.flatnonzero(owner >= 0)
-        segments = []
+        tail_segs = []
         for rr in range(C):
             t = tails[owner[tails] == rr]
-            whole_segs = np.stack([t, np.zeros(len(t), np.int64), lengths[t]], axis=1)
-            segments.append(_sort_segments(np.concatenate([per_rank[rr], whole_segs]), offsets))
-        anchor_plan = _finish(lengths, C, "atp", segments, np.sort(anchors), cm)
+            tail_segs.append(np.stack([t, np.zeros(len(t), np.int64), lengths[t]], axis=1))
+        anchor_plan = _finish(lengths, C, "atp", [_sort_segments(np.concatenate([a, t]), offsets)
+                                                   for a, t in zip(per_rank, tail_segs)], np.sort(anchors), cm)
+        # The same anchors and tails with every rank level in tokens and in attention pairs
+        # separately: balanced whatever the true price ratio of the two (the cost model's is
+        # off by 5-20% on CPU); taken unless the estimate says it costs over TWO_WAY_TOLERANCE.
+        two_way = _two_way_anchor_segments(lengths, C, anchors, owner, cap, min_chunk) if j else None
+        if two_way is not None:
+            plan = _finish(lengths, C, "atp", [_sort_segments(np.concatenate([a, t]), offsets)
+                                               for a, t in zip(two_way, tail_segs)], np.sort(anchors), cm)
+            if plan.block_time_s <= anchor_plan.block_time_s * (1 + TWO_WAY_TOLERANCE):
+                anchor_plan = plan
     # Head-tail inside every document, moving only the K/V of documents it splits,
     # is a candidate too (ATP is never worse than per_doc); its block time is costed
     # without building it first, and the plan is built only if it can win.
@@ -418,6 +432,72 @@ def _atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1, ma
         plan = _contiguous(lengths, C, cm)
         return _finish(lengths, C, "atp", list(plan.segments), None, cm)
     return anchor_plan
+
+
+def _causal_pairs(n):
+    """Query-key pairs of a causal prefix of ``n`` tokens (int or int64 array)."""
+    return n * (n + 1) // 2
+
+
+def _two_way_anchor_segments(lengths: np.ndarray, C: int, anchors: np.ndarray, owner: np.ndarray, cap: float,
+                             min_chunk: int) -> list[np.ndarray] | None:
+    """Split ``anchors`` over the ranks so that, with the tails ``owner`` places, every rank
+    gets the same number of tokens *and* the same number of causal query-key pairs.
+
+    A rank's token share of an anchor sets its token count; where its chunks sit sets its
+    pairs: a chunk ``[s, e)`` has ``pairs(e) - pairs(s)`` of them, so moving tokens from a
+    rank's head chunk to its tail chunk raises its pairs, linearly in the tokens moved.
+    Ranks are laid out from the outside in (heads from the document's start, tails from its
+    end), those furthest from their target first, as outer chunks reach the widest range;
+    the innermost rank takes the middle, and with it the remainder. Anchors are visited
+    largest first; each absorbs what it can of every rank's remaining pair need, the later
+    ones assumed mirrored (pairs proportional to tokens). Chunks shorter than ``min_chunk``
+    are avoided (a rank gets one chunk instead, or the mirror split).
+
+    Returns per-rank (n, 3) anchor segments, or None where no such split exists: a rank's
+    tails alone exceed a rank's share of tokens or pairs, or the cap forbids level tokens.
+    """
+    L = lengths.astype(np.int64)
+    tails = np.flatnonzero(owner >= 0)
+    tail_tok = np.bincount(owner[tails], weights=L[tails].astype(np.float64), minlength=C)
+    tail_pairs = np.bincount(owner[tails], weights=_causal_pairs(L[tails]).astype(np.float64), minlength=C)
+    need_tok = float(L.sum()) / C - tail_tok
+    need_pairs = float(_causal_pairs(L).sum()) / C - tail_pairs
+    if need_tok.min() < 0 or need_pairs.min() < 0 or need_tok.sum() <= 0 or np.ceil(float(L.sum()) / C) > cap:
+        return None
+    A = L[anchors]
+    # level token counts: each anchor split in proportion to the ranks' token needs
+    want = A[:, None] * (need_tok / need_tok.sum())[None, :]
+    n = np.floor(want).astype(np.int64)
+    for d in range(len(A)):  # hand out the rounding remainders, largest fraction first
+        short = int(A[d] - n[d].sum())
+        n[d, np.argsort(-(want[d] - n[d]), kind="stable")[:short]] += 1
+    mirror = n * (A[:, None] + 1) / 2.0  # pairs of a mirrored head-tail share
+    remaining = need_pairs.copy()
+    out: list[list[np.ndarray]] = [[] for _ in range(C)]
+    for d in range(len(A)):
+        Ld = int(A[d])
+        target = remaining - mirror[d + 1:].sum(axis=0)
+        ranks = [int(r) for r in np.argsort(-np.abs(target - mirror[d]), kind="stable") if n[d, r] > 0]
+        H, E = 0, Ld
+        for i, r in enumerate(ranks):
+            nr = int(n[d, r])
+            if i == len(ranks) - 1:  # innermost: the middle, one chunk
+                h = nr
+            else:
+                # pairs(h) = pairs(H + h) - pairs(H) + pairs(E) - pairs(E - nr + h): linear in h
+                a, b = H, E - nr
+                base = (_causal_pairs(E) - _causal_pairs(a)) + (a - b) * (a + b + 1) / 2.0
+                slope = float(a - b)  # < 0: a longer head (a shorter tail) has fewer pairs
+                h = int(np.clip(np.rint((target[r] - base) / slope), 0, nr)) if slope < 0 else (nr + 1) // 2
+                if 0 < h < min_chunk or 0 < nr - h < min_chunk:  # no chunk under min_chunk tokens
+                    h = (0 if h < nr - h else nr) if nr < 2 * min_chunk else int(np.clip(h, min_chunk, nr - min_chunk))
+            segs = [(int(anchors[d]), H, H + h), (int(anchors[d]), E - (nr - h), E)]
+            got = _causal_pairs(H + h) - _causal_pairs(H) + _causal_pairs(E) - _causal_pairs(E - (nr - h))
+            remaining[r] -= got
+            out[r].append(np.array([sg for sg in segs if sg[2] > sg[1]], dtype=np.int64).reshape(-1, 3))
+            H, E = H + h, E - (nr - h)
+    return [np.concatenate(x) if x else np.zeros((0, 3), np.int64) for x in out]
 
 
 def _water_fill(cm: CostModel, lengths: np.ndarray, costs: np.ndarray, load: np.ndarray,
