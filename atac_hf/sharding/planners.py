@@ -8,7 +8,8 @@ remainder instead.
 Strategies:
     atp          anchor-tail: the j most expensive documents are split head-tail
                  over all ranks, the rest stay whole; j is chosen by estimated
-                 block time (compute + exposed K/V exchange).
+                 block time (compute + exposed K/V exchange), and the anchors' chunks
+                 level the ranks in tokens and attention pairs where the tails allow.
     contiguous   Llama-3 style all-gather CP: the row cut into C contiguous runs.
     zigzag       head-tail over the whole row (torch / Accelerate default).
     per_doc      head-tail inside every document (Megatron THD, WLB-LLM per-doc).
@@ -346,6 +347,14 @@ def _atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1, ma
     share of the anchor's attention work equals its share of the tokens, wherever
     the chunks sit. The smallest j whose ranks come out level wins, unless a
     larger j has a smaller estimated block time (compute + exposed K/V exchange).
+
+    The chosen anchors are then re-split so that every rank is level in tokens and in
+    causal attention pairs separately (a rank's head/tail proportion sets its pairs;
+    see :func:`_two_way_anchor_segments`): such a plan stays level whatever the true
+    price ratio of token-wise work and attention, which a cost model gets only
+    approximately. It replaces the cost-level split unless its estimated block time is
+    more than :data:`TWO_WAY_TOLERANCE` higher. Last, head-tail inside every document
+    (the ``per_doc`` layout) competes on estimated block time.
     """
     D = len(lengths)
     offsets = _offsets(lengths)
