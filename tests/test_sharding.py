@@ -296,6 +296,15 @@ def test_property_atp_cap(lengths, cp, slack):
     check_plan(plan, lengths, cap=cap)
 
 
+@settings(max_examples=150, deadline=None)
+@given(lengths=st.lists(st.one_of(st.integers(1, 8), st.integers(1, 5000)), min_size=1, max_size=40),
+       cp=st.integers(2, 8), cost=st.sampled_from(sorted(COSTS)))
+def test_property_atp_tightest_cap(lengths, cp, cost):
+    """ATP respects the tightest cap any placement can: ceil(tokens / cp_size)."""
+    cap = -(-sum(lengths) // cp)
+    check_plan(plan_shards(lengths, cp, "atp", COSTS[cost], max_tokens_per_rank=cap), lengths, cap=cap)
+
+
 WLB_PATH = __import__("pathlib").Path(__file__).resolve().parents[1] / ".." / "shared" / "workloads" / \
     "wlbllm_doc_lengths.json"
 

@@ -475,12 +475,24 @@ def _two_way_anchor_segments(lengths: np.ndarray, C: int, anchors: np.ndarray, o
     if need_tok.min() < 0 or need_pairs.min() < 0 or need_tok.sum() <= 0 or np.ceil(float(L.sum()) / C) > cap:
         return None
     A = L[anchors]
-    # level token counts: each anchor split in proportion to the ranks' token needs
-    want = A[:, None] * (need_tok / need_tok.sum())[None, :]
+    # level token counts: integer per-rank totals (within a token of level, so under every
+    # feasible cap), each anchor split in proportion to them, rounding repaired
+    goal = np.floor(need_tok + 1e-9).astype(np.int64)
+    goal[np.argsort(-(need_tok - goal), kind="stable")[: int(A.sum() - goal.sum())]] += 1
+    want = A[:, None] * (goal / goal.sum())[None, :]
     n = np.floor(want).astype(np.int64)
     for d in range(len(A)):  # hand out the rounding remainders, largest fraction first
         short = int(A[d] - n[d].sum())
         n[d, np.argsort(-(want[d] - n[d]), kind="stable")[:short]] += 1
+    off = n.sum(axis=0) - goal
+    while off.any():  # per-anchor rounding can leave a rank a token or two over its total
+        o, u = int(np.argmax(off)), int(np.argmin(off))
+        d = int(np.argmax(n[:, o]))
+        k = int(min(off[o], -off[u], n[d, o]))
+        n[d, o] -= k
+        n[d, u] += k
+        off[o] -= k
+        off[u] += k
     mirror = n * (A[:, None] + 1) / 2.0  # pairs of a mirrored head-tail share
     remaining = need_pairs.copy()
     out: list[list[np.ndarray]] = [[] for _ in range(C)]
