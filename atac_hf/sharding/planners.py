@@ -460,8 +460,8 @@ def _two_way_anchor_segments(lengths: np.ndarray, C: int, anchors: np.ndarray, o
     end), those furthest from their target first, as outer chunks reach the widest range;
     the innermost rank takes the middle, and with it the remainder. Anchors are visited
     largest first; each absorbs what it can of every rank's remaining pair need, the later
-    ones assumed mirrored (pairs proportional to tokens). Chunks shorter than ``min_chunk``
-    are avoided (a rank gets one chunk instead, or the mirror split).
+    ones assumed mirrored (pairs proportional to tokens). A rank's head or tail is not cut
+    shorter than ``min_chunk`` (it gets one chunk instead, or a clipped split).
 
     Returns per-rank (n, 3) anchor segments, or None where no such split exists: a rank's
     tails alone exceed a rank's share of tokens or pairs, or the cap forbids level tokens.
