@@ -23,3 +23,12 @@ def test_bench_cp_quick_runs_every_strategy(tmp_path):
         assert len(r["rank_attn_s"]) == len(r["rank_linear_s"]) == 2 and min(r["rank_attn_s"]) > 0
         assert sum(r["lengths"]) > 0
     assert "| atp |" in md.read_text() and set(data["planner_ms"]) == {r["strategy"] for r in data["rows"]}
+
+
+def test_bench_atp_split_quick_runs_both_parts():
+    """`scripts/bench_atp_split.py --quick`: the estimate table and the measured A/B run."""
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_atp_split.py"), "--quick",
+                           "--profile", str(ROOT / "configs" / "cost_cpu_tiny_llama.json")],
+                          check=True, cwd=ROOT, timeout=300, capture_output=True, text=True)
+    assert proc.stdout.count("| 7b on A800 |") == 3 and proc.stdout.count("| 8b on H100 |") == 3
+    assert "| 300 + 90" in proc.stdout and "ATP, two-way split" in proc.stdout
