@@ -414,15 +414,15 @@ def _atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1, ma
         for rr in range(C):
             t = tails[owner[tails] == rr]
             tail_segs.append(np.stack([t, np.zeros(len(t), np.int64), lengths[t]], axis=1))
-        anchor_plan = _finish(lengths, C, "atp", [_sort_segments(np.concatenate([a, t]), offsets)
-                                                   for a, t in zip(per_rank, tail_segs)], np.sort(anchors), cm)
+        with_tails = lambda anchor_segs: [_sort_segments(np.concatenate([a, t]), offsets)  # noqa: E731
+                                          for a, t in zip(anchor_segs, tail_segs)]
+        anchor_plan = _finish(lengths, C, "atp", with_tails(per_rank), np.sort(anchors), cm)
         # The same anchors and tails with every rank level in tokens and in attention pairs
         # separately: balanced whatever the true price ratio of the two (the cost model's is
         # off by 5-20% on CPU); taken unless the estimate says it costs over TWO_WAY_TOLERANCE.
         two_way = _two_way_anchor_segments(lengths, C, anchors, owner, cap, min_chunk) if j else None
         if two_way is not None:
-            plan = _finish(lengths, C, "atp", [_sort_segments(np.concatenate([a, t]), offsets)
-                                               for a, t in zip(two_way, tail_segs)], np.sort(anchors), cm)
+            plan = _finish(lengths, C, "atp", with_tails(two_way), np.sort(anchors), cm)
             if plan.block_time_s <= anchor_plan.block_time_s * (1 + TWO_WAY_TOLERANCE):
                 anchor_plan = plan
     # Head-tail inside every document, moving only the K/V of documents it splits,
