@@ -36,9 +36,9 @@ __all__ = [
 
 _LAZY = {
     "shard_batch": ("atac_hf.attention", "shard_batch"),
-    "PackedDataCollator": ("atac_hf.packing.collator", "PackedDataCollator"),
-    "WFAPBatchSampler": ("atac_hf.packing.feeders", "WFAPBatchSampler"),
-    "pack_dataset": ("atac_hf.packing.dataset", "pack_dataset"),
+    "PackedDataCollator": ("atac_hf.packing.data.collator", "PackedDataCollator"),
+    "WFAPBatchSampler": ("atac_hf.packing.data.sampler", "WFAPBatchSampler"),
+    "pack_dataset": ("atac_hf.packing.data.dataset", "pack_dataset"),
     "ATACConfig": ("atac_hf.integrations.config", "ATACConfig"),
     "ATACTrainer": ("atac_hf.integrations", "ATACTrainer"),
     "ATACAccelerator": ("atac_hf.integrations", "ATACAccelerator"),

@@ -10,7 +10,8 @@ import sys
 _COMMAND_MODULES = (
     "atac_hf.packing.cli",  # pack
     "atac_hf.sharding.cli",  # plan
-    "atac_hf.sim.cli",  # simulate, bench, calibrate
+    "atac_hf.sim.cli",  # simulate, bench
+    "atac_hf.cost.cli",  # calibrate
 )
 
 

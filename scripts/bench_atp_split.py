@@ -11,7 +11,7 @@
 
     python scripts/bench_atp_split.py [--packs 14841,1509@2 ...] [--repeats 9] [--profile P]
 
-The cost-level split is ATP with ``atac_hf.sharding.planners.TWO_WAY_TOLERANCE`` at -inf.
+The cost-level split is ATP with ``atac_hf.sharding.atp.TWO_WAY_TOLERANCE`` at -inf.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def parse_args(argv=None):
 @contextlib.contextmanager
 def cost_level_split():
     """ATP without the two-way split (the cost-level water-filling only)."""
-    from atac_hf.sharding import planners
+    from atac_hf.sharding import atp as planners
 
     old = planners.TWO_WAY_TOLERANCE
     planners.TWO_WAY_TOLERANCE = -np.inf

@@ -19,7 +19,7 @@ strategy:
 
 and, separately, the planner alone on a 128K-token, 200-document pack at cp_size 8.
 
-The planner's cost model is calibrated on this machine first (``atac_hf.calibrate``)
+The planner's cost model is calibrated on this machine first (``atac_hf.cost.calibrate``)
 when available, else a CPU estimate, so that ``atp`` balances what this CPU spends.
 
     python scripts/bench_cp.py                 # full run (~10 min on 2 cores)
@@ -38,8 +38,10 @@ from pathlib import Path
 
 import numpy as np
 
+from atac_hf.workloads import sample_path
+
 ROOT = Path(__file__).resolve().parents[1]
-WLB_PATH = ROOT.parent / "shared" / "workloads" / "wlbllm_doc_lengths.json"
+WLB_PATH = Path(sample_path("wlbllm"))
 STRATEGIES = ("contiguous", "zigzag", "per_doc", "wlb_adaptive", "atp")
 
 
@@ -74,7 +76,7 @@ def parse_args(argv=None):
 def load_lengths(spec: str, seed: int) -> np.ndarray:
     if spec.endswith(".json"):
         return np.asarray(json.loads(Path(spec).read_text()), dtype=np.int64)
-    from atac_hf.sim.workloads import load_workload
+    from atac_hf.workloads import load_workload
 
     return np.asarray(load_workload(spec, num_samples=20000, seed=seed), dtype=np.int64)
 
@@ -101,10 +103,10 @@ def cpu_cost_model(profile: str | None, layers: int, max_len: int | None = None)
     if profile:
         return CostModel.from_profile(profile), f"profile {profile}"
     try:
-        from atac_hf.calibrate import calibrate
+        from atac_hf.cost.calibrate import calibrate
 
         res = calibrate(model_dims(layers), max_len=max_len)
-        return res.cost_model, (f"calibrated on this CPU for this model (atac_hf.calibrate, documents up to "
+        return res.cost_model, (f"calibrated on this CPU for this model (atac_hf.cost.calibrate, documents up to "
                                 f"{res.longest_document} tokens; held-out error <= {100 * res.max_rel_err:.0f}%)")
     except ImportError:
         # hidden 256 fp32 on one CPU core: rough, measured once by hand
@@ -132,7 +134,7 @@ def _link_worker(rank: int, world: int, init_file: str, sizes, repeats: int, out
     import torch
     import torch.distributed as dist
 
-    from atac_hf._compat import all_gather_single, reduce_scatter_single
+    from atac_hf.attention.compat import all_gather_single, reduce_scatter_single
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -163,7 +165,7 @@ def measure_link(world: int, repeats: int = 5) -> tuple[float, float]:
 
     import torch.multiprocessing as mp
 
-    from atac_hf.calibrate import fit_coefficients
+    from atac_hf.cost.calibrate import fit_coefficients
 
     sizes = [2**12, 2**16, 2**18, 2**20]
     with tempfile.TemporaryDirectory() as tmp:

@@ -2,7 +2,7 @@
 """Packing benchmark: WFAP and the baselines side by side, plus TRL's BFD timing.
 
 Runs every strategy on the built-in long-tail workload and on the WLB-LLM length sample
-(``../shared/workloads/wlbllm_doc_lengths.json`` from the repo root, when present), prints
+(the ``wlbllm`` sample shipped in ``atac_hf/workload_data``), prints
 a markdown table and writes it (with the command) into ``docs/BENCHMARKS.md`` under
 "## Packing (WFAP vs baselines)" (only that section is replaced).
 
@@ -26,10 +26,10 @@ import numpy as np  # noqa: E402
 from atac_hf.cost import CostModel  # noqa: E402
 from atac_hf.packing import PackingConfig, pack_costs, pack_lengths  # noqa: E402
 from atac_hf.packing.metrics import window_imbalance  # noqa: E402
-from atac_hf.workloads import describe_lengths, load_lengths, make_workload  # noqa: E402
+from atac_hf.workloads import describe_lengths, load_lengths, make_workload, sample_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_WLB = ROOT.parent / "shared" / "workloads" / "wlbllm_doc_lengths.json"
+DEFAULT_WLB = Path(sample_path("wlbllm"))
 HEADING = "## Packing (WFAP vs baselines)"
 
 # (row label, strategy, extra PackingConfig options)
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         "that packs less than it was fed carries the rest: that is most of the baselines' deferred samples.",
         "",
         "Planner speed vs. TRL (planning plus building rows for TRL; planning only for ours; "
-        "building our rows is `atac_hf.packing.dataset.pack_dataset`'s job):" if trl_lines else
+        "building our rows is `atac_hf.packing.data.dataset.pack_dataset`'s job):" if trl_lines else
         "TRL timing: not run.",
         *trl_lines,
     ])

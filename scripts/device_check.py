@@ -5,7 +5,7 @@ overhead and a calibration profile, in one process on one GPU (< 8 min on an H20
 Parts, run in this order (each in its own try/except; a failing part or item is
 recorded in the JSON and the others still run):
 
-d. calibration: ``atac_hf.calibrate.calibrate("7b", device="cuda")``; the profile is
+d. calibration: ``atac_hf.cost.calibrate.calibrate("7b", device="cuda")``; the profile is
    saved under the output folder and plans part b.
 c. overhead of ``atac_cp_attention`` at cp_size 1 against plain document-masked
    attention with the same backend (sdpa: one causal call per document; flex: one call
@@ -271,7 +271,7 @@ def _qkv(N: int, H: int, K: int, D: int, dtype, device, seed: int):
 
 # ---------------------------------------------------------------------------- part d
 def part_calibration(run: Run, s: dict) -> dict:
-    from atac_hf.calibrate import calibrate
+    from atac_hf.cost.calibrate import calibrate
 
     kw = {}
     if s["device"] == "cpu":  # a handful of tiny measurements: seconds, not a faithful profile

@@ -6,11 +6,11 @@ import json
 import numpy as np
 import pytest
 
-from atac_hf.calibrate import fit_coefficients
+from atac_hf.cost.calibrate import fit_coefficients
 from atac_hf.cost import CostModel
 from atac_hf.sharding import plan_shards
 from atac_hf.sim import ClusterConfig
-from atac_hf.sim.cli import add_parser
+from atac_hf.cost.cli import add_parser
 
 torch = pytest.importorskip("torch")
 
@@ -57,7 +57,7 @@ def test_calibrate_quick_writes_a_loadable_profile(tmp_path, capsys):
 
 
 def test_calibrate_native_varlen_backend_fits_one_pair_price():
-    from atac_hf.calibrate import calibrate
+    from atac_hf.cost.calibrate import calibrate
 
     grid = dict(linear=[64, 128], attention=[[96], [64, 32], [16] * 4], chunks=[[(96, 48, 96)]], heldout=[[40, 20]],
                 heldout_shards=[[(80, 40, 80), (10, 0, 10)]], repeats=1)
@@ -72,7 +72,7 @@ def test_calibrate_masked_blocks_get_their_own_price_per_pair(monkeypatch):
     """Where the sdpa backend runs chunks as masked row blocks (off CPU, or without the CPU
     merge), their pairs get their own price and the profile records the row block."""
     from atac_hf.attention import backends
-    from atac_hf.calibrate import calibrate
+    from atac_hf.cost.calibrate import calibrate
 
     monkeypatch.setattr(backends, "prefix_merge_available", lambda device: False)
     grid = dict(linear=[64, 128], attention=[[96], [64, 32], [16] * 4], repeats=1,
@@ -83,7 +83,7 @@ def test_calibrate_masked_blocks_get_their_own_price_per_pair(monkeypatch):
 
 
 def test_calibrate_bad_settings():
-    from atac_hf.calibrate import calibrate
+    from atac_hf.cost.calibrate import calibrate
 
     with pytest.raises(ValueError, match=r"calibration backend 'flex' is not supported; legal values: \['sdpa'"):
         calibrate("tiny", quick=True, device="cpu", backend="flex")
@@ -99,7 +99,7 @@ def test_calibrate_bad_settings():
 
 
 def test_grid_max_len_extends_to_the_run_s_longest_document():
-    from atac_hf.calibrate import _grid
+    from atac_hf.cost.calibrate import _grid
 
     base = _grid(quick=False, cuda=False)
     assert _grid(quick=False, cuda=False, max_len=1000) == base  # already covered: nothing added
@@ -113,7 +113,7 @@ def test_grid_max_len_extends_to_the_run_s_longest_document():
 
 
 def test_calibrate_max_len_reaches_the_profile_and_the_cli():
-    from atac_hf.calibrate import calibrate
+    from atac_hf.cost.calibrate import calibrate
 
     grid = dict(linear=[64, 128], attention=[[96], [64, 32], [16] * 4], chunks=[[(96, 48, 96)]], heldout=[[40, 20]],
                 heldout_shards=[], repeats=1)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import DataCollatorWithFlattening, LlamaConfig, LlamaForCausalLM
 
-from atac_hf.packing.collator import PackedDataCollator
+from atac_hf.packing.data.collator import PackedDataCollator
 
 VOCAB = 128
 

@@ -18,17 +18,17 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from atac_hf.cost import CostModel
-from atac_hf.packing.collator import PackedDataCollator
+from atac_hf.packing.data.collator import PackedDataCollator
 from atac_hf.packing.config import PackingConfig
-from atac_hf.packing.dataset import dataset_lengths, pack_dataset
-from atac_hf.packing.feeders import (
+from atac_hf.packing.data.dataset import dataset_lengths, pack_dataset
+from atac_hf.packing.data.sampler import (
     PackedIterableDataset,
     SpanDataset,
     WFAPBatchSampler,
     plan_packs,
     replica_order,
 )
-from atac_hf.packing.feeding import WindowPlanner
+from atac_hf.packing.data.window_planner import WindowPlanner
 from atac_hf.packing.stream import pack_lengths
 
 CAP = 64

@@ -222,7 +222,7 @@ def test_exactly_once_streaming_dp_shard_kill_resume(run):
 def test_even_batches_cuts_below_min_fragment_rather_than_repeat_batches():
     """Regression: when the last window's packs could be neither split (at a document boundary,
     or >= min_fragment) nor merged, Accelerate repeated batches: samples trained twice."""
-    from atac_hf.packing.feeding import plan_packs
+    from atac_hf.packing.data.window_planner import plan_packs
 
     cases = [([40], PackingConfig(max_tokens=32, packs_per_window=2, overlength="truncate"), 2, 32),
              ([20], PackingConfig(max_tokens=64, packs_per_window=2), 2, 20),

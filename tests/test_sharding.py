@@ -142,7 +142,7 @@ def test_atp_levels_tokens_and_pairs_separately(lengths, cp, cost):
 def test_two_way_split_unit():
     """The anchor splitter on its own: tokens and pairs hit per-rank targets; no chunk under
     min_chunk; None where a rank's tails already exceed its share."""
-    from atac_hf.sharding.planners import _two_way_anchor_segments
+    from atac_hf.sharding.atp import _two_way_anchor_segments
 
     lengths = np.array([12000, 3000, 500], dtype=np.int64)
     owner = np.array([-1, 0, 1])  # document 0 is the anchor; 1 on rank 0, 2 on rank 1
@@ -305,8 +305,9 @@ def test_property_atp_tightest_cap(lengths, cp, cost):
     check_plan(plan_shards(lengths, cp, "atp", COSTS[cost], max_tokens_per_rank=cap), lengths, cap=cap)
 
 
-WLB_PATH = __import__("pathlib").Path(__file__).resolve().parents[1] / ".." / "shared" / "workloads" / \
-    "wlbllm_doc_lengths.json"
+from atac_hf.workloads import load_workload, sample_path  # noqa: E402
+
+WLB_PATH = __import__("pathlib").Path(sample_path("wlbllm"))
 
 
 def _packs_from(lengths, pack_tokens, n, seed):
@@ -326,7 +327,7 @@ def _packs_from(lengths, pack_tokens, n, seed):
 
 def _workload():
     if WLB_PATH.exists():
-        return json.loads(WLB_PATH.read_text())
+        return load_workload("wlbllm").tolist()
     from numpy.random import default_rng
 
     rng = default_rng(0)  # long-tail stand-in: lognormal bulk + a few very long documents

@@ -9,7 +9,7 @@ from atac_hf.cost import CostModel
 from atac_hf.sharding import plan_shards
 from atac_hf.sim import ClusterConfig, simulate
 from atac_hf.sim.simulate import balanced_step_time, plan_summaries
-from atac_hf.sim.workloads import lengths_from_dataset, lengths_from_json, load_workload, sample_stream
+from atac_hf.workloads import lengths_from_dataset, lengths_from_json, load_workload, sample_stream
 
 
 def _lengths(seed=0, n=3000):

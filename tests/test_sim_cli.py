@@ -8,7 +8,9 @@ import pytest
 
 from atac_hf.sim import bench as bench_mod
 from atac_hf.sim.bench import Scenario
-from atac_hf.sim.cli import add_parser, parse_tokens
+from atac_hf._argtypes import parse_tokens
+from atac_hf.cost.cli import add_parser as add_calibrate_parser
+from atac_hf.sim.cli import add_parser
 from atac_hf.sim.report import SECTION_HEADING, write_section
 
 
@@ -17,6 +19,7 @@ def _parser():
     sub = p.add_subparsers(dest="command", required=True)
     add_parser(sub)
     add_parser(sub)  # idempotent: the main CLI may list this module under several names
+    add_calibrate_parser(sub)
     return p
 
 

@@ -398,7 +398,7 @@ SEGMENT_BACKENDS = ("sdpa", "flash", "varlen_reference")
 def attend_segment(backend: str, q_HLD: torch.Tensor, k_KLD: torch.Tensor, v_KLD: torch.Tensor, ds: int, de: int,
                    lo: int = 0, *, window: int | None = None, scaling: float | None = None) -> torch.Tensor:
     """One segment's attention exactly as ``backend`` runs it inside a layer (what
-    :mod:`atac_hf.calibrate` times): queries at document positions ``[ds, de)`` against
+    :mod:`atac_hf.cost.calibrate` times): queries at document positions ``[ds, de)`` against
     keys ``[lo, de)``, bottom-right causal, windowed if ``window``. Returns (H, de - ds, D).
 
     Raises:

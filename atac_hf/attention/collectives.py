@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .._compat import all_gather_single, reduce_scatter_single
+from .compat import all_gather_single, reduce_scatter_single
 
 __all__ = ["KVGather", "attach", "group_device", "peer_failure"]
 

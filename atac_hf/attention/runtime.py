@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from .._compat import rope_types
+from .compat import rope_types
 from ..sharding.plan import ShardPlan
 from .backends import BACKENDS, run_backend
 from .collectives import KVGather, attach

@@ -333,7 +333,7 @@ def check_plan_digest(plan: ShardPlan, group: Any = None) -> None:
     mine = torch.tensor(list(plan.digest.encode("ascii").ljust(16, b"-")[:16]), dtype=torch.uint8, device=dev)
     world = dist.get_world_size(group)
     allg = torch.empty(world * 16, dtype=torch.uint8, device=dev)
-    from .._compat import all_gather_single
+    from .compat import all_gather_single
 
     try:
         all_gather_single(allg, mine, group=group)
@@ -358,7 +358,7 @@ def unshard(local: torch.Tensor, plan: ShardPlan, rank: int, group: Any = None) 
     m = int(counts.max())
     send = torch.zeros((m, *x.shape[1:]), dtype=x.dtype, device=x.device)
     send[: x.shape[0]] = x
-    from .._compat import all_gather_single
+    from .compat import all_gather_single
 
     allg = torch.empty((plan.cp_size * m, *x.shape[1:]), dtype=x.dtype, device=x.device)
     all_gather_single(allg, send, group=group)

@@ -66,9 +66,9 @@ def build_packed_dataloader(dataset: Any, config: ATACConfig, *, num_replicas: i
         ``(loader, sampler)``: prepare the loader with ``accelerator.prepare``; keep the
         :class:`~atac_hf.packing.WFAPBatchSampler` for ``set_epoch`` and ``state_dict``.
     """
-    from ..packing.collator import PackedDataCollator
-    from ..packing.dataset import dataset_lengths
-    from ..packing.feeders import SpanDataset, WFAPBatchSampler
+    from ..packing.data.collator import PackedDataCollator
+    from ..packing.data.dataset import dataset_lengths
+    from ..packing.data.sampler import SpanDataset, WFAPBatchSampler
 
     check_dataset_columns(dataset)
     lengths = dataset_lengths(dataset)

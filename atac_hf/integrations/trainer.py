@@ -81,7 +81,7 @@ class ATACTrainer(Trainer):
     def __init__(self, model: torch.nn.Module | None = None, args: TrainingArguments | None = None,
                  data_collator: Any = None, train_dataset: Any = None, eval_dataset: Any = None, *,
                  atac_config: ATACConfig | None = None, **kwargs: Any) -> None:
-        from ..packing.collator import PackedDataCollator
+        from ..packing.data.collator import PackedDataCollator
 
         config = atac_config if atac_config is not None else ATACConfig.from_sources()
         if model is None:

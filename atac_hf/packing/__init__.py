@@ -1,7 +1,15 @@
 """Packing: WFAP (cost-balanced packing with bounded deferral) and the baselines.
 
-The planners (``config``, ``stream``, ``wfap``, ``baselines``, ``metrics``) import numpy
-only. The collator, feeders and dataset packers (torch / datasets) load on first use.
+* :mod:`.planners` - the pure per-window planners: ``wfap``, ``baselines`` (sequential, bfd,
+  wlb) and their shared ``window`` pieces.
+* :mod:`.stream` - :class:`StreamPacker`, the window-by-window engine (deferral, overlength
+  samples, resumable state), and :func:`pack_lengths`.
+* :mod:`.config`, :mod:`.validate`, :mod:`.metrics` - settings, input checks, pack metrics.
+* :mod:`.data` - what meets datasets and DataLoaders (torch / datasets, loaded on first use):
+  the batch sampler, the iterable dataset, ``pack_dataset``, the collator, and the window
+  planning they share.
+
+Everything but :mod:`.data` imports numpy only.
 """
 
 from __future__ import annotations
@@ -29,11 +37,11 @@ __all__ = [
 
 # torch/datasets-backed pieces, imported on first use (keeps planning numpy-only)
 _LAZY = {
-    "PackedDataCollator": "atac_hf.packing.collator",
-    "WFAPBatchSampler": "atac_hf.packing.feeders",
-    "PackedIterableDataset": "atac_hf.packing.feeders",
-    "SpanDataset": "atac_hf.packing.feeders",
-    "pack_dataset": "atac_hf.packing.dataset",
+    "PackedDataCollator": "atac_hf.packing.data.collator",
+    "WFAPBatchSampler": "atac_hf.packing.data.sampler",
+    "PackedIterableDataset": "atac_hf.packing.data.iterable",
+    "SpanDataset": "atac_hf.packing.data.sampler",
+    "pack_dataset": "atac_hf.packing.data.dataset",
 }
 
 

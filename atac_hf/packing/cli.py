@@ -2,7 +2,7 @@
 
 Examples::
 
-    atac-hf pack --lengths ../shared/workloads/wlbllm_doc_lengths.json --max-tokens 65536 \\
+    atac-hf pack --lengths atac_hf/workload_data/wlbllm_doc_lengths.json.gz --max-tokens 65536 \\
         --packs-per-window 64 --strategy wfap --model 7b --hardware A800
     atac-hf pack --workload longtail --num-samples 20000 --max-tokens 65536 --json
 """

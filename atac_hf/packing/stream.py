@@ -14,13 +14,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..cost import CostModel, default_cost_model
-from ._window import ARRIVAL, END, FRAG, SEQ, SID, START, Item, Planner, WindowContext, fill_empty_packs
-from ._window import place_overdue, ref_cost_per_token
-from .baselines import plan_bfd, plan_sequential, plan_wlb, wlb_held
+from .planners.window import ARRIVAL, END, FRAG, SEQ, SID, START, Item, Planner, WindowContext, fill_empty_packs
+from .planners.window import place_overdue, ref_cost_per_token
+from .planners.baselines import plan_bfd, plan_sequential, plan_wlb, wlb_held
 from .config import PackingConfig
-from ._validate import check_lengths, check_overlength, check_window
+from .validate import check_lengths, check_overlength, check_window
 from .metrics import MetricsAccumulator, pack_costs
-from .wfap import HELD_LIMIT, plan_wfap, wfap_held
+from .planners.wfap import HELD_LIMIT, plan_wfap, wfap_held
 
 __all__ = ["StreamPacker", "PackResult", "pack_lengths", "PLANNERS"]
 

@@ -8,7 +8,7 @@ import time
 
 from ..cost import HARDWARE_PRESETS, MODEL_PRESETS, CostModel
 from ..workloads import load_lengths
-from .planners import STRATEGIES, plan_shards
+from .api import STRATEGIES, plan_shards
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -6,7 +6,7 @@ from .cluster import ClusterConfig
 from .results import NAMED_COMBINATIONS, PACKINGS, SHARDINGS, ComboResult, SimResult, combo_label
 from .schedule import PipelineTimeline, forward_only, one_f_one_b
 from .simulate import balanced_step_time, simulate
-from .workloads import BUILTIN_WORKLOADS, load_workload
+from ..workloads import BUILTIN_WORKLOADS, load_workload
 
 __all__ = [
     "BUILTIN_WORKLOADS",

@@ -17,7 +17,7 @@ import numpy as np
 from ..cost import CostModel, ModelDims
 from .cluster import ClusterConfig
 from .simulate import SimResult, simulate
-from .workloads import load_workload, workload_name
+from ..workloads import load_workload, sample_path, workload_name
 
 __all__ = ["Scenario", "default_grid", "run_grid", "run_scenario", "wlbllm_path", "PAPER_SCENARIO", "PAPER_NOSPLIT"]
 
@@ -26,9 +26,8 @@ PAPER_NOSPLIT = "paper-7b-128K-no-balance-split"
 
 
 def wlbllm_path() -> str:
-    """``../shared/workloads/wlbllm_doc_lengths.json`` relative to the repository root."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return os.path.normpath(os.path.join(root, "..", "shared", "workloads", "wlbllm_doc_lengths.json"))
+    """The ``wlbllm`` document-length sample shipped with the package (see :mod:`atac_hf.workloads`)."""
+    return sample_path("wlbllm")
 
 
 @dataclass(frozen=True)
@@ -68,10 +67,17 @@ def _profile_metadata(path: str) -> dict[str, Any]:
 
 def default_grid(workload_file: str | None = None) -> list[Scenario]:
     """Model sizes 1B-70B; 32K/64K/128K packs; CP 2/4/8; PP 1 and 4; DP 2-8; the built-in
-    workloads, plus the ``wlbllm`` lengths (``workload_file``, default :func:`wlbllm_path`)
-    when that file exists. The first scenario is the paper-like one when the file exists."""
+    workloads, plus the ``wlbllm`` lengths (``workload_file``, default the shipped sample,
+    :func:`wlbllm_path`). The first scenario is the paper-like one.
+
+    Raises:
+        ValueError: ``workload_file`` does not exist (nothing falls back silently).
+    """
     wl = workload_file or wlbllm_path()
-    have = os.path.exists(wl)
+    if not os.path.exists(wl):
+        raise ValueError(f"workload file {wl!r} does not exist (check --workload-file; the default is the shipped "
+                         "wlbllm sample)")
+    have = True
     real = wl if have else "longtail"
     tag = "wlbllm" if have else "longtail"
 

@@ -1,9 +1,9 @@
-"""`atac-hf simulate`, `atac-hf bench` and `atac-hf calibrate`.
+"""`atac-hf simulate` and `atac-hf bench`.
 
-:func:`add_parser` adds all three sub-commands (each only once, so listing this
-module under several command names is harmless); :func:`add_simulate_parser`,
-:func:`add_bench_parser` and :func:`add_calibrate_parser` add one each. Every parser
-sets ``func``, which returns the exit code. ``calibrate`` imports torch when it runs.
+:func:`add_parser` adds both sub-commands (each only once, so listing this module under
+several command names is harmless); :func:`add_simulate_parser` and
+:func:`add_bench_parser` add one each. Every parser sets ``func``, which returns the exit
+code. (``atac-hf calibrate`` lives beside the calibration, in :mod:`atac_hf.cost.cli`.)
 """
 
 from __future__ import annotations
@@ -15,26 +15,16 @@ import sys
 import time
 from typing import Any
 
+from .._argtypes import model_arg, parse_tokens
 from ..cost import HARDWARE_PRESETS, MODEL_PRESETS
 
-__all__ = ["add_parser", "add_simulate_parser", "add_bench_parser", "add_calibrate_parser", "parse_tokens",
-           "run_simulate", "run_bench", "run_calibrate"]
-
-
-def parse_tokens(text: str) -> int:
-    """``"131072"``, ``"128K"`` or ``"128k"`` -> tokens (K = 1024)."""
-    t = str(text).strip()
-    try:
-        return int(t[:-1]) * 1024 if t[-1:].lower() == "k" else int(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a token count (e.g. 32768 or 32K)") from None
+__all__ = ["add_parser", "add_simulate_parser", "add_bench_parser", "run_simulate", "run_bench"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Add ``simulate``, ``bench`` and ``calibrate`` (those not present yet)."""
+    """Add ``simulate`` and ``bench`` (those not present yet)."""
     have = set(getattr(sub, "choices", {}) or {})
-    for name, fn in (("simulate", add_simulate_parser), ("bench", add_bench_parser),
-                     ("calibrate", add_calibrate_parser)):
+    for name, fn in (("simulate", add_simulate_parser), ("bench", add_bench_parser)):
         if name not in have:
             fn(sub)
 
@@ -52,18 +42,6 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--hardware", default="A800", choices=sorted(HARDWARE_PRESETS), help="hardware preset")
     g.add_argument("--profile", default=None, help="calibration profile JSON (replaces the preset's compute)")
     g.add_argument("--efficiency", type=float, default=0.5, help="share of peak FLOP/s for presets (default 0.5)")
-
-
-def _model_arg(spec: str) -> Any:
-    if spec.lower() in MODEL_PRESETS:
-        return spec.lower()
-    if os.path.exists(spec):
-        with open(spec, encoding="utf-8") as f:
-            try:
-                return json.load(f)  # HF config.json fields
-            except json.JSONDecodeError as e:
-                raise ValueError(f"--model {spec!r} is not a valid HF config JSON: {e}") from None
-    raise ValueError(f"--model {spec!r} is neither a preset {sorted(MODEL_PRESETS)} nor an existing config.json")
 
 
 def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
@@ -110,11 +88,11 @@ def run_simulate(args: argparse.Namespace) -> int:
     from .cluster import ClusterConfig
     from .report import combo_table
     from .simulate import simulate
-    from .workloads import load_workload, workload_name
+    from ..workloads import load_workload, workload_name
 
     cluster = ClusterConfig(dp_size=args.dp, pp_size=args.pp, cp_size=args.cp, tp_size=args.tp,
                             num_micro_batches=args.micro_batches, max_tokens=args.max_tokens,
-                            model=_model_arg(args.model), hardware=args.hardware, profile=args.profile,
+                            model=model_arg(args.model), hardware=args.hardware, profile=args.profile,
                             efficiency=args.efficiency, num_gpus=args.num_gpus)
     lengths = load_workload(args.workload, seed=args.seed)
     t0 = time.perf_counter()
@@ -141,10 +119,10 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("bench", help="run the simulator's scenario grid and write the benchmark report",
                        description="Simulate the default grid (model sizes, 32K-128K packs, CP 2-8, PP 1/4, DP>1; "
-                                   "built-in workloads plus the wlbllm lengths when present), print the comparison "
+                                   "built-in workloads plus the shipped wlbllm lengths), print the comparison "
                                    "and write the '## Simulator (pipeline-level)' section of the benchmark file.")
     p.add_argument("--workload-file", default=None,
-                   help=f"wlbllm-style JSON array of lengths (default: {wlbllm_path()} when it exists)")
+                   help=f"wlbllm-style JSON array of lengths (default: the shipped sample, {wlbllm_path()})")
     p.add_argument("--output", default=os.path.join("docs", "BENCHMARKS.md"),
                    help="markdown file whose simulator section is (re)written (default docs/BENCHMARKS.md)")
     p.add_argument("--plots-dir", default=None, help="where PNG plots go (default: the output's folder)")
@@ -215,48 +193,4 @@ def run_bench(args: argparse.Namespace) -> int:
                                                     seconds=seconds, plots=plots, paper=paper_line))
         if not args.json:
             print(f"wrote {args.output}" + (f" and {len(plots)} plots" if plots else " (no matplotlib: no plots)"))
-    return 0
-
-
-def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("calibrate", help="measure this device and fit a cost-model profile",
-                       description="Time a transformer-layer-like block (linear part; SDPA causal attention per "
-                                   "document) forward+backward on this device, fit the CostModel coefficients, "
-                                   "report the error on held-out packs and write a profile JSON.")
-    p.add_argument("--output", "-o", default="atac_profile.json", help="profile JSON to write")
-    p.add_argument("--model", default=None,
-                   help="model preset (default: tiny on CPU, 1b on CUDA) or an HF config.json path")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--tp-size", type=int, default=1, help="tensor-parallel degree the profile is for")
-    p.add_argument("--quick", action="store_true", help="a small grid (seconds), e.g. for tests")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default 1, timed by the process clock)")
-    p.add_argument("--backend", choices=["sdpa", "flash", "varlen_reference"], default="sdpa",
-                   help="attention backend the profile is for: the ATACConfig attention_backend of the run "
-                        "(default sdpa; use sdpa for flex)")
-    p.add_argument("--max-len", type=parse_tokens, default=None,
-                   help="longest document to price, e.g. the run's max_tokens (16K): extends the grid up to it "
-                        "(default: documents up to 4K on CPU, 32K on CUDA)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print the profile metadata as JSON")
-    p.set_defaults(func=run_calibrate)
-
-
-def run_calibrate(args: argparse.Namespace) -> int:
-    from ..calibrate import calibrate
-
-    model = _model_arg(args.model) if args.model else None
-    if model is None:
-        import torch
-
-        model = "1b" if (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda") \
-            else "tiny"
-    say = None if args.json else (lambda msg: print(msg, file=sys.stderr))
-    res = calibrate(model, device=args.device, quick=args.quick, tp_size=args.tp_size, seed=args.seed,
-                    threads=args.threads, backend=args.backend, progress=say, max_len=args.max_len)
-    res.save(args.output)
-    if args.json:
-        print(json.dumps({"profile": args.output, **res.metadata(), "heldout": res.heldout}, default=float))
-    else:
-        print(res.summary())
-        print(f"wrote {args.output}")
     return 0

@@ -82,9 +82,9 @@ def run_packer(strategy: str, stream: np.ndarray, cluster: ClusterConfig, cm: Co
 
 
 def _dp_deal(windows: list[list[list[Span]]], cm: CostModel, dp: int) -> list[list[list[Span]]]:
-    """Order each window like :class:`atac_hf.packing.feeding.WindowPlanner` does
-    (:func:`~atac_hf.packing.feeding.replica_order` with the running slot and loads)."""
-    from ..packing.feeding import replica_order
+    """Order each window like :class:`atac_hf.packing.data.window_planner.WindowPlanner` does
+    (:func:`~atac_hf.packing.data.window_planner.replica_order` with the running slot and loads)."""
+    from ..packing.data.window_planner import replica_order
 
     loads, slot, out = [0.0] * dp, 0, []
     for win in windows:

@@ -14,7 +14,7 @@ One run:
    empty) and the flush (what was held back) are measured, as at an epoch boundary.
 2. A window's packs are dealt to DP replicas round-robin (pack ``j`` to replica
    ``j % DP``, how Accelerate deals batches). ``wfap`` packs are first ordered by
-   ATAC's feeder rule (:func:`atac_hf.packing.feeding.replica_order`: cost-balanced
+   ATAC's feeder rule (:func:`atac_hf.packing.data.window_planner.replica_order`: cost-balanced
    replicas, each replica's packs heaviest first). The baselines keep their packers' order.
 3. Every pack is sharded over the CP group with the real planner
    (:func:`~atac_hf.sharding.plan_shards`, per-rank token cap from
@@ -57,7 +57,7 @@ from .cluster import ClusterConfig
 from .feed import PackedStream, cut_windows, pack_cost, packing_metrics, run_packer
 from .results import PACKINGS, SHARDINGS, ComboResult, SimResult
 from .schedule import one_f_one_b
-from .workloads import sample_stream
+from ..workloads import sample_stream
 
 __all__ = ["simulate", "balanced_step_time", "plan_summaries", "PlanSummary"]
 

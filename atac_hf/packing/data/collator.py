@@ -25,9 +25,9 @@ Accepted features (mixed freely within one batch):
 
 * a plain sample ``{"input_ids": [...], "labels": [...]?}``: one document;
 * a packed row ``{"input_ids": flat, "seq_lengths": [...], "labels": flat?}`` (from
-  :func:`atac_hf.packing.dataset.pack_dataset` or
-  :class:`atac_hf.packing.streaming.PackedIterableDataset`): several documents;
-* a fragment of a sample as returned by :class:`atac_hf.packing.feeders.SpanDataset`
+  :func:`atac_hf.packing.data.dataset.pack_dataset` or
+  :class:`atac_hf.packing.data.iterable.PackedIterableDataset`): several documents;
+* a fragment of a sample as returned by :class:`atac_hf.packing.data.sampler.SpanDataset`
   (already sliced: it is a plain sample to the collator). A fragment is its own
   document in the row: its positions restart at 0 and its first label is -100, since
   the tokens before it are in another row.

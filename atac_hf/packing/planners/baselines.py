@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import heapq
 
-from ._window import ARRIVAL, END, SEQ, START, Item, WindowContext, costs_of
+from .window import ARRIVAL, END, SEQ, START, Item, WindowContext, costs_of
 
 __all__ = ["plan_sequential", "plan_bfd", "plan_wlb", "wlb_held"]
 

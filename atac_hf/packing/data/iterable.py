@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from ..cost import CostModel
-from .config import PackingConfig
-from .feeding import WindowPlanner, _check_common, _config_parts, _fingerprint
+from ...cost import CostModel
+from ..config import PackingConfig
+from .window_planner import WindowPlanner, _check_common, _config_parts, _fingerprint
 
 __all__ = ["PackedIterableDataset"]
 
@@ -29,7 +29,7 @@ class PackedIterableDataset(IterableDataset):
     Yields ``{"input_ids": flat, "seq_lengths": [...], "labels": flat?, "spans": [[id, start, end], ...]}``
     where ``id`` is the sample's position in the source stream; ``labels`` appears when a
     sample of the row has labels (others contribute their ``input_ids``). Rows feed
-    :class:`~atac_hf.packing.collator.PackedDataCollator` (use ``batch_size=1``).
+    :class:`~atac_hf.packing.data.collator.PackedDataCollator` (use ``batch_size=1``).
 
     Args:
         source: a re-iterable of mappings with ``input_ids`` (``datasets.IterableDataset``,

@@ -9,7 +9,7 @@ Each output row is one pack::
     labels       flat labels (only when the source has a ``labels`` column)
     spans        [[sample, start, end], ...] source rows and token ranges, for audit
 
-Feed the rows to :class:`~atac_hf.packing.collator.PackedDataCollator` with
+Feed the rows to :class:`~atac_hf.packing.data.collator.PackedDataCollator` with
 ``batch_size=1`` (one pack per step and replica), in order and unshuffled if the packs
 were ordered for data parallelism (``num_replicas``).
 
@@ -28,9 +28,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..cost import CostModel
-from .config import PackingConfig
-from .feeding import plan_packs
+from ...cost import CostModel
+from ..config import PackingConfig
+from .window_planner import plan_packs
 
 __all__ = ["dataset_lengths", "pack_dataset"]
 
@@ -110,7 +110,7 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
 
     if isinstance(dataset, datasets.IterableDataset):
         raise TypeError("pack_dataset needs a datasets.Dataset; for an IterableDataset use "
-                        "atac_hf.packing.streaming.PackedIterableDataset (streaming packing)")
+                        "atac_hf.packing.data.iterable.PackedIterableDataset (streaming packing)")
     if not isinstance(dataset, datasets.Dataset):
         raise TypeError(f"pack_dataset needs a datasets.Dataset, got {type(dataset).__name__}")
     if "input_ids" not in dataset.column_names:

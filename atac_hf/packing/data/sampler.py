@@ -3,12 +3,12 @@
 * :class:`WFAPBatchSampler` - a batch sampler over a map-style dataset whose sample
   lengths are known. Each batch is one pack: a list of spans ``(sample, start, end)``.
   Wrap the dataset in :class:`SpanDataset` (it slices the fragments) and collate with
-  :class:`~atac_hf.packing.collator.PackedDataCollator`::
+  :class:`~atac_hf.packing.data.collator.PackedDataCollator`::
 
       sampler = WFAPBatchSampler(lengths, config, num_replicas=dp_size, seed=0)
       loader = DataLoader(SpanDataset(ds), batch_sampler=sampler, collate_fn=PackedDataCollator())
 
-* :class:`~atac_hf.packing.streaming.PackedIterableDataset` (re-exported here) - packs an
+* :class:`~atac_hf.packing.data.iterable.PackedIterableDataset` (re-exported here) - packs an
   iterable of ``{"input_ids": ...}`` samples window by window and yields packed rows.
 
 **Fragments.** A pack may hold a piece ``(sample, start, end)`` of a sample (split at a
@@ -19,7 +19,7 @@ sample, which the collator treats as one document (positions restart at 0, first
 another row).
 
 **Data parallelism** (``num_replicas``, ``even_batches``) and window sizing: see
-:mod:`atac_hf.packing.feeding`. The batches are ordered for Accelerate's round-robin deal
+:mod:`atac_hf.packing.data.window_planner`. The batches are ordered for Accelerate's round-robin deal
 of a prepared DataLoader's batches to DP replicas.
 """
 
@@ -30,10 +30,10 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 from torch.utils.data import Dataset, Sampler
 
-from ..cost import CostModel
-from .config import PackingConfig
-from .feeding import Span, _check_common, _config_parts, _fingerprint, plan_packs, replica_order
-from .streaming import PackedIterableDataset
+from ...cost import CostModel
+from ..config import PackingConfig
+from .window_planner import Span, _check_common, _config_parts, _fingerprint, plan_packs, replica_order
+from .iterable import PackedIterableDataset
 
 __all__ = ["PackedIterableDataset", "SpanDataset", "WFAPBatchSampler", "plan_packs", "replica_order"]
 
@@ -51,13 +51,13 @@ class WFAPBatchSampler(Sampler[list[Span]]):
             :attr:`num_empty_skipped`).
         config: packing configuration (cap, packs per window, strategy, overlength policy).
         window_size: new samples per window; ``None`` sizes windows by tokens
-            (:class:`~atac_hf.packing.feeding.WindowPlanner`).
+            (:class:`~atac_hf.packing.data.window_planner.WindowPlanner`).
         num_replicas: DP replicas the prepared DataLoader deals batches to (not counting CP).
         shuffle: shuffle sample order each epoch (seeded by ``(seed, epoch)``).
         seed: shuffle seed; must be the same on every rank.
         cost_model: costs packs for the packer and for DP ordering (default: the package default).
         even_batches: make the epoch's batch count a multiple of ``num_replicas``
-            (:mod:`atac_hf.packing.feeding`).
+            (:mod:`atac_hf.packing.data.window_planner`).
 
     State (``state_dict``, JSON): ``epoch``, ``seed``, ``position`` (batches of the epoch
     already taken), ``num_batches`` and a ``fingerprint`` of lengths + config. Resuming

@@ -33,9 +33,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..cost import CostModel, default_cost_model
-from .config import PackingConfig
-from .stream import StreamPacker
+from ...cost import CostModel, default_cost_model
+from ..config import PackingConfig
+from ..stream import StreamPacker
 
 __all__ = ["Span", "WindowPlanner", "plan_packs", "replica_order"]
 

@@ -36,7 +36,7 @@ import math
 
 import numpy as np
 
-from ._window import ARRIVAL, END, FRAG, SEQ, SID, START, Item, WindowContext
+from .window import ARRIVAL, END, FRAG, SEQ, SID, START, Item, WindowContext
 
 __all__ = ["plan_wfap", "wfap_held", "HELD_LIMIT"]
 

@@ -48,7 +48,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .cost import MODEL_PRESETS, CostModel, ModelDims
+from .model import CostModel
+from .presets import MODEL_PRESETS, ModelDims
 
 __all__ = ["CalibrationResult", "calibrate", "fit_coefficients"]
 
@@ -264,7 +265,7 @@ class _Block:
     def _attend(self, q, k, v, lengths: Sequence[int] | None):
         import torch
 
-        from .attention.backends import attend_segment
+        from ..attention.backends import attend_segment
 
         if lengths is None:  # stand-in for the linear-only measurement
             rep = self.heads // self.kv_heads
@@ -296,7 +297,7 @@ class _Block:
         forward + backward."""
         import torch
 
-        from .attention.backends import attend_segment
+        from ..attention.backends import attend_segment
 
         def mk(h: int, n: int):
             return torch.randn(h, n, self.hd, generator=self.g).to(self.device, self.dtype).requires_grad_(True)
@@ -360,7 +361,7 @@ def calibrate(model: Any = "tiny", *, device: str | None = None, quick: bool = F
     """
     import torch
 
-    from .attention.backends import SEGMENT_BACKENDS
+    from ..attention.backends import SEGMENT_BACKENDS
 
     dims = _resolve_dims(model)
     if tp_size < 1 or dims.num_heads % tp_size:
@@ -393,7 +394,7 @@ def _measure_and_fit(dims: ModelDims, tp_size: int, dev: str, cuda: bool, clock:
                      g: dict[str, Any], seed: int, backend: str, say: Callable[[str], None]) -> CalibrationResult:
     import torch
 
-    from .attention.backends import QUERY_BLOCK, prefix_merge_available
+    from ..attention.backends import QUERY_BLOCK, prefix_merge_available
 
     dtype = torch.bfloat16 if cuda else torch.float32
     tile = 128 if cuda else 1

@@ -16,8 +16,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..cost import CostModel
-from .config import PackingConfig
+from ...cost import CostModel
+from ..config import PackingConfig
 
 Item = tuple  # (sample_id, start, end, arrival, seq, frag)
 SID, START, END, ARRIVAL, SEQ, FRAG = range(6)

@@ -1,0 +1,60 @@
+"""`atac-hf calibrate`: measure this machine and write a cost profile (imports torch when it runs)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .._argtypes import model_arg, parse_tokens
+
+__all__ = ["add_parser", "run_calibrate"]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add ``calibrate``."""
+    add_calibrate_parser(sub)
+
+
+def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("calibrate", help="measure this device and fit a cost-model profile",
+                       description="Time a transformer-layer-like block (linear part; SDPA causal attention per "
+                                   "document) forward+backward on this device, fit the CostModel coefficients, "
+                                   "report the error on held-out packs and write a profile JSON.")
+    p.add_argument("--output", "-o", default="atac_profile.json", help="profile JSON to write")
+    p.add_argument("--model", default=None,
+                   help="model preset (default: tiny on CPU, 1b on CUDA) or an HF config.json path")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--tp-size", type=int, default=1, help="tensor-parallel degree the profile is for")
+    p.add_argument("--quick", action="store_true", help="a small grid (seconds), e.g. for tests")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default 1, timed by the process clock)")
+    p.add_argument("--backend", choices=["sdpa", "flash", "varlen_reference"], default="sdpa",
+                   help="attention backend the profile is for: the ATACConfig attention_backend of the run "
+                        "(default sdpa; use sdpa for flex)")
+    p.add_argument("--max-len", type=parse_tokens, default=None,
+                   help="longest document to price, e.g. the run's max_tokens (16K): extends the grid up to it "
+                        "(default: documents up to 4K on CPU, 32K on CUDA)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the profile metadata as JSON")
+    p.set_defaults(func=run_calibrate)
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    from .calibrate import calibrate
+
+    model = model_arg(args.model) if args.model else None
+    if model is None:
+        import torch
+
+        model = "1b" if (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda") \
+            else "tiny"
+    say = None if args.json else (lambda msg: print(msg, file=sys.stderr))
+    res = calibrate(model, device=args.device, quick=args.quick, tp_size=args.tp_size, seed=args.seed,
+                    threads=args.threads, backend=args.backend, progress=say, max_len=args.max_len)
+    res.save(args.output)
+    if args.json:
+        print(json.dumps({"profile": args.output, **res.metadata(), "heldout": res.heldout}, default=float))
+    else:
+        print(res.summary())
+        print(f"wrote {args.output}")
+    return 0

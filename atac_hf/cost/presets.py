@@ -1,0 +1,185 @@
+"""Hardware and model presets of the cost model: peak figures from public spec sheets and
+the dimensions of public model shapes, and how a name, an HF config or a :class:`ModelDims`
+resolves to them. Numpy only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+__all__ = ["HARDWARE_PRESETS", "MODEL_PRESETS", "HardwarePreset", "ModelDims", "model_label", "resolve_hardware",
+           "resolve_model"]
+
+
+
+@dataclass(frozen=True, kw_only=True)
+class HardwarePreset:
+    """Peak figures of one accelerator, from its public spec sheet.
+
+    Attributes:
+        name: preset key.
+        bf16_flops: dense bf16 tensor-core peak, FLOP/s.
+        intra_node_bw: per-GPU one-direction link bandwidth inside a node, bytes/s.
+        inter_node_bw: per-GPU network bandwidth between nodes, bytes/s.
+        link_latency_s: latency of one collective step.
+        source: where the figures come from.
+    """
+
+    name: str
+    bf16_flops: float
+    intra_node_bw: float
+    inter_node_bw: float
+    link_latency_s: float
+    source: str
+
+
+HARDWARE_PRESETS: dict[str, HardwarePreset] = {
+    # NVIDIA A800 SXM4 80GB (the A100 80GB datasheet figures; A800 caps NVLink at
+    # 400 GB/s bidirectional): 312 TFLOPS dense BF16, NVLink 400 GB/s -> 200 GB/s
+    # one direction; 4x200 Gb/s HDR InfiniBand per 8 GPUs -> 12.5 GB/s per GPU.
+    "A800": HardwarePreset(
+        name="A800",
+        bf16_flops=312e12,
+        intra_node_bw=200e9,
+        inter_node_bw=12.5e9,
+        link_latency_s=10e-6,
+        source="NVIDIA A100 Tensor Core GPU datasheet (A800: NVLink 400 GB/s)",
+    ),
+    # NVIDIA H100 SXM5: 989 TFLOPS dense BF16 (1979 with sparsity), NVLink 900 GB/s
+    # bidirectional -> 450 GB/s one direction; 400 Gb/s NDR per GPU -> 50 GB/s.
+    "H100": HardwarePreset(
+        name="H100",
+        bf16_flops=989e12,
+        intra_node_bw=450e9,
+        inter_node_bw=50e9,
+        link_latency_s=8e-6,
+        source="NVIDIA H100 Tensor Core GPU datasheet (SXM5)",
+    ),
+    # NVIDIA H200 SXM: same compute as H100 SXM (989 TFLOPS dense BF16), 141 GB
+    # HBM3e, NVLink 900 GB/s bidirectional; 400 Gb/s NDR per GPU.
+    "H200": HardwarePreset(
+        name="H200",
+        bf16_flops=989e12,
+        intra_node_bw=450e9,
+        inter_node_bw=50e9,
+        link_latency_s=8e-6,
+        source="NVIDIA H200 Tensor Core GPU datasheet (SXM)",
+    ),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelDims:
+    """The dimensions of a decoder-only transformer that the cost depends on.
+
+    Attributes:
+        hidden_size: model width.
+        num_layers: decoder layers.
+        num_heads: query heads.
+        num_kv_heads: key/value heads (GQA when smaller than ``num_heads``).
+        head_dim: per-head width.
+        intermediate_size: MLP width (gated MLP: three matrices).
+        vocab_size: vocabulary (for the LM head in the simulator).
+        sliding_window: attention window in tokens, or None for full attention.
+    """
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int = 32000
+    sliding_window: int | None = None
+
+    def __post_init__(self) -> None:
+        for f in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, np.integer)) or v <= 0:
+                raise ValueError(f"ModelDims.{f} must be a positive int, got {v!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"ModelDims.num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+
+    @classmethod
+    def from_hf_config(cls, config: Any) -> "ModelDims":
+        """Read dimensions from a transformers ``PretrainedConfig`` (or a dict of its fields)."""
+        get = config.get if isinstance(config, Mapping) else lambda k, d=None: getattr(config, k, d)
+        hidden = get("hidden_size")
+        heads = get("num_attention_heads")
+        if hidden is None or heads is None:
+            raise ValueError(
+                "cannot read model dimensions: the config has no hidden_size/num_attention_heads "
+                "(pass ModelDims(...) explicitly)"
+            )
+        head_dim = get("head_dim") or hidden // heads
+        window = get("sliding_window") if get("use_sliding_window", True) else None
+        return cls(
+            hidden_size=int(hidden),
+            num_layers=int(get("num_hidden_layers")),
+            num_heads=int(heads),
+            num_kv_heads=int(get("num_key_value_heads") or heads),
+            head_dim=int(head_dim),
+            intermediate_size=int(get("intermediate_size") or 4 * hidden),
+            vocab_size=int(get("vocab_size") or 32000),
+            sliding_window=int(window) if window else None,
+        )
+
+    @property
+    def params_per_layer(self) -> int:
+        """Weights of one decoder layer (attention projections + gated MLP)."""
+        attn = self.hidden_size * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
+        mlp = 3 * self.hidden_size * self.intermediate_size
+        return attn + mlp
+
+
+# Public model shapes (Llama-2/3 style configs) used by presets and the simulator.
+MODEL_PRESETS: dict[str, ModelDims] = {
+    "tiny": ModelDims(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, head_dim=32,
+                      intermediate_size=688, vocab_size=512),
+    "1b": ModelDims(hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8, head_dim=64,
+                    intermediate_size=8192, vocab_size=128256),
+    "7b": ModelDims(hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=32, head_dim=128,
+                    intermediate_size=11008, vocab_size=32000),
+    "8b": ModelDims(hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128,
+                    intermediate_size=14336, vocab_size=128256),
+    "13b": ModelDims(hidden_size=5120, num_layers=40, num_heads=40, num_kv_heads=40, head_dim=128,
+                     intermediate_size=13824, vocab_size=32000),
+    "70b": ModelDims(hidden_size=8192, num_layers=80, num_heads=64, num_kv_heads=8, head_dim=128,
+                     intermediate_size=28672, vocab_size=128256),
+}
+
+
+def resolve_model(model: Any) -> ModelDims:
+    if isinstance(model, ModelDims):
+        return model
+    if isinstance(model, str):
+        try:
+            return MODEL_PRESETS[model.lower()]
+        except KeyError:
+            raise ValueError(f"unknown model preset {model!r}; legal values: {sorted(MODEL_PRESETS)}") from None
+    return ModelDims.from_hf_config(model)
+
+
+def model_label(model: Any) -> str:
+    if isinstance(model, str):
+        return model
+    if isinstance(model, ModelDims):
+        return f"h{model.hidden_size}x{model.num_layers}"
+    return str(getattr(model, "model_type", "model"))
+
+
+def resolve_hardware(hardware: str | HardwarePreset) -> HardwarePreset:
+    if isinstance(hardware, HardwarePreset):
+        return hardware
+    try:
+        return HARDWARE_PRESETS[hardware.upper()]
+    except (KeyError, AttributeError):
+        raise ValueError(
+            f"unknown hardware preset {hardware!r}; legal values: {sorted(HARDWARE_PRESETS)} "
+            "(or calibrate with `atac-hf calibrate` and pass the profile)"
+        ) from None

@@ -1,0 +1,59 @@
+"""Cost profiles: a :class:`~atac_hf.cost.CostModel` as JSON (``atac-hf calibrate`` writes
+them, ``cost_profile`` settings read them). Loading validates the format, the keys and every
+field, and never executes code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping
+
+from .._io import load_json
+
+__all__ = ["PROFILE_FORMAT", "load_profile", "model_from_dict", "model_to_dict", "save_profile"]
+
+PROFILE_FORMAT = "atac-hf/cost-profile/v1"
+
+
+def load_profile(cls: type, path: str | os.PathLike) -> Any:
+    """Read the profile at ``path`` into a ``cls`` (a CostModel class)."""
+    path = os.fspath(path)
+    data = load_json(path, "cost profile", "the cost profile path setting")
+    return model_from_dict(cls, data, source=path)
+
+
+def model_from_dict(cls: type, data: Mapping[str, Any], *, source: str = "<dict>") -> Any:
+    """Validate a profile JSON object and build a ``cls`` from its ``cost_model`` fields."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"cost profile {source} must be a JSON object, got {type(data).__name__}")
+    if data.get("format") != PROFILE_FORMAT:
+        raise ValueError(
+            f"cost profile {source} has format {data.get('format')!r}; expected {PROFILE_FORMAT!r} "
+            "(write profiles with CostModel.save or `atac-hf calibrate`)"
+        )
+    extra = sorted(set(data) - {"format", "cost_model", "metadata"})
+    if extra:
+        raise ValueError(f"cost profile {source} has unknown top-level keys {extra}; legal keys: "
+                         "['cost_model', 'format', 'metadata']")
+    fields = {f.name for f in dataclasses.fields(cls)}
+    params = data.get("cost_model")
+    if not isinstance(params, Mapping):
+        raise ValueError(f"cost profile {source} has no 'cost_model' object")
+    unknown = sorted(set(params) - fields)
+    if unknown:
+        raise ValueError(f"cost profile {source} has unknown fields {unknown}; legal fields: {sorted(fields)}")
+    return cls(**params)
+
+
+def model_to_dict(model: Any, /, **metadata: Any) -> dict[str, Any]:
+    """The profile JSON object of a cost model, ``metadata`` kept beside it."""
+    return {"format": PROFILE_FORMAT, "cost_model": dataclasses.asdict(model), "metadata": metadata}
+
+
+def save_profile(model: Any, path: str | os.PathLike, /, **metadata: Any) -> None:
+    """Write a cost model as a JSON profile."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(model_to_dict(model, **metadata), f, indent=2, sort_keys=True)
+        f.write("\n")

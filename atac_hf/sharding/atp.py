@@ -1,0 +1,324 @@
+"""ATP-CP, anchor-tail sharding: the j most expensive documents (anchors) are split head-tail
+over all ranks, the rest (tails) stay whole on one rank each; j is chosen by estimated block
+time (compute + exposed K/V exchange), and the anchors' chunks level the ranks in tokens and
+attention pairs where the tails allow. Pure numpy; :func:`~atac_hf.sharding.plan_shards` is
+the entry point.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from ..cost import CostModel
+from .baselines import per_doc_block_time, plan_contiguous
+from .plan import ShardPlan
+from .segments import causal_pairs, finish_plan, head_tail_segments, per_doc_segments, row_offsets, sort_segments
+
+__all__ = ["TWO_WAY_TOLERANCE", "plan_atp"]
+
+#: ATP takes the plan whose ranks are level in tokens and in attention pairs separately
+#: (robust to the cost model's error in their relative price) over the one level in
+#: estimated cost alone, unless its estimated block time is more than this fraction higher.
+TWO_WAY_TOLERANCE = 0.02
+
+
+def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1, max_anchors=None, **_) -> ShardPlan:
+    """Anchor-tail placement.
+
+    For a candidate anchor count j (the j most expensive documents): the other
+    documents (tails) are placed whole, longest first, on the least-loaded rank
+    under the token cap; then every anchor is split head-tail over the ranks with
+    per-rank shares that bring all ranks to one level (water filling). A rank's
+    head and tail chunks of an anchor are mirror images of equal size, so its
+    share of the anchor's attention work equals its share of the tokens, wherever
+    the chunks sit. The smallest j whose ranks come out level wins, unless a
+    larger j has a smaller estimated block time (compute + exposed K/V exchange).
+
+    The chosen anchors are then re-split so that every rank is level in tokens and in
+    causal attention pairs separately (a rank's head/tail proportion sets its pairs;
+    see :func:`_two_way_anchor_segments`): such a plan stays level whatever the true
+    price ratio of token-wise work and attention, which a cost model gets only
+    approximately. It replaces the cost-level split unless its estimated block time is
+    more than :data:`TWO_WAY_TOLERANCE` higher. Last, head-tail inside every document
+    (the ``per_doc`` layout) competes on estimated block time.
+    """
+    D = len(lengths)
+    offsets = row_offsets(lengths)
+    if C == 1:
+        return finish_plan(lengths, 1, "atp", [np.stack([np.arange(D), np.zeros(D, np.int64), lengths], 1)],
+                       np.zeros(0, np.int64), cm)
+    cap = np.inf if max_tokens_per_rank is None else float(max_tokens_per_rank)
+    whole = cm.doc_cost(lengths)
+    whole_attn = cm.attention_cost(np.zeros(D, np.int64), lengths)
+    order = np.argsort(-whole, kind="stable")  # most expensive first (ties: row order)
+    eligible = order[lengths[order] >= 2 * C * min_chunk]
+    jmax = len(eligible) if max_anchors is None else min(len(eligible), int(max_anchors))
+    cand = eligible[:jmax]
+    target = float(whole.sum()) / C
+    # documents costlier than a rank's share must be split; start there.
+    j0 = min(jmax, int(np.count_nonzero(whole[cand] > target)))
+    anchor_len = np.concatenate([[0], np.cumsum(lengths[cand])])
+    zeros_c = np.zeros(C)
+
+    not_tail = np.zeros(D, dtype=bool)
+    not_tail[cand[:j0]] = True
+    best = None
+    stale = 0
+    for j in range(j0, jmax + 1):
+        if j > j0:
+            not_tail[cand[j - 1]] = True
+        tails = order[~not_tail[order]]
+        placed = _place_tails(D, tails, whole[tails], whole_attn[tails], lengths[tails],
+                              zeros_c, np.zeros(C, np.int64), cap)
+        if placed is None:
+            continue  # tails do not fit under the cap: more anchors needed
+        owner, load, tok, tail_attn = placed
+        bounds = None
+        if j:
+            filled = _water_fill(cm, lengths[cand[:j]], whole[cand[:j]], load, tok, cap)
+            if filled is None:
+                continue
+            bounds, added = filled
+            load = load + added
+        comm = float(cm.comm_cost(int(anchor_len[j]), C))
+        block = float(np.max(load - tail_attn + np.maximum(tail_attn, comm if j else 0.0)))
+        if best is None or block < best[0] * (1 - 1e-9):
+            best = (block, j, owner, bounds)
+            stale = 0
+        else:
+            stale += 1
+        # level ranks: more anchors only add K/V traffic and remove overlap.
+        if float(load.max()) <= float(load.mean()) * 1.005 or stale >= 3:
+            break
+    anchor_plan = None
+    if best is not None:
+        _, j, owner, bounds = best
+        anchors = cand[:j]
+        per_rank = head_tail_segments(anchors, bounds, C) if j else [np.zeros((0, 3), np.int64)] * C
+        tails = np.flatnonzero(owner >= 0)
+        tail_segs = []
+        for rr in range(C):
+            t = tails[owner[tails] == rr]
+            tail_segs.append(np.stack([t, np.zeros(len(t), np.int64), lengths[t]], axis=1))
+        with_tails = lambda anchor_segs: [sort_segments(np.concatenate([a, t]), offsets)  # noqa: E731
+                                          for a, t in zip(anchor_segs, tail_segs)]
+        anchor_plan = finish_plan(lengths, C, "atp", with_tails(per_rank), np.sort(anchors), cm)
+        # The same anchors and tails with every rank level in tokens and in attention pairs
+        # separately: balanced whatever the true price ratio of the two (the cost model's is
+        # off by 5-20% on CPU); taken unless the estimate says it costs over TWO_WAY_TOLERANCE.
+        two_way = _two_way_anchor_segments(lengths, C, anchors, owner, cap, min_chunk) if j else None
+        if two_way is not None:
+            plan = finish_plan(lengths, C, "atp", with_tails(two_way), np.sort(anchors), cm)
+            if plan.block_time_s <= anchor_plan.block_time_s * (1 + TWO_WAY_TOLERANCE):
+                anchor_plan = plan
+    # Head-tail inside every document, moving only the K/V of documents it splits,
+    # is a candidate too (ATP is never worse than per_doc); its block time is costed
+    # without building it first, and the plan is built only if it can win.
+    if anchor_plan is None or per_doc_block_time(lengths, C, cm) < anchor_plan.block_time_s * (1 + 1e-6):
+        even = finish_plan(lengths, C, "atp", per_doc_segments(lengths, C), None, cm)
+        if even.rank_num_tokens().max() <= cap and (anchor_plan is None
+                                                      or even.block_time_s < anchor_plan.block_time_s):
+            return even
+    if anchor_plan is None:
+        # neither anchor-tail nor per-document head-tail fits the cap; a contiguous
+        # split fits every cap >= ceil(tokens / C), i.e. every cap any placement can
+        # respect (plan_shards reports the overflow otherwise). It gathers only the
+        # documents it cuts.
+        plan = plan_contiguous(lengths, C, cm)
+        return finish_plan(lengths, C, "atp", list(plan.segments), None, cm)
+    return anchor_plan
+
+
+def _two_way_anchor_segments(lengths: np.ndarray, C: int, anchors: np.ndarray, owner: np.ndarray, cap: float,
+                             min_chunk: int) -> list[np.ndarray] | None:
+    """Split ``anchors`` over the ranks so that, with the tails ``owner`` places, every rank
+    gets the same number of tokens *and* the same number of causal query-key pairs.
+
+    A rank's token share of an anchor sets its token count; where its chunks sit sets its
+    pairs: a chunk ``[s, e)`` has ``pairs(e) - pairs(s)`` of them, so moving tokens from a
+    rank's head chunk to its tail chunk raises its pairs, linearly in the tokens moved.
+    Ranks are laid out from the outside in (heads from the document's start, tails from its
+    end), those furthest from their target first, as outer chunks reach the widest range;
+    the innermost rank takes the middle, and with it the remainder. Anchors are visited
+    largest first; each absorbs what it can of every rank's remaining pair need, the later
+    ones assumed mirrored (pairs proportional to tokens). A rank's head or tail is not cut
+    shorter than ``min_chunk`` (it gets one chunk instead, or a clipped split).
+
+    Returns per-rank (n, 3) anchor segments, or None where no such split exists: a rank's
+    tails alone exceed a rank's share of tokens or pairs, or the cap forbids level tokens.
+    """
+    L = lengths.astype(np.int64)
+    tails = np.flatnonzero(owner >= 0)
+    tail_tok = np.bincount(owner[tails], weights=L[tails].astype(np.float64), minlength=C)
+    tail_pairs = np.bincount(owner[tails], weights=causal_pairs(L[tails]).astype(np.float64), minlength=C)
+    need_tok = float(L.sum()) / C - tail_tok
+    need_pairs = float(causal_pairs(L).sum()) / C - tail_pairs
+    if need_tok.min() < 0 or need_pairs.min() < 0 or need_tok.sum() <= 0 or np.ceil(float(L.sum()) / C) > cap:
+        return None
+    A = L[anchors]
+    # level token counts: integer per-rank totals (within a token of level, so under every
+    # feasible cap), each anchor split in proportion to them, rounding repaired
+    goal = np.floor(need_tok + 1e-9).astype(np.int64)
+    goal[np.argsort(-(need_tok - goal), kind="stable")[: int(A.sum() - goal.sum())]] += 1
+    want = A[:, None] * (goal / goal.sum())[None, :]
+    n = np.floor(want).astype(np.int64)
+    for d in range(len(A)):  # hand out the rounding remainders, largest fraction first
+        short = int(A[d] - n[d].sum())
+        n[d, np.argsort(-(want[d] - n[d]), kind="stable")[:short]] += 1
+    off = n.sum(axis=0) - goal
+    while off.any():  # per-anchor rounding can leave a rank a token or two over its total
+        o, u = int(np.argmax(off)), int(np.argmin(off))
+        d = int(np.argmax(n[:, o]))
+        k = int(min(off[o], -off[u], n[d, o]))
+        n[d, o] -= k
+        n[d, u] += k
+        off[o] -= k
+        off[u] += k
+    mirror = n * (A[:, None] + 1) / 2.0  # pairs of a mirrored head-tail share
+    remaining = need_pairs.copy()
+    out: list[list[np.ndarray]] = [[] for _ in range(C)]
+    for d in range(len(A)):
+        Ld = int(A[d])
+        target = remaining - mirror[d + 1:].sum(axis=0)
+        ranks = [int(r) for r in np.argsort(-np.abs(target - mirror[d]), kind="stable") if n[d, r] > 0]
+        H, E = 0, Ld
+        for i, r in enumerate(ranks):
+            nr = int(n[d, r])
+            if i == len(ranks) - 1:  # innermost: the middle, one chunk
+                h = nr
+            else:
+                # pairs(h) = pairs(H + h) - pairs(H) + pairs(E) - pairs(E - nr + h): linear in h
+                a, b = H, E - nr
+                base = (causal_pairs(E) - causal_pairs(a)) + (a - b) * (a + b + 1) / 2.0
+                slope = float(a - b)  # < 0: a longer head (a shorter tail) has fewer pairs
+                h = int(np.clip(np.rint((target[r] - base) / slope), 0, nr)) if slope < 0 else (nr + 1) // 2
+                if 0 < h < min_chunk or 0 < nr - h < min_chunk:  # no chunk under min_chunk tokens
+                    h = (0 if h < nr - h else nr) if nr < 2 * min_chunk else int(np.clip(h, min_chunk, nr - min_chunk))
+            segs = [(int(anchors[d]), H, H + h), (int(anchors[d]), E - (nr - h), E)]
+            got = causal_pairs(H + h) - causal_pairs(H) + causal_pairs(E) - causal_pairs(E - (nr - h))
+            remaining[r] -= got
+            out[r].append(np.array([sg for sg in segs if sg[2] > sg[1]], dtype=np.int64).reshape(-1, 3))
+            H, E = H + h, E - (nr - h)
+    return [np.concatenate(x) if x else np.zeros((0, 3), np.int64) for x in out]
+
+
+def _water_fill(cm: CostModel, lengths: np.ndarray, costs: np.ndarray, load: np.ndarray,
+                tok: np.ndarray, cap: float):
+    """Split anchors head-tail with per-rank shares that level the loads.
+
+    Args: anchor lengths and whole costs (j,), per-rank load and tokens before them.
+    Returns ((j, 2C+1) chunk bounds, (C,) added cost per rank), or None if the cap forbids it.
+    """
+    C = len(load)
+    room = cap - tok
+    total = float(costs.sum())
+    srt = np.sort(load)
+    levels = (total + np.cumsum(srt)) / np.arange(1, C + 1)
+    kk = int(np.flatnonzero(levels >= srt)[-1])
+    share = np.maximum(levels[kk] - load, 0.0)
+    frac = share / share.sum() if share.sum() > 0 else np.full(C, 1.0 / C)
+    split = _split_by_share(cm, lengths, frac, room)
+    if split is None:
+        return None
+    bounds, n, added = split
+    # Tile quantisation makes per-token cost differ a little between ranks: one
+    # correction step rescales each rank's tokens by its measured cost per token.
+    got = n.sum(axis=0)
+    if share.sum() > 0 and np.all(added[got > 0] > 0):
+        per_tok = np.where(got > 0, added / np.maximum(got, 1), 0.0)
+        adj = np.where((frac > 0) & (per_tok > 0), share / np.where(per_tok > 0, per_tok, 1.0), 0.0)
+        if adj.sum() > 0:
+            split2 = _split_by_share(cm, lengths, adj / adj.sum(), room)
+            if split2 is not None and np.max(load + split2[2]) < np.max(load + added):
+                bounds, n, added = split2
+    return bounds, added
+
+
+def _split_by_share(cm: CostModel, lengths: np.ndarray, frac: np.ndarray, room: np.ndarray):
+    """Head-tail bounds giving rank r about ``frac[r]`` of each document's tokens, with
+    no rank over its ``room`` (tokens left under the cap). Returns (bounds, tokens
+    (j, C), cost per rank), or None if the documents do not fit."""
+    C = len(frac)
+    total = int(lengths.sum())
+    if total > room.sum():
+        return None
+    # clip shares at the cap, handing the excess to ranks with room (a few rounds at most)
+    want_tot = frac * total
+    for _ in range(C):
+        over = want_tot > room
+        if not over.any():
+            break
+        excess = float((want_tot[over] - room[over]).sum())
+        want_tot[over] = room[over]
+        free = (~over) & (want_tot < room)
+        weights = frac * free if (frac * free).sum() > 0 else free.astype(float)
+        if weights.sum() == 0:
+            return None
+        want_tot = want_tot + excess * weights / weights.sum()
+    frac = want_tot / total
+    want = lengths[:, None] * frac[None, :]
+    n = np.floor(want + 1e-9).astype(np.int64)
+    left = room - n.sum(axis=0)
+    rest = lengths - n.sum(axis=1)
+    if rest.any():
+        remainder = want - n
+        for d in np.flatnonzero(rest):
+            for r in np.argsort(-remainder[d], kind="stable"):
+                if rest[d] == 0:
+                    break
+                if left[r] >= 1:
+                    n[d, r] += 1
+                    left[r] -= 1
+                    rest[d] -= 1
+            if rest[d]:
+                for r in np.flatnonzero(left >= 1)[: rest[d]]:
+                    n[d, r] += 1
+                    left[r] -= 1
+                    rest[d] -= 1
+            if rest[d]:
+                return None
+    heads = (n + 1) // 2
+    sizes = np.concatenate([heads, (n - heads)[:, ::-1]], axis=1)
+    bounds = np.zeros((len(lengths), 2 * C + 1), dtype=np.int64)
+    np.cumsum(sizes, axis=1, out=bounds[:, 1:])
+    r = np.arange(C)
+    added = (cm.segment_cost(bounds[:, r], bounds[:, r + 1])
+             + cm.segment_cost(bounds[:, 2 * C - 1 - r], bounds[:, 2 * C - r])).sum(axis=0)
+    return bounds, n, added
+
+
+def _place_tails(num_docs, tails, cost, attn, toks, base_load, base_tok, cap):
+    """Longest-processing-time placement of whole documents (given most expensive first):
+    each goes to the least-loaded rank whose token count stays under the cap.
+
+    Returns (owner per document id, load, tokens, local attention per rank), or None
+    if some document fits on no rank. Pure Python on small lists: faster than numpy here.
+    """
+    C = len(base_load)
+    owner = np.full(num_docs, -1, dtype=np.int64)
+    load = [float(x) for x in base_load]
+    tok = [int(x) for x in base_tok]
+    tail_attn = [0.0] * C
+    heap = [(load[r], r) for r in range(C)]
+    heapq.heapify(heap)
+    who = [0] * len(tails)
+    for i, (c, a, n) in enumerate(zip(cost.tolist(), attn.tolist(), toks.tolist())):
+        l, r = heap[0]
+        if tok[r] + n > cap:  # least-loaded rank is full: take the least-loaded with room
+            fits = [(load[q], q) for q in range(C) if tok[q] + n <= cap]
+            if not fits:
+                return None
+            l, r = min(fits)
+            heap.remove((l, r))
+            heapq.heapify(heap)
+            heapq.heappush(heap, (l + c, r))
+        else:
+            heapq.heapreplace(heap, (l + c, r))
+        load[r] = l + c
+        tok[r] += n
+        tail_attn[r] += a
+        who[i] = r
+    owner[tails] = who
+    return owner, np.asarray(load), np.asarray(tok, dtype=np.int64), np.asarray(tail_attn)
