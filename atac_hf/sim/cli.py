@@ -60,8 +60,23 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--combos", default="all",
                    help=f"'all', 'named' (HF default, WLB-LLM, ATAC) or comma-separated packing+sharding pairs; "
                         f"packings {list(PACKINGS)}, shardings {list(SHARDINGS)}")
+    p.add_argument("--eval-attn-scale", type=_scales, default=None, metavar="K[,K...]",
+                   help="robustness report: plan with the cluster's cost model, time with it at these attention "
+                        "price ratios (e.g. 0.5,1,2), every combination at each")
+    p.add_argument("--eval-profile", action="append", default=[], metavar="PROFILE.json",
+                   help="robustness report: also time the plans with this cost profile (repeatable)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=run_simulate)
+
+
+def _scales(text: str) -> tuple[float, ...]:
+    try:
+        out = tuple(float(x) for x in str(text).split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers (e.g. 0.5,1,2)") from None
+    if not out or any(not (0 < k < float("inf")) for k in out):
+        raise argparse.ArgumentTypeError(f"{text!r}: attention price ratios must be finite numbers > 0 (e.g. 0.5,1,2)")
+    return out
 
 
 def _parse_combos(spec: str) -> list[tuple[str, str]] | None:
@@ -96,6 +111,8 @@ def run_simulate(args: argparse.Namespace) -> int:
                             efficiency=args.efficiency, num_gpus=args.num_gpus)
     lengths = load_workload(args.workload, seed=args.seed)
     t0 = time.perf_counter()
+    if args.eval_attn_scale or args.eval_profile:
+        return _run_robustness(args, cluster, lengths, t0)
     res = simulate(lengths, cluster, combos=_parse_combos(args.combos), num_steps=args.steps, seed=args.seed,
                    windows=args.windows, workload=workload_name(args.workload))
     if args.json:
@@ -111,6 +128,27 @@ def run_simulate(args: argparse.Namespace) -> int:
         parts = [f"{v:.2f}x {names.get(k, k)}" for k, v in sp.items()]
         print("ATAC: " + ", ".join(parts) + (f" (strongest: {d['strongest_baseline']})" if "strongest_baseline" in d
                                               else ""))
+    return 0
+
+
+def _run_robustness(args: argparse.Namespace, cluster: Any, lengths: Any, t0: float) -> int:
+    from .robustness import robustness_rows, robustness_table, run_robustness
+    from ..workloads import workload_name
+
+    runs = run_robustness(lengths, cluster, scales=args.eval_attn_scale or (), profiles=args.eval_profile,
+                          combos=_parse_combos(args.combos), num_steps=args.steps, seed=args.seed,
+                          windows=args.windows, workload=workload_name(args.workload))
+    rows = robustness_rows(runs)
+    if args.json:
+        print(json.dumps({"cluster": cluster.to_dict(), "workload": workload_name(args.workload), "rows": rows},
+                         default=float))
+        return 0
+    print(f"{cluster.describe()}; workload {workload_name(args.workload)}; planned with {cluster.cost_model().name}, "
+          f"timed by {len(runs)} evaluation models; {time.perf_counter() - t0:.1f} s")
+    print(robustness_table(rows))
+    print("time/LB: step time over the balance lower bound under the evaluation model; ATAC speedup: ATAC's time "
+          "advantage over that row; window max/mean: costliest pack over the mean per full window (mean, worst); "
+          "CP max/mean: per-rank imbalance of the shard plans (mean, worst pack).")
     return 0
 
 

@@ -53,6 +53,7 @@ import numpy as np
 
 from ..cost import CostModel
 from ..sharding import plan_shards
+from ..sharding.segments import finish_plan
 from .cluster import ClusterConfig
 from .feed import PackedStream, cut_windows, pack_cost, packing_metrics, run_packer
 from .results import PACKINGS, SHARDINGS, ComboResult, SimResult
@@ -73,14 +74,19 @@ class PlanSummary:
     plan_s: float
 
 
-def _summary(plan: Any, cm: CostModel, seconds: float) -> PlanSummary:
+def _summary(plan: Any, cm: CostModel, seconds: float, eval_cm: CostModel | None = None) -> PlanSummary:
+    if eval_cm is not None and eval_cm is not cm:  # the same segments, timed by another cost model
+        plan = finish_plan(plan.doc_lengths, plan.cp_size, plan.strategy, list(plan.segments), plan.gathered_docs,
+                           eval_cm)
+        cm = eval_cm
     return PlanSummary(float(plan.block_time_s), float(plan.imbalance), float(plan.kv_bytes(cm.kv_bytes_per_token)),
                        int(plan.rank_num_tokens().max()), seconds)
 
 
 def plan_summaries(lengths_per_pack: Sequence[np.ndarray], strategies: Sequence[str], cp_size: int, cm: CostModel,
-                   cap: int | None) -> dict[str, list[PlanSummary]]:
-    """Plan every pack with every strategy (the real planner).
+                   cap: int | None, eval_cm: CostModel | None = None) -> dict[str, list[PlanSummary]]:
+    """Plan every pack with every strategy (the real planner), with the planning cost model
+    ``cm``; the summaries time the plans with ``eval_cm`` (default ``cm``).
 
     With ``cp_size == 1`` nothing is sharded: every strategy is the whole pack on one
     rank (its cost model time). ``wlb_adaptive`` is, by definition, the faster of
@@ -89,10 +95,12 @@ def plan_summaries(lengths_per_pack: Sequence[np.ndarray], strategies: Sequence[
     them instead of planning both a second time (planner time: the sum of the two).
     """
     out: dict[str, list[PlanSummary]] = {}
+    ecm = cm if eval_cm is None else eval_cm
     if cp_size == 1:  # no context parallelism: the pack runs whole on one rank, nothing to plan
-        whole = [PlanSummary(float(cm.doc_cost(x).sum()), 1.0, 0.0, int(x.sum()), 0.0) for x in lengths_per_pack]
+        whole = [PlanSummary(float(ecm.doc_cost(x).sum()), 1.0, 0.0, int(x.sum()), 0.0) for x in lengths_per_pack]
         return {s: whole for s in strategies}
-    derive = "wlb_adaptive" in strategies and {"zigzag", "per_doc"} <= set(strategies)
+    # wlb_adaptive picks by the planning estimate: derived from zigzag/per_doc only when that is what times them
+    derive = ecm is cm and "wlb_adaptive" in strategies and {"zigzag", "per_doc"} <= set(strategies)
     for s in strategies:
         if s == "wlb_adaptive" and derive:
             continue
@@ -100,7 +108,8 @@ def plan_summaries(lengths_per_pack: Sequence[np.ndarray], strategies: Sequence[
         for lens in lengths_per_pack:
             t0 = time.perf_counter()
             plan = plan_shards(lens, cp_size, s, cm, max_tokens_per_rank=cap)
-            rows.append(_summary(plan, cm, time.perf_counter() - t0))
+            seconds = time.perf_counter() - t0
+            rows.append(_summary(plan, cm, seconds, ecm))
         out[s] = rows
     if derive:
         out["wlb_adaptive"] = [
@@ -144,7 +153,7 @@ def balanced_step_time(cluster: ClusterConfig, work_s: float, tokens: int, num_m
 def simulate(lengths: Any, cluster: ClusterConfig, *, combos: Sequence[tuple[str, str]] | None = None,
              num_steps: int = 16, seed: int = 0, windows: str = "adaptive",
              packing_options: dict[str, Any] | None = None, workload: str = "custom",
-             progress: Any = None) -> SimResult:
+             progress: Any = None, eval_cost_model: CostModel | None = None) -> SimResult:
     """Simulate packing x sharding combinations on the same sample stream.
 
     Args:
@@ -163,6 +172,10 @@ def simulate(lengths: Any, cluster: ClusterConfig, *, combos: Sequence[tuple[str
         packing_options: extra :class:`~atac_hf.packing.PackingConfig` fields for every packer.
         workload: a label for reports.
         progress: an object with ``update(n)`` (a tqdm bar), advanced once per packing strategy.
+        eval_cost_model: the cost model that *times* the run (default: the cluster's, which
+            also plans it). Packers and sharding planners always plan with the cluster's model;
+            with another one here, every time, bound and metric is what those plans cost
+            when the true prices differ from the planners' estimate (see :mod:`.robustness`).
 
     Returns:
         The :class:`~atac_hf.sim.results.SimResult`.
@@ -185,6 +198,9 @@ def simulate(lengths: Any, cluster: ClusterConfig, *, combos: Sequence[tuple[str
             raise ValueError(f"unknown combination ({p!r}, {s!r}); packings {list(PACKINGS)}, "
                              f"shardings {list(SHARDINGS)}")
     cm = cluster.cost_model()
+    if eval_cost_model is not None and not isinstance(eval_cost_model, CostModel):
+        raise TypeError(f"eval_cost_model must be a CostModel or None, got {type(eval_cost_model).__name__}")
+    ecm = cm if eval_cost_model is None else eval_cost_model
     window_tokens = cluster.packs_per_step * cluster.max_tokens
     stream = sample_stream(arr.astype(np.int64), int(num_steps * window_tokens), seed)
     fixed = cut_windows(stream, window_tokens, num_steps) if windows == "fixed" else None
@@ -197,10 +213,10 @@ def simulate(lengths: Any, cluster: ClusterConfig, *, combos: Sequence[tuple[str
     for packing, shardings in by_packing.items():
         packed = packed_by[packing] = run_packer(packing, stream, cluster, cm, options, fixed)
         lens = [np.array([e - s for _, s, e in p], dtype=np.int64) for win in packed.packs for p in win]
-        plans = plan_summaries(lens, shardings, cluster.cp_size, cm, cluster.rank_token_cap())
-        pm = packing_metrics(packed, stream, cluster.max_tokens, cluster.packs_per_step, cm)
+        plans = plan_summaries(lens, shardings, cluster.cp_size, cm, cluster.rank_token_cap(), ecm)
+        pm = packing_metrics(packed, stream, cluster.max_tokens, cluster.packs_per_step, ecm)
         for sharding in shardings:
-            res = _evaluate(packing, sharding, packed, lens, plans[sharding], cluster, cm, pm)
+            res = _evaluate(packing, sharding, packed, lens, plans[sharding], cluster, ecm, pm)
             results[res.label] = res
         if progress is not None:
             progress.update(1)
@@ -208,7 +224,7 @@ def simulate(lengths: Any, cluster: ClusterConfig, *, combos: Sequence[tuple[str
     sim = SimResult(cluster=cluster, workload=workload, combos=results, num_samples=len(stream), seed=seed,
                     windows={k: [w.tolist() for w in v.windows] for k, v in packed_by.items()},
                     packs={k: v.packs for k, v in packed_by.items()}, stream=stream)
-    sim.sample_pack = _sample_pack(packed_by, cluster, cm)
+    sim.sample_pack = _sample_pack(packed_by, cluster, cm)  # planned (and shown) with the planning model
     return sim
 
 

@@ -1,0 +1,135 @@
+"""Robustness to cost-model error: plan with one cost model, time with another.
+
+The planners balance the cost model's *estimate*; on real hardware the estimate is never
+exact (attention efficiency changes with length, head dims and kernel; presets are
+estimates; calibration has a few percent of error, more at new shapes). This module runs
+the simulator with the cluster's model planning every pack and shard, and an *evaluation*
+model timing them: the cluster's model with its attention price scaled by ``k`` (0.5x-2x:
+the band of the issue's check), or another profile. Every time, bound and ratio is then
+what those plans cost at the true prices.
+
+Numpy only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..cost import CostModel
+from ..packing.metrics import pack_costs
+from .cluster import ClusterConfig
+from .results import SimResult
+from .simulate import simulate
+
+__all__ = ["DEFAULT_SCALES", "RobustnessRun", "run_robustness", "robustness_rows", "robustness_table",
+           "scale_attention", "window_imbalance_stats"]
+
+#: Attention price ratios of the evaluation model to the planning one.
+DEFAULT_SCALES = (0.5, 1.0, 2.0)
+
+
+def scale_attention(cost_model: CostModel, scale: float) -> CostModel:
+    """``cost_model`` with every attention pair price (causal and masked) times ``scale``.
+
+    Raises:
+        ValueError: ``scale`` is not a finite number > 0.
+    """
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(scale) or scale <= 0:
+        raise ValueError(f"attention price scale must be a finite number > 0, got {scale!r} (set --eval-attn-scale)")
+    masked = cost_model.masked_attn_s_per_pair
+    return cost_model.replace(attn_s_per_pair=cost_model.attn_s_per_pair * float(scale),
+                              masked_attn_s_per_pair=None if masked is None else masked * float(scale),
+                              name=f"{cost_model.name}x{float(scale):g}attn")
+
+
+@dataclass(frozen=True)
+class RobustnessRun:
+    """One evaluation model: its label, the model, and the simulator's result under it."""
+
+    label: str
+    eval_model: CostModel
+    result: SimResult
+
+
+def run_robustness(lengths: Any, cluster: ClusterConfig, *, scales: Sequence[float] = DEFAULT_SCALES,
+                   profiles: Sequence[str] = (), **simulate_kwargs: Any) -> list[RobustnessRun]:
+    """Simulate with the cluster's model planning and each evaluation model timing.
+
+    Args:
+        lengths: the workload's sample lengths.
+        cluster: the cluster (its cost model plans).
+        scales: attention price ratios of the evaluation models (1.0: the planning model itself).
+        profiles: cost profile paths, each an evaluation model too (e.g. a calibrated CPU
+            profile timing plans made with a preset), with this cluster's CP link.
+        **simulate_kwargs: passed to :func:`~atac_hf.sim.simulate` (combos, num_steps, seed, ...).
+    """
+    cm = cluster.cost_model()
+    models = [(f"attention x{float(s):g}", scale_attention(cm, s)) for s in scales]
+    for path in profiles:
+        prof = CostModel.from_profile(path).replace(link_bandwidth=cm.link_bandwidth,
+                                                    link_latency_s=cm.link_latency_s)
+        models.append((f"profile {prof.name}", prof))
+    return [RobustnessRun(label, m, simulate(lengths, cluster, eval_cost_model=m, **simulate_kwargs))
+            for label, m in models]
+
+
+def window_imbalance_stats(result: SimResult, packing: str, cost_model: CostModel) -> tuple[float, float]:
+    """(mean, worst) over full windows of max/mean pack cost, costed by ``cost_model``.
+
+    Windows with fewer packs than the step's (the stream's last, flushed ones) are left out,
+    as in the packing benchmark.
+    """
+    per_step = result.cluster.packs_per_step
+    ratios = []
+    for win in result.packs.get(packing, []):
+        if len(win) < per_step:
+            continue
+        c = pack_costs(win, cost_model)
+        if c.mean() > 0:
+            ratios.append(float(c.max() / c.mean()))
+    if not ratios:
+        return float("nan"), float("nan")
+    return float(np.mean(ratios)), float(np.max(ratios))
+
+
+def robustness_rows(runs: Sequence[RobustnessRun]) -> list[dict[str, Any]]:
+    """One row per (evaluation model, combination): time over its balance bound, ATAC's
+    speedup over it, the packing's window max/mean and the sharding's per-rank imbalance
+    (mean and worst pack), all under the evaluation model."""
+    rows = []
+    for run in runs:
+        res = run.result
+        atac = res.combos.get("ATAC")
+        for label, combo in res.combos.items():
+            win_mean, win_worst = window_imbalance_stats(res, combo.packing, run.eval_model)
+            rows.append({
+                "eval": run.label,
+                "combo": label,
+                "lb_ratio": combo.lb_ratio,
+                "atac_speedup": (res.speedup("ATAC", label) if atac is not None and label != "ATAC"
+                                 else float("nan")),
+                "window_imbalance": win_mean,
+                "window_imbalance_worst": win_worst,
+                "cp_imbalance": float(combo.cp_imbalance.mean()) if combo.cp_imbalance.size else 1.0,
+                "cp_imbalance_worst": float(combo.cp_imbalance.max()) if combo.cp_imbalance.size else 1.0,
+                "kv_mb_per_layer": combo.metrics()["kv_mb_per_layer"],
+            })
+    return rows
+
+
+def robustness_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) -> str:
+    """The rows as a table (plain text or markdown)."""
+    from .report import _render
+
+    head = ["timed by", "combination", "time/LB", "ATAC speedup", "window max/mean", "worst window",
+            "CP max/mean", "worst pack", "K/V MB/layer"]
+    fmt = lambda v, f: "-" if v != v else format(v, f)  # noqa: E731 (NaN -> "-")
+    body = [[r["eval"], r["combo"], fmt(r["lb_ratio"], ".3f"), fmt(r["atac_speedup"], ".2f"),
+             fmt(r["window_imbalance"], ".3f"), fmt(r["window_imbalance_worst"], ".3f"),
+             fmt(r["cp_imbalance"], ".3f"), fmt(r["cp_imbalance_worst"], ".3f"), fmt(r["kv_mb_per_layer"], ".1f")]
+            for r in rows]
+    return _render(head, body, markdown)

@@ -1,0 +1,85 @@
+"""Robustness report: plans made with the cluster's cost model, timed by another one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+
+from atac_hf.sim import ClusterConfig, simulate
+from atac_hf.sim.cli import add_parser
+from atac_hf.sim.robustness import robustness_rows, robustness_table, run_robustness, scale_attention
+from atac_hf.workloads import make_workload
+
+COMBOS = [("sequential", "zigzag"), ("wfap", "atp")]
+
+
+def _setup():
+    lengths = make_workload("longtail", 3000, seed=1, max_len=30_000)
+    cluster = ClusterConfig(model="1b", hardware="H100", max_tokens=32768, cp_size=4, pp_size=2, dp_size=2,
+                            num_micro_batches=4)
+    return lengths, cluster
+
+
+def test_scale_attention_scales_only_attention_prices():
+    _, cluster = _setup()
+    cm = cluster.cost_model().replace(masked_attn_s_per_pair=3e-12)
+    twice = scale_attention(cm, 2)
+    assert twice.attn_s_per_pair == 2 * cm.attn_s_per_pair and twice.masked_attn_s_per_pair == 6e-12
+    assert twice.linear_s_per_token == cm.linear_s_per_token and twice.segment_overhead_s == cm.segment_overhead_s
+    lens = np.array([5000, 300, 20])
+    pairs_s = cm.attention_pairs(np.zeros(3, np.int64), lens) * cm.attn_s_per_pair
+    assert twice.doc_cost(lens) == pytest.approx(cm.doc_cost(lens) + pairs_s)  # only the pair price doubles
+    for bad in (0, -1, float("inf"), float("nan"), True, "2"):
+        with pytest.raises(ValueError, match="attention price scale must be a finite number > 0"):
+            scale_attention(cm, bad)
+
+
+def test_eval_model_equal_to_planning_model_changes_nothing():
+    lengths, cluster = _setup()
+    plain = simulate(lengths, cluster, combos=COMBOS, num_steps=3)
+    same = simulate(lengths, cluster, combos=COMBOS, num_steps=3, eval_cost_model=cluster.cost_model())
+    for label in plain.combos:
+        np.testing.assert_allclose(same.combos[label].step_time_s, plain.combos[label].step_time_s, rtol=1e-12)
+        np.testing.assert_allclose(same.combos[label].lb_time_s, plain.combos[label].lb_time_s, rtol=1e-12)
+    with pytest.raises(TypeError, match="eval_cost_model must be a CostModel"):
+        simulate(lengths, cluster, combos=COMBOS, num_steps=1, eval_cost_model="H100")
+
+
+def test_a_dearer_attention_times_the_same_plans_slower():
+    lengths, cluster = _setup()
+    runs = run_robustness(lengths, cluster, scales=(1.0, 2.0), combos=COMBOS, num_steps=3)
+    one, two = (r.result for r in runs)
+    for label in one.combos:
+        a, b = one.combos[label], two.combos[label]
+        # the plans are the same (same K/V moved, same packs) ...
+        np.testing.assert_array_equal(a.kv_bytes, b.kv_bytes)
+        assert one.packs[a.packing] == two.packs[b.packing]
+        # ... and cost more when attention does, and so does the bound
+        assert (b.step_time_s >= a.step_time_s).all() and b.time_s > a.time_s
+        assert b.lb_time_s.sum() > a.lb_time_s.sum()
+    rows = robustness_rows(runs)
+    assert len(rows) == 2 * len(COMBOS) and {r["eval"] for r in rows} == {"attention x1", "attention x2"}
+    atac = [r for r in rows if r["combo"] == "ATAC"]
+    assert all(r["lb_ratio"] >= 0.99 and r["cp_imbalance_worst"] >= r["cp_imbalance"] for r in atac)
+    table = robustness_table(rows, markdown=True)
+    assert table.startswith("| timed by | combination | time/LB") and "attention x2" in table
+
+
+def test_simulate_cli_robustness_report(tmp_path, capsys):
+    lengths, cluster = _setup()
+    profile = tmp_path / "p.json"
+    scale_attention(cluster.cost_model(), 1.5).save(profile)
+    p = argparse.ArgumentParser(prog="atac-hf")
+    add_parser(p.add_subparsers(dest="command", required=True))
+    args = p.parse_args(["simulate", "--workload", "sft", "--model", "1b", "--hardware", "H100", "--dp", "2",
+                         "--pp", "1", "--cp", "2", "--micro-batches", "2", "--max-tokens", "16K", "--steps", "2",
+                         "--combos", "named", "--eval-attn-scale", "0.5,2", "--eval-profile", str(profile), "--json"])
+    assert args.func(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {r["eval"] for r in out["rows"]} == {"attention x0.5", "attention x2", f"profile {cluster.cost_model().name}x1.5attn"}
+    for bad in ("0", "a,b", "1,-2", "inf"):
+        with pytest.raises(SystemExit):
+            p.parse_args(["simulate", "--eval-attn-scale", bad])
