@@ -138,9 +138,9 @@ def markdown_section(summary: dict[str, Any], results: Sequence[Any], *, command
     return "\n".join(out).rstrip() + "\n"
 
 
-def write_section(path: str, section: str) -> None:
-    """Replace (or append) the ``## Simulator (pipeline-level)`` section of a markdown file,
-    leaving every other section as it is; creates the file if missing."""
+def write_section(path: str, section: str, heading: str = SECTION_HEADING) -> None:
+    """Replace (or append) the ``heading`` section (default ``## Simulator (pipeline-level)``)
+    of a markdown file, leaving every other section as it is; creates the file if missing."""
     text = ""
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
@@ -148,7 +148,7 @@ def write_section(path: str, section: str) -> None:
     else:
         text = "# Benchmarks\n"
     lines = text.splitlines(keepends=True)
-    start = next((i for i, ln in enumerate(lines) if ln.rstrip() == SECTION_HEADING), None)
+    start = next((i for i, ln in enumerate(lines) if ln.rstrip() == heading), None)
     if start is None:
         new = text.rstrip("\n") + "\n\n" + section
     else:
