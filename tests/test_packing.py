@@ -79,7 +79,7 @@ def test_wfap_defers_heavy_samples_until_a_group_is_balanced():
 
 
 def test_wfap_balance_split_of_overdue_heavy_sample():
-    p = StreamPacker(cfg(reference_doc_tokens=1, max_defer=1, min_fragment=1), QUAD)
+    p = StreamPacker(cfg(reference_doc_tokens=1, max_defer=1, min_fragment=1, balance_split=True), QUAD)
     p.add_window(range(0, 3), [6, 1, 1])
     packs = p.add_window([3, 4], [1, 1])
     spans = sorted(s for pack in packs for s in pack if s[0] == 0)
@@ -95,11 +95,22 @@ def test_wfap_without_balance_split_releases_the_overdue_anchor():
     assert p.metrics["num_split"] == 0
 
 
+def test_fidelity_by_default_no_sample_that_fits_is_cut():
+    # the balance-split case above with the default config: the overdue heavy 6 fits the cap,
+    # so it stays whole (balance_split is opt-in)
+    assert PackingConfig(max_tokens=10, packs_per_window=2).balance_split is False
+    p = StreamPacker(cfg(reference_doc_tokens=1, max_defer=1, min_fragment=1), QUAD)
+    p.add_window(range(0, 3), [6, 1, 1])
+    packs = p.add_window([3, 4], [1, 1]) + p.flush()
+    assert (0, 0, 6) in [s for pack in packs for s in pack]
+    assert p.metrics["num_split"] == 0
+
+
 @pytest.mark.parametrize("strategy", ["wfap", "sequential", "bfd", "wlb"])
 def test_overlength_split_truncate(strategy):
     res = pack_lengths([25, 3], cfg(strategy=strategy, packs_per_window=4), LINEAR)
     spans = sorted(s for pack in res.packs for s in pack if s[0] == 0)
-    assert spans == [(0, 0, 9), (0, 9, 17), (0, 17, 25)]  # fewest near-equal fragments
+    assert spans == [(0, 0, 10), (0, 10, 20), (0, 20, 25)]  # fewest fragments: full-cap ones, then the rest
     assert res.metrics["num_split"] == 1 and res.metrics["fragmentation"] == pytest.approx(0.5)
     res = pack_lengths([25, 3], cfg(strategy=strategy, overlength="truncate"), LINEAR)
     assert sorted(s for pack in res.packs for s in pack) == [(0, 0, 10), (1, 0, 3)]

@@ -59,8 +59,9 @@ class PackingConfig:
         balance_split: ``wfap``: an overdue heavy sample that no group of similar anchors
             can balance is split into the fewest near-equal fragments (>= ``min_fragment``)
             that each cost no more than a full pack of short documents, and placed as
-            tails. Counted in ``fragmentation`` when the sample was whole. ``False``
-            releases it as an anchor anyway (the window is then unbalanced).
+            tails. Counted in ``fragmentation`` when the sample was whole. ``False`` (the
+            default: no default cuts a sample that fits the cap) releases it as an anchor
+            anyway (the window is then unbalanced).
         defer_heavy: ``wfap``: hold heavy samples back (bounded by ``max_defer``) until a
             window can give each pack an anchor of similar cost. ``False`` places every
             sample in the window it arrives in (cost-balanced greedy only).
@@ -82,7 +83,7 @@ class PackingConfig:
     split_overdue: bool = True
     balance_tolerance: float = 1.05
     local_search: bool = True
-    balance_split: bool = True
+    balance_split: bool = False
     defer_heavy: bool = True
     wlb_thresholds: tuple[int, ...] | None = None
     reference_doc_tokens: int = 2048

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..cost import CostModel, default_cost_model
 from .planners.window import ARRIVAL, END, FRAG, SEQ, SID, START, Item, Planner, WindowContext, fill_empty_packs
-from .planners.window import place_overdue, ref_cost_per_token
+from .planners.window import overlength_pieces, place_overdue, ref_cost_per_token
 from .planners.baselines import plan_bfd, plan_sequential, plan_wlb, wlb_held
 from .config import PackingConfig
 from .validate import check_lengths, check_overlength, check_window
@@ -108,7 +108,7 @@ class StreamPacker:
         else:
             eff = lengths.copy()
             pieces = -(-lengths // C)
-        piece = -(-eff // np.maximum(pieces, 1))  # longest fragment
+        piece = np.where(pieces > 1, C, eff)  # longest fragment (full-cap pieces first)
         held = np.zeros(lengths.shape, dtype=bool)
         if cfg.max_defer > 0 and cfg.strategy == "wfap" and cfg.defer_heavy:
             held = self.cost_model.doc_cost(piece) > cfg.balance_tolerance * self._ref * C
@@ -224,12 +224,9 @@ class StreamPacker:
             elif cfg.overlength == "truncate":
                 self._pool.append((sid, 0, C, w, seq, 0))
                 m.truncated_tokens += L - C
-            else:  # split into the fewest near-equal fragments that fit
-                k = -(-L // C)
-                base, extra = divmod(L, k)
+            else:  # split into full-cap fragments and the remainder (planners/window.py)
                 pos = 0
-                for f in range(k):
-                    size = base + (f < extra)
+                for size in overlength_pieces(L, C, int(cfg.min_fragment)):
                     self._pool.append((sid, pos, pos + size, w, seq, 1))
                     pos += size
                 self._open[sid] = [L, 0]

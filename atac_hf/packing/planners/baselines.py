@@ -3,7 +3,8 @@
 * ``sequential``: next-fit in data order (what naive pipelines do): fill the current pack
   until the next sample does not fit, then open the next one.
 * ``bfd``: best-fit decreasing on tokens (TRL's ``pack_dataset`` default): longest first,
-  each into the pack with the least room that still fits it.
+  each into the pack with the least room that still fits it; the window emits the fullest
+  ``packs_per_window`` packs (overdue ones first) and carries the rest.
 * ``wlb``: WLB-LLM (OSDI'25) variable-length packing with outlier delay: documents of
   length >= ``L_1`` wait in per-threshold FIFO queues; a queue holding ``packs_per_window``
   documents releases that many, one to each pack. The rest is sorted longest first; each
@@ -47,26 +48,37 @@ def plan_sequential(items: list[Item], ctx: WindowContext) -> tuple[list[list[It
 
 
 def plan_bfd(items: list[Item], ctx: WindowContext) -> tuple[list[list[Item]], list[Item], list]:
-    """Best-fit decreasing on tokens into at most ``packs_per_window`` packs."""
+    """Best-fit decreasing on tokens over the whole pool, as many packs as it takes (TRL's
+    ``pack_dataset`` bfd on the pool); the window emits ``packs_per_window`` of them: those
+    holding overdue items first, then the fullest, and carries the items of the others.
+
+    Emitting the fullest packs (rather than the first ones opened, which hold the longest
+    items and the holes next to them) keeps the packs as full as TRL's: the items of a
+    poorly filled pack wait a window for new arrivals to fill the holes around them."""
     P, C = ctx.num_packs, ctx.max_tokens
     packs: list[list[Item]] = []
+    used: list[int] = []
+    due: list[bool] = []
     rooms: list[tuple[int, int]] = []  # sorted (room, pack) of open packs
-    carry: list[Item] = []
     order = sorted(items, key=lambda it: (not ctx.is_due(it), -(it[END] - it[START]), it[SEQ], it[START]))
     for it in order:
         n = it[END] - it[START]
         k = bisect.bisect_left(rooms, (n, -1))
         if k < len(rooms):
             room, j = rooms.pop(k)
-        elif len(packs) < P:
+        else:
             room, j = C, len(packs)
             packs.append([])
-        else:
-            carry.append(it)
-            continue
+            used.append(0)
+            due.append(False)
         packs[j].append(it)
+        used[j] += n
+        due[j] = due[j] or ctx.is_due(it)
         if room - n > 0:
             bisect.insort(rooms, (room - n, j))
+    keep = sorted(sorted(range(len(packs)), key=lambda j: (not due[j], -used[j], j))[:P])
+    carry = [it for j in range(len(packs)) if j not in set(keep) for it in packs[j]]
+    packs = [packs[j] for j in keep]
     packs.extend([] for _ in range(P - len(packs)))
     carry.sort(key=_data_order)
     return packs, carry, []

@@ -74,6 +74,25 @@ def ref_cost_per_token(config: PackingConfig, cost_model: CostModel) -> float:
     return float(cost_model.doc_cost([ref])[0]) / ref
 
 
+def overlength_pieces(length: int, max_tokens: int, min_fragment: int) -> list[int]:
+    """Fragment sizes of a sample longer than the cap (``overlength="split"``): the fewest
+    pieces, full-cap pieces first and the remainder last (as TRL's ``bfd_split``), so that
+    every piece but the last fills a pack on its own. A remainder shorter than
+    ``min_fragment`` takes the missing tokens from the piece before it (``min_fragment <=
+    max_tokens // 2`` keeps that piece legal too).
+
+    >>> overlength_pieces(25, 10, 2), overlength_pieces(21, 10, 3)
+    ([10, 10, 5], [10, 8, 3])
+    """
+    L, C, m = int(length), int(max_tokens), int(min_fragment)
+    k = -(-L // C)
+    sizes = [C] * (k - 1) + [L - (k - 1) * C]
+    if k > 1 and sizes[-1] < m:
+        sizes[-2] -= m - sizes[-1]
+        sizes[-1] = m
+    return sizes
+
+
 def span_len(item: Item) -> int:
     return item[END] - item[START]
 
