@@ -1,13 +1,22 @@
 """Offline packing of a ``datasets.Dataset`` into packed rows (WFAP or a baseline).
 
 :func:`pack_dataset` plans every pack up front (one pass over the sample lengths, with a
-progress bar), then materialises the rows with ``Dataset.map`` (``num_proc`` workers).
-Each output row is one pack::
+progress bar), then builds the rows straight from the Arrow table: each pack's spans are
+offset ranges into the flat token buffer of every list column, copied with
+``pyarrow.concat_arrays`` (no Python lists, any datasets format, dtypes kept). Each output
+row is one pack::
 
-    input_ids    flat token ids of the pack's documents
+    input_ids    flat token ids of the pack's documents (the source's dtype)
+    <per-token>  every other list column with one entry per token (``labels``,
+                 ``attention_mask``, ...), cut and concatenated like ``input_ids``
     seq_lengths  document lengths (sum = len(input_ids))
-    labels       flat labels (only when the source has a ``labels`` column)
     spans        [[sample, start, end], ...] source rows and token ranges, for audit
+
+Other columns (text, ids, lists of another length such as ``messages``) are dropped (a log
+line names them): a pack holds several samples, so a per-sample value has no single place
+in it. A null ``labels`` entry is filled with the sample's ``input_ids``. The rows live in
+memory (an Arrow table about the size of the source's token columns) and keep the source's
+format (``with_format``).
 
 Feed the rows to :class:`~atac_hf.packing.data.collator.PackedDataCollator` with
 ``batch_size=1`` (one pack per step and replica), in order and unshuffled if the packs
@@ -16,8 +25,9 @@ were ordered for data parallelism (``num_replicas``).
 Pitfall: ``transformers.Trainer`` drops dataset columns that are not arguments of
 ``model.forward`` (``remove_unused_columns=True``, the default). Without ``seq_lengths`` a
 packed row looks like one long document to the collator and its documents would attend to
-each other: set ``remove_unused_columns=False``, or keep ``seq_lengths`` among the
-signature columns (TRL's SFTTrainer does).
+each other: set ``remove_unused_columns=False``, or use ``ATACTrainer`` (it keeps the
+columns its collator needs), or keep ``seq_lengths`` among the signature columns (TRL's
+SFTTrainer does).
 """
 
 from __future__ import annotations
@@ -28,40 +38,35 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...cost import CostModel
+from ...cost import CostModel, default_cost_model
 from ..config import PackingConfig
+from ..metrics import pack_costs
 from .window_planner import plan_packs
 
 __all__ = ["dataset_lengths", "pack_dataset"]
 
 logger = logging.getLogger(__name__)
 
+_BUILD_TOKENS = 1 << 24  # tokens per built record batch (bounds the temporary memory)
+
 
 def dataset_lengths(dataset: Any, *, column: str = "input_ids", batch_size: int = 10_000,
                     progress: bool = False) -> np.ndarray:
     """Token count of every row of ``dataset`` (int64 array, in row order).
 
-    Reads the Arrow list lengths of a ``datasets.Dataset`` without decoding the tokens;
-    any other indexable of mappings is read row by row.
+    Reads the Arrow list lengths of a ``datasets.Dataset`` (any format) without decoding
+    the tokens; any other indexable of mappings is read row by row. ``batch_size`` and
+    ``progress`` are unused (kept for compatibility: the Arrow read is one kernel call).
 
     Raises:
         ValueError: the column is missing (the message lists the columns found).
     """
     names = getattr(dataset, "column_names", None)
-    if names is not None:
-        if column not in names:
-            raise ValueError(_missing_column(column, names))
-        import pyarrow.compute as pc
-        from tqdm.auto import tqdm
-
-        out = []
-        view = dataset.select_columns([column]).with_format("arrow")
-        with tqdm(total=len(dataset), desc="Reading lengths", disable=not progress, unit="rows") as bar:
-            for table in view.iter(batch_size=batch_size):
-                lens = pc.fill_null(pc.list_value_length(table[column]), 0)
-                out.append(lens.to_numpy(zero_copy_only=False).astype(np.int64))
-                bar.update(len(table))
-        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+    if names is not None and column not in names:
+        raise ValueError(_missing_column(column, names))
+    if _is_hf_dataset(dataset):
+        table, rows = _arrow_source(dataset)
+        return _list_lengths(table.column(column), rows)
     lengths = np.zeros(len(dataset), dtype=np.int64)
     for i in range(len(dataset)):
         row = dataset[i]
@@ -75,40 +80,62 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
                  overlength: str = "split", window_size: int | None = None, num_replicas: int = 1,
                  shuffle: bool = False, seed: int = 0, cost_model: CostModel | None = None,
                  num_proc: int | None = None, desc: str = "Packing", progress: bool = True,
-                 **packing_options: Any) -> Any:
-    """Pack a tokenized ``datasets.Dataset`` into packed rows.
+                 return_metrics: bool = False, **packing_options: Any) -> Any:
+    """Pack a tokenized ``datasets.Dataset`` (or each split of a ``DatasetDict``) into packed rows.
 
     Args:
-        dataset: a ``datasets.Dataset`` with an ``input_ids`` column (and optionally ``labels``).
+        dataset: a ``datasets.Dataset`` (any format: python, numpy, pandas, arrow, torch...)
+            with an ``input_ids`` list column, or a ``datasets.DatasetDict`` (packed split
+            by split, same settings).
         max_tokens: token cap of one pack.
         packs_per_window: packs planned together (one window); the packer balances cost
             within a window.
         strategy: ``wfap`` | ``sequential`` | ``bfd`` | ``wlb``.
-        overlength: policy for samples longer than ``max_tokens``: ``split`` | ``truncate`` | ``error``.
+        overlength: policy for samples longer than ``max_tokens``: ``split`` (full-cap
+            fragments, then the rest) | ``truncate`` | ``error``.
         window_size: new samples per window (``None``: by token budget).
         num_replicas: order packs for a round-robin deal to this many DP replicas.
         shuffle, seed: shuffle the sample order before packing.
         cost_model: the cost model (default: the package default).
-        num_proc: worker processes for building rows (planning is sequential).
+        num_proc: unused (kept for compatibility): rows are built by Arrow kernels in this
+            process, faster than worker processes could.
         desc: progress bar label.
         progress: show progress bars.
+        return_metrics: also return the packing metrics (see below).
         **packing_options: further :class:`~atac_hf.packing.config.PackingConfig` fields
-            (``min_fragment``, ``max_defer``, strategy options).
+            (``min_fragment``, ``max_defer``, ``balance_split``, strategy options).
 
     Returns:
-        a ``datasets.Dataset`` with columns ``input_ids``, ``seq_lengths``, ``labels`` (if
-        the source has them) and ``spans``. Zero-length samples are skipped (a warning gives
-        their count).
+        a ``datasets.Dataset`` (a ``DatasetDict`` for a ``DatasetDict``) with columns
+        ``input_ids``, every per-token list column of the source, ``seq_lengths`` and
+        ``spans``, in the source's format. Zero-length samples are skipped (a warning gives
+        their count). With ``return_metrics``: ``(dataset, metrics)``, metrics a dict
+        (per split for a ``DatasetDict``): ``num_samples``, ``num_packs``, ``tokens``,
+        ``lower_bound_packs`` (``ceil(tokens / max_tokens)``), ``packs_vs_lower_bound``,
+        ``padding``, ``num_split`` (samples cut), ``num_fragments`` and
+        ``fragment_lengths`` (min / p10 / median / p90 / max of the fragments' lengths),
+        ``imbalance_mean`` / ``imbalance_worst`` (max / mean pack cost over each window of
+        ``packs_per_window`` consecutive packs). They are logged at INFO level too.
 
     Raises:
-        TypeError: ``dataset`` is not a ``datasets.Dataset``.
+        TypeError: ``dataset`` is not a ``datasets.Dataset``/``DatasetDict``, or
+            ``input_ids`` is not a list column.
         ValueError: an empty dataset, no ``input_ids`` column (lists the columns found),
-            only empty samples, or invalid packing settings.
+            only empty samples, a ``labels`` (or other per-token column) whose length differs
+            from ``input_ids`` (names the sample), or invalid packing settings.
     """
     import datasets
-    from tqdm.auto import tqdm
 
-    if isinstance(dataset, datasets.IterableDataset):
+    kwargs = dict(max_tokens=max_tokens, packs_per_window=packs_per_window, strategy=strategy,
+                  overlength=overlength, window_size=window_size, num_replicas=num_replicas, shuffle=shuffle,
+                  seed=seed, cost_model=cost_model, num_proc=num_proc, progress=progress,
+                  return_metrics=return_metrics, **packing_options)
+    if isinstance(dataset, datasets.DatasetDict):
+        packed = {k: pack_dataset(v, desc=f"{desc} {k}", **kwargs) for k, v in dataset.items()}
+        if return_metrics:
+            return datasets.DatasetDict({k: v[0] for k, v in packed.items()}), {k: v[1] for k, v in packed.items()}
+        return datasets.DatasetDict(packed)
+    if isinstance(dataset, (datasets.IterableDataset, datasets.IterableDatasetDict)):
         raise TypeError("pack_dataset needs a datasets.Dataset; for an IterableDataset use "
                         "atac_hf.packing.data.iterable.PackedIterableDataset (streaming packing)")
     if not isinstance(dataset, datasets.Dataset):
@@ -119,61 +146,235 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
         raise ValueError("pack_dataset got an empty dataset (0 rows): nothing to pack")
     config = PackingConfig(max_tokens=max_tokens, packs_per_window=packs_per_window, strategy=strategy,
                            overlength=overlength, **packing_options)
+    if num_proc not in (None, 0, 1):
+        logger.info("pack_dataset: num_proc=%s is not used (rows are built by Arrow kernels)", num_proc)
 
-    lengths = dataset_lengths(dataset, progress=progress)
+    table, rows = _arrow_source(dataset)
+    ids_col = table.column("input_ids")
+    if not _is_list(ids_col.type):
+        raise TypeError(f"input_ids must be a list column of token ids, got Arrow type {ids_col.type}")
+    lengths = _list_lengths(ids_col, rows)
     num_empty = int((lengths == 0).sum())
     if num_empty == lengths.size:
         raise ValueError(f"every one of the {lengths.size} samples of the dataset is empty (0 input_ids)")
     if num_empty:
         warnings.warn(f"pack_dataset: skipped {num_empty} zero-length samples", stacklevel=2)
+    token_cols, dropped = _token_columns(table, rows, lengths)
+    if dropped:
+        logger.info("pack_dataset: dropped columns %s (not one entry per input_ids token)", dropped)
+
+    from tqdm.auto import tqdm
+
     order = np.random.default_rng([seed, 0]).permutation(lengths.size) if shuffle else None
     with tqdm(total=lengths.size, desc=f"{desc}: planning", disable=not progress, unit="samples") as bar:
         spans, offsets = plan_packs(lengths, config, order=order, cost_model=cost_model, window_size=window_size,
                                     num_replicas=num_replicas, progress=bar)
-    logger.info("pack_dataset: %d samples -> %d packs (%d spans, %d empty samples skipped)",
-                lengths.size, len(offsets) - 1, len(spans), num_empty)
-
-    columns = [c for c in ("input_ids", "labels") if c in dataset.column_names]
-    source = dataset.select_columns(columns)
-    plan = datasets.Dataset.from_dict(
-        {"spans": [spans[offsets[b]:offsets[b + 1]].tolist() for b in range(len(offsets) - 1)]},
-        features=datasets.Features({"spans": datasets.List(datasets.List(datasets.Value("int64")))}),
-    )
-    return plan.map(_build_rows, batched=True, batch_size=256, num_proc=num_proc,
-                    fn_kwargs={"source": source, "columns": columns},
-                    desc=f"{desc}: building rows", features=_row_features(datasets, "labels" in columns))
+    out = _build_table(table, rows, token_cols, spans, offsets, progress=progress, desc=desc)
+    result = _as_dataset(datasets, out, dataset, token_cols)
+    metrics = _metrics(lengths, spans, offsets, config, cost_model or default_cost_model())
+    logger.info("pack_dataset: %d samples -> %d packs (%.4fx the lower bound ceil(tokens / max_tokens)), "
+                "%d samples split into %d fragments (lengths %s), %d empty samples skipped",
+                metrics["num_samples"], metrics["num_packs"], metrics["packs_vs_lower_bound"],
+                metrics["num_split"], metrics["num_fragments"], metrics["fragment_lengths"], num_empty)
+    return (result, metrics) if return_metrics else result
 
 
-def _build_rows(batch: dict[str, list], *, source: Any, columns: Sequence[str]) -> dict[str, list]:
-    ids_needed = sorted({s[0] for pack in batch["spans"] for s in pack})
-    fetched = source[ids_needed]
-    where = {sid: j for j, sid in enumerate(ids_needed)}
-    out: dict[str, list] = {"input_ids": [], "seq_lengths": []}
-    if "labels" in columns:
-        out["labels"] = []
-    for pack in batch["spans"]:
-        row_ids: list[int] = []
-        row_labels: list[int] = []
-        for sid, s, e in pack:
-            row_ids += fetched["input_ids"][where[sid]][s:e]
-            if "labels" in columns:
-                lab = fetched["labels"][where[sid]]
-                row_labels += (fetched["input_ids"][where[sid]] if lab is None else lab)[s:e]
-        out["input_ids"].append(row_ids)
-        out["seq_lengths"].append([e - s for _, s, e in pack])
-        if "labels" in columns:
-            out["labels"].append(row_labels)
-    out["spans"] = batch["spans"]
-    return out
+# ---------------------------------------------------------------------------- Arrow source
+def _is_hf_dataset(dataset: Any) -> bool:
+    try:
+        import datasets
+    except ImportError:  # pragma: no cover - datasets is a dependency
+        return False
+    return isinstance(dataset, datasets.Dataset)
 
 
-def _row_features(datasets: Any, with_labels: bool) -> Any:
-    ints = datasets.List(datasets.Value("int64"))
-    feats = {"input_ids": ints, "seq_lengths": ints}
-    if with_labels:
-        feats["labels"] = ints
-    feats["spans"] = datasets.List(ints)
-    return datasets.Features(feats)
+def _arrow_source(dataset: Any) -> tuple[Any, np.ndarray | None]:
+    """The dataset's underlying ``pyarrow.Table`` (whatever its format) and the table row of
+    each dataset row (``None``: row i is table row i; set after ``select``/``shuffle``)."""
+    table = dataset.data.table if hasattr(dataset.data, "table") else dataset.data
+    indices = getattr(dataset, "_indices", None)
+    rows = None
+    if indices is not None:
+        col = indices.column(0)
+        rows = col.to_numpy() if col.num_chunks == 1 else np.concatenate([c.to_numpy() for c in col.chunks])
+        rows = rows.astype(np.int64, copy=False)
+    return table, rows
+
+
+def _is_list(t: Any) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_list(t) or pa.types.is_large_list(t)
+
+
+def _list_lengths(column: Any, rows: np.ndarray | None) -> np.ndarray:
+    import pyarrow.compute as pc
+
+    lens = pc.fill_null(pc.list_value_length(column), 0)
+    arr = np.concatenate([c.to_numpy(zero_copy_only=False) for c in lens.chunks]) if lens.num_chunks else \
+        np.zeros(0, dtype=np.int64)
+    arr = arr.astype(np.int64, copy=False)
+    return arr if rows is None else arr[rows]
+
+
+def _token_columns(table: Any, rows: np.ndarray | None, lengths: np.ndarray) -> tuple[list[str], list[str]]:
+    """The list columns with one entry per ``input_ids`` token (``input_ids`` first), and the
+    columns dropped. ``labels`` (and the usual per-token names) must match: ValueError."""
+    import pyarrow.compute as pc
+
+    keep, dropped = ["input_ids"], []
+    for name in table.column_names:
+        if name == "input_ids":
+            continue
+        col = table.column(name)
+        if not _is_list(col.type):
+            dropped.append(name)
+            continue
+        null = pc.is_null(col)
+        is_null = np.concatenate([c.to_numpy(zero_copy_only=False) for c in null.chunks]) if null.num_chunks else \
+            np.zeros(0, dtype=bool)
+        if rows is not None:
+            is_null = is_null[rows]
+        lens = _list_lengths(col, rows)
+        bad = np.flatnonzero((lens != lengths) & ~is_null)
+        if bad.size == 0:
+            keep.append(name)
+        elif name in _PER_TOKEN_NAMES:
+            i = int(bad[0])
+            raise ValueError(
+                f"sample {i}: {name} has {int(lens[i])} entries but input_ids has {int(lengths[i])} "
+                f"({bad.size} such samples); {name} must have one entry per token. Fix the tokenization, or "
+                f"drop the column (dataset.remove_columns({name!r}))")
+        else:
+            dropped.append(name)
+    return keep, dropped
+
+
+_PER_TOKEN_NAMES = ("labels", "attention_mask", "token_type_ids", "completion_mask", "assistant_masks",
+                    "position_ids", "loss_mask")
+
+
+# ---------------------------------------------------------------------------- building rows
+def _chunk_index(column: Any) -> tuple[list[Any], np.ndarray, np.ndarray]:
+    """Per chunk its flat values; per table row its chunk and its first value's offset."""
+    values, starts, chunk_of = [], [], []
+    for k, chunk in enumerate(column.chunks):
+        values.append(chunk.values)
+        off = chunk.offsets.to_numpy()
+        starts.append(off[:-1].astype(np.int64, copy=False))
+        chunk_of.append(np.full(len(chunk), k, dtype=np.int64))
+    if not starts:
+        return values, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return values, np.concatenate(starts), np.concatenate(chunk_of)
+
+
+def _build_table(table: Any, rows: np.ndarray | None, token_cols: Sequence[str], spans: np.ndarray,
+                 offsets: np.ndarray, *, progress: bool, desc: str) -> Any:
+    import pyarrow as pa
+    from tqdm.auto import tqdm
+
+    num_packs = len(offsets) - 1
+    sid = spans[:, 0]
+    trow = sid if rows is None else rows[sid]
+    span_len = spans[:, 2] - spans[:, 1]
+    pack_len = np.add.reduceat(span_len, offsets[:-1]) if num_packs else np.zeros(0, dtype=np.int64)
+    sources = {}
+    for name in token_cols:
+        values, starts, chunk_of = _chunk_index(table.column(name))
+        col_type = table.column(name).type
+        null = None
+        if name != "input_ids":
+            null_arr = table.column(name).is_null()
+            null = np.concatenate([c.to_numpy(zero_copy_only=False) for c in null_arr.chunks])[trow]
+            if not null.any():
+                null = None
+        sources[name] = (values, (starts[trow] + spans[:, 1]).tolist(), chunk_of[trow].tolist(), col_type, null)
+    lens_list = span_len.tolist()
+    seq_type = pa.list_(pa.int64())
+    # batches of whole packs, about _BUILD_TOKENS tokens each
+    cum = np.cumsum(pack_len)
+    cuts = [0]
+    while cuts[-1] < num_packs:
+        base = cum[cuts[-1] - 1] if cuts[-1] else 0
+        nxt = int(np.searchsorted(cum, base + _BUILD_TOKENS, side="right"))
+        cuts.append(min(num_packs, max(nxt, cuts[-1] + 1)))
+    batches = []
+    with tqdm(total=num_packs, desc=f"{desc}: building rows", disable=not progress, unit="packs") as bar:
+        for b0, b1 in zip(cuts, cuts[1:]):
+            s0, s1 = int(offsets[b0]), int(offsets[b1])
+            row_off = np.concatenate([[0], np.cumsum(pack_len[b0:b1])])
+            arrays = []
+            for name in token_cols:
+                values, starts, chunk_of, col_type, null = sources[name]
+                if null is None:
+                    pieces = [values[chunk_of[j]].slice(starts[j], lens_list[j]) for j in range(s0, s1)]
+                else:  # null labels: the sample's input_ids
+                    ids_values, ids_starts, ids_chunk = sources["input_ids"][:3]
+                    pieces = [(ids_values[ids_chunk[j]].slice(ids_starts[j], lens_list[j]).cast(col_type.value_type)
+                               if null[j] else values[chunk_of[j]].slice(starts[j], lens_list[j]))
+                              for j in range(s0, s1)]
+                flat = pa.concat_arrays(pieces) if pieces else pa.array([], type=col_type.value_type)
+                off_type = pa.int64() if pa.types.is_large_list(col_type) else pa.int32()
+                arrays.append(type(table.column(name).chunks[0]).from_arrays(pa.array(row_off, type=off_type), flat,
+                                                                             type=col_type))
+            seq = pa.ListArray.from_arrays(pa.array(offsets[b0:b1 + 1] - s0, type=pa.int32()),
+                                           pa.array(span_len[s0:s1], type=pa.int64()), type=seq_type)
+            span_vals = pa.ListArray.from_arrays(pa.array(np.arange(0, 3 * (s1 - s0) + 1, 3), type=pa.int32()),
+                                                 pa.array(spans[s0:s1].reshape(-1), type=pa.int64()))
+            span_rows = pa.ListArray.from_arrays(pa.array(offsets[b0:b1 + 1] - s0, type=pa.int32()), span_vals)
+            batches.append(pa.RecordBatch.from_arrays(arrays + [seq, span_rows],
+                                                      names=list(token_cols) + ["seq_lengths", "spans"]))
+            bar.update(b1 - b0)
+    return pa.Table.from_batches(batches)
+
+
+def _as_dataset(datasets: Any, out: Any, source: Any, token_cols: Sequence[str]) -> Any:
+    from datasets.table import InMemoryTable
+
+    feats = {name: source.features[name] for name in token_cols}
+    feats["seq_lengths"] = datasets.List(datasets.Value("int64"))
+    feats["spans"] = datasets.List(datasets.List(datasets.Value("int64")))
+    features = datasets.Features(feats)
+    if features.arrow_schema != out.schema:
+        out = out.cast(features.arrow_schema)
+    result = datasets.Dataset(InMemoryTable(out), info=datasets.DatasetInfo(features=features))
+    fmt = dict(source.format)
+    if fmt.get("type") is None and fmt.get("columns") is None and not fmt.get("format_kwargs"):
+        return result
+    columns = fmt.get("columns")
+    if columns is not None:
+        columns = [c for c in columns if c in result.column_names]
+        columns += [c for c in ("seq_lengths", "spans") if c not in columns]
+    return result.with_format(fmt.get("type"), columns=columns, output_all_columns=fmt.get("output_all_columns", False),
+                              **fmt.get("format_kwargs", {}))
+
+
+# ---------------------------------------------------------------------------- metrics
+def _metrics(lengths: np.ndarray, spans: np.ndarray, offsets: np.ndarray, config: PackingConfig,
+             cost_model: CostModel) -> dict[str, Any]:
+    C, P = int(config.max_tokens), int(config.packs_per_window)
+    span_len = spans[:, 2] - spans[:, 1]
+    tokens = int(span_len.sum())
+    num_packs = len(offsets) - 1
+    frag = np.bincount(spans[:, 0], minlength=lengths.size)[spans[:, 0]] > 1  # spans of a split sample
+    frag_lens = span_len[frag]
+    lb = -(-tokens // C)
+    costs = pack_costs([spans[offsets[b]:offsets[b + 1]] for b in range(num_packs)], cost_model)
+    ratios = [float(costs[i:i + P].max() / costs[i:i + P].mean()) for i in range(0, num_packs, P)]
+    q = (np.percentile(frag_lens, [0, 10, 50, 90, 100]) if frag_lens.size else np.zeros(5)).tolist()
+    return {
+        "num_samples": int((lengths > 0).sum()),
+        "num_packs": num_packs,
+        "tokens": tokens,
+        "lower_bound_packs": lb,
+        "packs_vs_lower_bound": num_packs / lb if lb else 1.0,
+        "padding": 1.0 - tokens / (num_packs * C) if num_packs else 0.0,
+        "num_split": int(np.unique(spans[frag, 0]).size),
+        "num_fragments": int(frag.sum()),
+        "fragment_lengths": dict(zip(("min", "p10", "median", "p90", "max"), (float(x) for x in q))),
+        "imbalance_mean": float(np.mean(ratios)) if ratios else 1.0,
+        "imbalance_worst": float(np.max(ratios)) if ratios else 1.0,
+    }
 
 
 def _missing_column(column: str, found: Sequence[str], *, where: str = "the dataset") -> str:
