@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
 from torch.utils.data import DataLoader, IterableDataset
 
 from .config import ATACConfig
 
-__all__ = ["REQUIRED_COLUMNS", "build_packed_dataloader", "check_dataset_columns"]
+__all__ = ["REQUIRED_COLUMNS", "build_packed_dataloader", "check_collator", "check_dataset_columns"]
 
 REQUIRED_COLUMNS = ("input_ids",)
 
@@ -42,6 +43,61 @@ def check_dataset_columns(dataset: Any, *, name: str = "dataset") -> None:
             f"{name} has no {missing} column; columns found: {list(names)}. Tokenize it first, e.g. "
             "dataset.map(lambda b: tokenizer(b['text']), batched=True), or rename the token column to 'input_ids'"
         )
+
+
+_COLLATOR_CONTRACT = (
+    "a collator for ATACTrainer must turn a list of samples into ONE padding-free packed row: 'input_ids' (1, S), "
+    "'labels' (1, S) and 'position_ids' (1, S) restarting at 0 for every sample (or 'seq_lengths' / "
+    "'cu_seq_lens_q' giving the document lengths), no padding. Leave data_collator unset (the default "
+    "PackedDataCollator) or use transformers' DataCollatorWithFlattening()"
+)
+
+
+def check_collator(collator: Callable, dataset: Any, *, max_tokens: int, name: str = "data_collator") -> None:
+    """Dry-run ``collator`` on the first two samples of ``dataset``, as the WFAP sampler hands them.
+
+    ATP-CP needs each batch as one packed row whose documents it can find; a padding
+    collator (e.g. ``DataCollatorForLanguageModeling``) would otherwise fail much later, deep
+    inside sharding. Samples are cut to ``max_tokens // 2`` tokens, as packing would.
+
+    Raises:
+        ValueError: the collator raises on the samples, returns no mapping, no ``input_ids`` or
+            no ``labels``, pads, or returns rows whose documents cannot be found or do not
+            keep each sample its own document (naming the collator and what it must emit).
+    """
+    from ..attention import doc_lengths_from_batch
+    from ..packing.data.sampler import SpanDataset
+
+    if len(dataset) == 0:
+        return
+    label = f"{name}={getattr(collator, '__qualname__', None) or type(collator).__name__}"
+    view = SpanDataset(dataset)
+    cut = max(1, int(max_tokens) // 2)
+    features = []
+    for i in range(min(2, len(view))):
+        n = len(view[i]["input_ids"])
+        features.append(view[(i, 0, min(n, cut))] if n else view[i])
+    want = [len(f["input_ids"]) for f in features if len(f["input_ids"])]
+    try:
+        batch = collator(features)
+    except Exception as e:  # the collator's own error, with what it was asked to do
+        raise ValueError(f"{label} raised {type(e).__name__}: {e} on two samples of the training data; "
+                         f"{_COLLATOR_CONTRACT}") from e
+    if not hasattr(batch, "keys") or "input_ids" not in batch:
+        keys = sorted(batch.keys()) if hasattr(batch, "keys") else type(batch).__name__
+        raise ValueError(f"{label} returned {keys} (no 'input_ids'); {_COLLATOR_CONTRACT}")
+    if batch.get("labels") is None and batch.get("shift_labels") is None:
+        raise ValueError(f"{label} returned no 'labels' (keys {sorted(batch.keys())}); {_COLLATOR_CONTRACT}")
+    mask = batch.get("attention_mask")
+    if mask is not None and not bool(np.asarray(mask).astype(bool).all()):
+        raise ValueError(f"{label} pads its rows (attention_mask has zeros); {_COLLATOR_CONTRACT}")
+    try:
+        found = [int(x) for x in doc_lengths_from_batch(batch)]
+    except ValueError as e:
+        raise ValueError(f"{label}: {e} (keys {sorted(batch.keys())}); {_COLLATOR_CONTRACT}") from None
+    if len(found) != len(want):  # e.g. samples concatenated into one document: they would attend to each other
+        raise ValueError(f"{label} gave {len(found)} document(s) of {found} tokens for {len(want)} samples of {want} "
+                         f"tokens (each sample must stay its own document); {_COLLATOR_CONTRACT}")
 
 
 def build_packed_dataloader(dataset: Any, config: ATACConfig, *, num_replicas: int = 1, grad_accum: int = 1,

@@ -3,7 +3,10 @@
 What it changes, and where:
 
 * ``__init__``: builds the CP mesh (:func:`~.accelerate.build_parallelism_config`, CPU too),
-  selects ``attn_implementation="atac_cp"`` on the model, keeps Accelerate's torch-CP hooks off.
+  selects ``attn_implementation="atac_cp"`` on the model, keeps Accelerate's torch-CP hooks off;
+  sets ``use_cpu=True`` when several processes run without CUDA and
+  ``ddp_find_unused_parameters=False`` when unset (dense models); dry-runs a custom
+  ``data_collator`` on two samples and refuses one that does not emit packed rows.
 * ``get_train_dataloader`` / ``get_eval_dataloader``: one batch = one WFAP pack, dealt to DP
   replicas the way Accelerate shards batches (every CP rank of a replica gets the same pack).
   ``per_device_*_batch_size`` is not used: a pack's size is ``max_tokens``.
@@ -13,7 +16,8 @@ What it changes, and where:
   DDP/FSDP's gradient mean then sum the CP ranks' gradients: training equals single-device
   training on the same packs.
 * ``log``: adds ``atac/imbalance``, ``atac/kv_mb``, ``atac/planner_ms`` (means over the
-  micro-batches since the last log, over all ranks).
+  micro-batches since the last log, over all ranks); ``train_samples_per_second`` counts the
+  documents really trained (Trainer's would count ``per_device_train_batch_size`` per batch).
 * checkpoints: ``atac_sampler.json`` holds the sampler state; on resume it restores the
   sampler's epoch and seed (checked against the dataset and settings), and Trainer skips the
   batches already seen.
@@ -22,6 +26,7 @@ What it changes, and where:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import warnings
@@ -31,15 +36,44 @@ import torch
 import torch.distributed as dist
 from transformers import Trainer, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers.utils import logging as hf_logging
 
 from .accelerate import as_atac_parallelism_config, build_parallelism_config, bypass_torch_cp_hooks, cp_coordinates
 from .config import ATACConfig
-from .data import build_packed_dataloader, check_dataset_columns
+from .data import build_packed_dataloader, check_collator, check_dataset_columns
 from .sharder import BatchSharder, model_kv_bytes_per_token, prepare_model, unwrap_base_model
 
 __all__ = ["ATACTrainer", "SAMPLER_STATE_NAME"]
 
 SAMPLER_STATE_NAME = "atac_sampler.json"
+logger = hf_logging.get_logger(__name__)
+_MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+def _default_device_args(args: TrainingArguments, model: torch.nn.Module) -> None:
+    """Settings a plain ``TrainingArguments()`` gets wrong for ATACTrainer, fixed when the user left them unset.
+
+    * no CUDA but several processes (``accelerate launch`` on CPU): ``use_cpu=True`` (devices set
+      up again), else TrainingArguments sees one process;
+    * ``ddp_find_unused_parameters=False`` (Trainer's default True for a model without gradient
+      checkpointing makes DDP warn on every run; every parameter of a dense causal LM gets a
+      gradient). Left unset for mixture-of-experts models, whose unrouted experts may get none.
+    """
+    launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if not args.use_cpu and launched > 1 and not torch.cuda.is_available():
+        args.use_cpu = True
+        # TrainingArguments.__post_init__ already set up a one-process state (a cached property):
+        # set it up again, now as a CPU process group (gloo) of every launched process
+        vars(args).pop("_setup_devices", None)
+        args.device  # noqa: B018 - runs the set-up
+        if int(os.environ.get("RANK", "0") or 0) == 0:
+            logger.warning("ATACTrainer: no CUDA device, so TrainingArguments.use_cpu=True (gloo, %d processes)",
+                           launched)
+    if args.ddp_find_unused_parameters is None:
+        cfg = getattr(unwrap_base_model(model), "config", None)
+        texts = [cfg] + ([cfg.get_text_config()] if hasattr(cfg, "get_text_config") else [])
+        if not any(getattr(c, f, None) for c in texts if c is not None for f in _MOE_FIELDS):
+            args.ddp_find_unused_parameters = False
 
 
 def _check_args(args: TrainingArguments, config: ATACConfig) -> None:
@@ -53,9 +87,14 @@ def _check_args(args: TrainingArguments, config: ATACConfig) -> None:
     if args.world_size > 1 and not args.average_tokens_across_devices:
         raise ValueError("average_tokens_across_devices=False: each rank would normalise its loss by its own "
                          "token count; ATP-CP needs the global count (set it to True, the default)")
-    if args.per_device_train_batch_size != 1 or args.per_device_eval_batch_size != 1:
-        warnings.warn("per_device_train/eval_batch_size is ignored by ATACTrainer: each micro-batch is one WFAP pack "
-                      "of at most max_tokens tokens (raise max_tokens for bigger micro-batches)", stacklevel=3)
+    # warn (rank 0) only about a batch size the user set: TrainingArguments' own default (8) is no choice
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
+    ignored = {k: getattr(args, k) for k in ("per_device_train_batch_size", "per_device_eval_batch_size")
+               if getattr(args, k) not in (1, defaults.get(k))}
+    if ignored and args.process_index == 0:
+        warnings.warn(f"{', '.join(f'{k}={v}' for k, v in ignored.items())} is ignored by ATACTrainer: each "
+                      "micro-batch is one WFAP pack of at most max_tokens tokens (raise max_tokens for bigger "
+                      "micro-batches)", stacklevel=3)
 
 
 class ATACTrainer(Trainer):
@@ -64,8 +103,10 @@ class ATACTrainer(Trainer):
     Args:
         model: a transformers causal LM (PEFT-wrapped too); switched to ``atac_cp`` attention.
         args: ``TrainingArguments``; ``parallelism_config`` is built from ``atac_config`` when unset.
-            On a machine without CUDA pass ``use_cpu=True``.
-        data_collator: default :class:`~atac_hf.packing.PackedDataCollator`.
+            Without CUDA, ``use_cpu=True`` is set for multi-process runs (a log line says so).
+        data_collator: default :class:`~atac_hf.packing.PackedDataCollator`; another must emit one
+            padding-free packed row per batch (checked on two samples, see
+            :func:`~.data.check_collator`), e.g. transformers' ``DataCollatorWithFlattening``.
         train_dataset, eval_dataset: map-style datasets with ``input_ids`` (``labels`` optional).
         atac_config: default :meth:`ATACConfig.from_sources` (``ATAC_CONFIG`` file, ``ATAC_*``
             variables, ``PARALLELISM_CONFIG_CP_SIZE``).
@@ -73,7 +114,8 @@ class ATACTrainer(Trainer):
 
     Raises:
         ValueError: ``cp_size`` not dividing the world size; a model the runtime cannot shard; a
-            dataset without ``input_ids``; an attention backend that cannot run here; Trainer
+            dataset without ``input_ids``; a collator that does not emit packed rows; an
+            attention backend that cannot run here; Trainer
             settings that break exactness under CP (label smoothing,
             ``average_tokens_across_devices=False``).
     """
@@ -96,6 +138,7 @@ class ATACTrainer(Trainer):
                 check_dataset_columns(ds, name=f"eval_dataset[{key!r}]" if key else "eval_dataset")
         if args is None:
             args = TrainingArguments(output_dir="trainer_output")
+        _default_device_args(args, model)
         _check_args(args, config)
         config.check_runtime(args.device.type)
         fsdp = bool(args.fsdp) or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
@@ -107,6 +150,10 @@ class ATACTrainer(Trainer):
                 raise ValueError(f"args.parallelism_config.cp_size={pc.cp_size} disagrees with "
                                  f"atac_config.cp_size={config.cp_size}")
             args.parallelism_config = pc
+        if data_collator is not None and type(data_collator) is not PackedDataCollator:
+            probe = next((d for d in [train_dataset, *evals.values()] if d is not None), None)
+            if probe is not None and hasattr(probe, "__getitem__") and hasattr(probe, "__len__"):
+                check_collator(data_collator, probe, max_tokens=config.max_tokens)
         super().__init__(model=model, args=args, data_collator=data_collator or PackedDataCollator(),
                          train_dataset=train_dataset, eval_dataset=eval_dataset, **kwargs)
         bypass_torch_cp_hooks(self.accelerator)
@@ -133,6 +180,7 @@ class ATACTrainer(Trainer):
         self.atac_sampler = None
         self._atac_resume_dir: str | None = None
         self._atac_warned_logits = False
+        self._atac_docs_trained = 0  # documents in the training packs of this rank (train_samples_per_second)
 
     # ------------------------------------------------------------------ data
     def _atac_seed(self) -> int:
@@ -177,6 +225,7 @@ class ATACTrainer(Trainer):
         local = self.atac_sharder(inputs, record=bool(model.training))
         if model.training:
             self._atac_local_ids = local["input_ids"]
+            self._atac_docs_trained += self.atac_sharder.last_stats.num_docs
         return contextlib.nullcontext, local
 
     def _track_num_input_tokens(self, inputs):
@@ -202,6 +251,19 @@ class ATACTrainer(Trainer):
         return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
 
     # ------------------------------------------------------------------ logging
+    def _finalize_training(self, trial: Any, num_train_samples: Any, start_time: float, *args: Any, **kwargs: Any):
+        # Trainer counts samples as steps x per_device_train_batch_size x ...: a batch is one pack here.
+        # Report the documents (samples, fragments counted apart) really trained, over the DP replicas.
+        docs = torch.tensor(float(self._atac_docs_trained), dtype=torch.float64, device=self.args.device)
+        if self.args.world_size > 1 and dist.is_initialized():
+            dist.all_reduce(docs)
+        real = float(docs.item()) / self.atac_config.cp_size  # every CP rank of a replica saw the same packs
+        steps = self.state.global_step - self._initial_global_step
+        # Trainer reports num_train_samples x steps run / max_steps: hand it the figure that gives `real`
+        num_train_samples = real * max(self.state.max_steps, 1) / max(steps, 1)
+        self._atac_docs_trained = 0
+        return super()._finalize_training(trial, num_train_samples, start_time, *args, **kwargs)
+
     def _maybe_log_save_evaluate(self, *args: Any, **kwargs: Any) -> None:
         # every rank runs this together: the only place where log() may average over the world
         self._atac_collective_log = True
