@@ -331,7 +331,7 @@ def test_sharder_never_leaves_a_rank_without_tokens():
     one_doc = PackedDataCollator()([{"input_ids": list(range(16))}])  # too short for 4 chunks of >= 8: kept whole
     assert sharder.plan(PackedDataCollator()([{"input_ids": list(range(40))}]))[0].strategy == "atp"
     plan, stats = sharder.plan(one_doc)
-    assert plan.strategy == "contiguous" and plan.rank_num_tokens().tolist() == [8, 8]
+    assert plan.strategy == "atp" and plan.rank_num_tokens().tolist() == [8, 8]  # the planner fills rank 1
     assert stats.num_tokens == 16 and stats.num_docs == 1
     with pytest.raises(ValueError, match=r"a pack of 1 tokens cannot be shared by cp_size=2 ranks"):
         sharder.plan(PackedDataCollator()([{"input_ids": [5]}]))
@@ -372,8 +372,9 @@ def test_more_user_errors_are_clear(tmp_path, monkeypatch):
         _check_args(SimpleNamespace(**{**vars(args), "label_smoothing_factor": 0.1}), ATACConfig())
     with pytest.raises(ValueError, match=r"average_tokens_across_devices=False"):
         _check_args(SimpleNamespace(**{**vars(args), "average_tokens_across_devices": False}), ATACConfig())
-    with pytest.warns(UserWarning, match=r"per_device_train/eval_batch_size is ignored"):
-        _check_args(SimpleNamespace(**{**vars(args), "per_device_train_batch_size": 8}), ATACConfig())
+    with pytest.warns(UserWarning, match=r"per_device_train_batch_size=4 is ignored"):  # 8 is the default: silent
+        _check_args(SimpleNamespace(**{**vars(args), "per_device_train_batch_size": 4, "process_index": 0}),
+                    ATACConfig())
     with pytest.raises(ValueError, match=r"dataset is empty"):
         check_dataset_columns([])
 
