@@ -36,6 +36,25 @@ __all__ = ["CostModel", "default_cost_model"]
 # flash-attention backward recomputes P and does 4 matmuls against 2 forward: 3.5x.
 _LINEAR_FWD_BWD = 3.0
 _ATTN_FWD_BWD = 3.5
+#: Largest price accepted (seconds per token, pair or call): real ones are under a millisecond.
+MAX_PRICE_S = 1e6
+
+
+def _is_real(v: Any) -> bool:
+    """A finite-checkable number (numpy floats and ints too), never a bool."""
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _short(v: Any) -> str:
+    """A short repr for messages: never huge, never raising (ints of over 4300 digits do)."""
+    if isinstance(v, int) and abs(v) > 10**60:
+        return f"<int of {v.bit_length()} bits>"
+    text = repr(v) if isinstance(v, (int, float, str, type(None), np.generic)) else f"<{type(v).__name__}>"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,25 +105,49 @@ class CostModel:
     mask_block: int = 0
 
     def __post_init__(self) -> None:
-        for f in ("linear_s_per_token", "attn_s_per_pair", "segment_overhead_s", "kv_bytes_per_token",
-                  "link_latency_s"):
+        # Bounds keep every cost finite: at most 2**62 tokens (pairs < 2**124) times a price of
+        # at most MAX_PRICE_S stays far below float's 1.8e308.
+        for f in ("linear_s_per_token", "attn_s_per_pair", "segment_overhead_s", "link_latency_s",
+                  "masked_attn_s_per_pair", "masked_segment_overhead_s"):
             v = getattr(self, f)
-            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"CostModel.{f} must be a finite number >= 0, got {v!r}")
-        for f in ("masked_attn_s_per_pair", "masked_segment_overhead_s"):
-            m = getattr(self, f)
-            if m is not None and (not isinstance(m, (int, float)) or not math.isfinite(m) or m < 0):
-                raise ValueError(f"CostModel.{f} must be None or a finite number >= 0, got {m!r}")
-        if not isinstance(self.mask_block, (int, np.integer)) or self.mask_block < 0:
-            raise ValueError(f"CostModel.mask_block must be an int >= 0 (0: one call per masked segment), "
-                             f"got {self.mask_block!r}")
-        if not isinstance(self.link_bandwidth, (int, float)) or not self.link_bandwidth > 0:
-            raise ValueError(f"CostModel.link_bandwidth must be > 0 bytes/s, got {self.link_bandwidth!r}")
-        if not isinstance(self.tile, (int, np.integer)) or self.tile < 1:
-            raise ValueError(f"CostModel.tile must be an int >= 1 (128 on GPU, 1 for exact), got {self.tile!r}")
-        if self.sliding_window is not None and (not isinstance(self.sliding_window, (int, np.integer))
-                                                or self.sliding_window < 1):
-            raise ValueError(f"CostModel.sliding_window must be None or an int >= 1, got {self.sliding_window!r}")
+            if v is None and f.startswith("masked_"):
+                continue
+            if not _is_real(v) or not math.isfinite(v) or not 0 <= v <= MAX_PRICE_S:
+                what = "None or " if f.startswith("masked_") else ""
+                raise ValueError(f"CostModel.{f} must be {what}a finite number >= 0 (seconds, at most "
+                                 f"{MAX_PRICE_S:g}), got {_short(v)}")
+        if not _is_real(self.kv_bytes_per_token) or not 0 <= self.kv_bytes_per_token <= 2.0**40:
+            raise ValueError(f"CostModel.kv_bytes_per_token must be a finite number >= 0 (bytes, at most 2**40), "
+                             f"got {_short(self.kv_bytes_per_token)}")
+        if not _is_real(self.link_bandwidth) or not 1.0 <= self.link_bandwidth <= 1e18:
+            raise ValueError(f"CostModel.link_bandwidth must be > 0 bytes/s (from 1 to 1e18), "
+                             f"got {_short(self.link_bandwidth)}")
+        for f, low, legal in (("tile", 1, "an int >= 1 (128 on GPU, 1 for exact)"),
+                              ("mask_block", 0, "an int >= 0 (0: one call per masked segment)")):
+            v = getattr(self, f)
+            if not _is_int(v) or not low <= v <= 2**20:
+                raise ValueError(f"CostModel.{f} must be {legal}, at most 2**20, got {_short(v)}")
+        if self.sliding_window is not None and (not _is_int(self.sliding_window)
+                                                or not 1 <= self.sliding_window <= 2**62):
+            raise ValueError(f"CostModel.sliding_window must be None or an int >= 1, got {_short(self.sliding_window)}")
+        if not isinstance(self.name, str):
+            raise TypeError(f"CostModel.name must be a str, got {type(self.name).__name__}")
+
+    @property
+    def prices_compute(self) -> bool:
+        """Whether any token-wise, attention or per-call work costs more than 0 s. A model that
+        prices all of it at zero (only the K/V link, e.g. for costing communication alone)
+        cannot balance anything: planners refuse it (see :meth:`check_prices_compute`)."""
+        return any(bool(v) for v in (self.linear_s_per_token, self.attn_s_per_pair, self.segment_overhead_s,
+                                     self.masked_attn_s_per_pair, self.masked_segment_overhead_s))
+
+    def check_prices_compute(self, setting: str = "the cost model / cost_profile") -> None:
+        """Raise ValueError when :attr:`prices_compute` is False (every planner calls this)."""
+        if not self.prices_compute:
+            raise ValueError(
+                f"cost model {_short(self.name)} prices all work at 0 s (linear_s_per_token, attn_s_per_pair and "
+                "segment_overhead_s are 0): every plan would look balanced, whatever its tokens; use a "
+                f"calibrated profile (`atac-hf calibrate`) or a preset (check {setting})")
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -286,6 +329,20 @@ class CostModel:
             return np.zeros_like(kv)
         bytes_in = kv * self.kv_bytes_per_token * (cp_size - 1) / cp_size
         one_way = np.where(kv > 0, self.link_latency_s * (cp_size - 1) + bytes_in / self.link_bandwidth, 0.0)
+        return 2.0 * one_way
+
+    def a2a_comm_cost(self, max_rank_tokens: Any, cp_size: int) -> np.ndarray:
+        """Seconds of the only-needed K/V exchange (forward all-to-all with per-pair counts,
+        plus the transposed all-to-all of its gradient in backward).
+
+        ``max_rank_tokens`` is the most K/V rows any rank receives or sends (the slowest
+        rank's link sets the time); ``cp_size - 1`` peers each cost one latency.
+        """
+        kv = np.asarray(max_rank_tokens, dtype=np.float64)
+        if cp_size <= 1:
+            return np.zeros_like(kv)
+        one_way = np.where(kv > 0, self.link_latency_s * (cp_size - 1) + kv * self.kv_bytes_per_token
+                           / self.link_bandwidth, 0.0)
         return 2.0 * one_way
 
 

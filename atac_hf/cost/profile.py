@@ -30,10 +30,10 @@ def model_from_dict(cls: type, data: Mapping[str, Any], *, source: str = "<dict>
         raise ValueError(f"cost profile {source} must be a JSON object, got {type(data).__name__}")
     if data.get("format") != PROFILE_FORMAT:
         raise ValueError(
-            f"cost profile {source} has format {data.get('format')!r}; expected {PROFILE_FORMAT!r} "
+            f"cost profile {source} has format {_cut_repr(data.get('format'))}; expected {PROFILE_FORMAT!r} "
             "(write profiles with CostModel.save or `atac-hf calibrate`)"
         )
-    extra = sorted(set(data) - {"format", "cost_model", "metadata"})
+    extra = _few(set(data) - {"format", "cost_model", "metadata"})
     if extra:
         raise ValueError(f"cost profile {source} has unknown top-level keys {extra}; legal keys: "
                          "['cost_model', 'format', 'metadata']")
@@ -41,10 +41,30 @@ def model_from_dict(cls: type, data: Mapping[str, Any], *, source: str = "<dict>
     params = data.get("cost_model")
     if not isinstance(params, Mapping):
         raise ValueError(f"cost profile {source} has no 'cost_model' object")
-    unknown = sorted(set(params) - fields)
+    unknown = _few(set(params) - fields)
     if unknown:
         raise ValueError(f"cost profile {source} has unknown fields {unknown}; legal fields: {sorted(fields)}")
-    return cls(**params)
+    model = cls(**params)
+    model.check_prices_compute(f"the cost profile {source}")
+    return model
+
+
+def _few(keys: Any, limit: int = 10) -> list:
+    """Up to ``limit`` keys, sorted whatever their types, each repr cut short (for messages)."""
+    out = sorted(keys, key=lambda k: (type(k).__name__, str(k)[:100]))
+    shown = [k if isinstance(k, str) and len(k) <= 80 else _cut(k) for k in out[:limit]]
+    return shown + ([f"... {len(out) - limit} more"] if len(out) > limit else [])
+
+
+def _cut_repr(v: Any) -> str:
+    text = repr(v) if isinstance(v, (str, type(None), float, bool)) or (isinstance(v, int) and abs(v) < 10**60) \
+        else f"<{type(v).__name__}>"
+    return text[:77] + "..." if len(text) > 80 else text
+
+
+def _cut(k: Any) -> str:
+    text = k if isinstance(k, str) else type(k).__name__
+    return text[:77] + "..." if len(text) > 80 else text
 
 
 def model_to_dict(model: Any, /, **metadata: Any) -> dict[str, Any]:

@@ -10,32 +10,71 @@
 ``cp_size`` left unset everywhere falls back to ``PARALLELISM_CONFIG_CP_SIZE`` (the launch
 YAML's ``parallelism_config_cp_size``); a set value that disagrees with it is an error.
 
-Files are read with ``yaml.safe_load`` / ``json.load``: nothing in them is executed.
+Files are read with a safe YAML loader / ``json``: nothing in them is executed. Reads are
+bounded: regular files only (never a device or a pipe), at most :data:`MAX_CONFIG_BYTES`
+bytes, no YAML aliases (``*name``: a few hundred bytes of them expand to billions of items),
+nesting at most :data:`MAX_CONFIG_DEPTH` deep, string keys only. Error messages quote values
+through :func:`short_repr`, so a huge value never makes a huge message.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 import os
+import reprlib
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-__all__ = ["ATACConfig", "ENV_PREFIX", "ATTENTION_BACKENDS", "COST_PRESETS"]
+__all__ = ["ATACConfig", "ENV_PREFIX", "ATTENTION_BACKENDS", "COST_PRESETS", "MAX_CONFIG_BYTES", "MAX_CONFIG_DEPTH",
+           "MIN_COLLECTIVE_TIMEOUT_S", "MAX_COLLECTIVE_TIMEOUT_S", "short_repr"]
 
 ENV_PREFIX = "ATAC_"
 ENV_CONFIG_FILE = "ATAC_CONFIG"
-ATTENTION_BACKENDS = ("sdpa", "flash", "flex", "varlen_reference")
+# "auto": flash (flash-attn) or varlen (torch's varlen_attn) on CUDA, sdpa elsewhere
+ATTENTION_BACKENDS = ("sdpa", "flash", "flex", "varlen", "varlen_reference", "auto")
 # "default": the package's default cost model; the others: HARDWARE_PRESETS keys, with the
 # model's dimensions read from its config.
 COST_PRESETS = ("default", "A800", "H100", "H200")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 _NONE = ("", "none", "null")
+#: Largest config file read (bytes): real configs are a few hundred; parsing 64 KiB takes < 1 s.
+MAX_CONFIG_BYTES = 64 << 10
+#: Deepest nesting of mappings and lists accepted in a config file (real ones nest 3 deep).
+MAX_CONFIG_DEPTH = 16
+#: Range of ``collective_timeout_s``: below a second a busy rank looks dead; over a day a dead
+#: one looks busy (and the backends' timers overflow on absurd values).
+MIN_COLLECTIVE_TIMEOUT_S = 1.0
+MAX_COLLECTIVE_TIMEOUT_S = 86_400.0
+#: Largest int accepted for a token count or size (far above any real one; keeps numpy int64 exact).
+_MAX_INT = 2**62
+
+_repr = reprlib.Repr()
+_repr.maxstring = _repr.maxother = 80
+_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 8
+_repr.maxlevel = 3
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)`` cut to about 100 characters (safe on huge or deeply nested values)."""
+    try:
+        return _repr.repr(value)
+    except Exception:  # noqa: BLE001 - a hostile __repr__: only for a message
+        return f"<{type(value).__name__}>"
+
+
+def _path_repr(path: str) -> str:
+    """repr of a path for messages: whole up to 400 characters (paths are what users search for)."""
+    text = repr(path)
+    return text if len(text) <= 400 else text[:200] + "..." + text[-197:]
 
 
 def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    """An int (numpy ints too), never a bool."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,9 +95,12 @@ class ATACConfig:
         shuffle: shuffle the sample order each epoch (seeded by the run's ``data_seed``/``seed``).
         sharding_strategy: how a pack is split over the CP group: ``atp`` (anchor-tail, default)
             or a baseline (``contiguous``, ``zigzag``, ``per_doc``, ``wlb_adaptive``).
-        attention_backend: kernel of the ``atac_cp`` attention: ``sdpa`` (CPU and GPU),
-            ``flash`` (flash-attn, CUDA), ``flex`` (flex_attention, CUDA for training),
-            ``varlen_reference`` (slow, for debugging).
+        attention_backend: kernel of the ``atac_cp`` attention: ``auto`` (default: on CUDA
+            ``flash`` when flash-attn is installed, else ``varlen`` where torch's varlen_attn
+            takes a scale and a window (torch >= 2.10), else ``sdpa``; ``sdpa`` elsewhere),
+            ``sdpa`` (CPU and GPU), ``flash`` (flash-attn, CUDA), ``varlen`` (torch's own
+            flash kernels, ``torch.nn.attention.varlen``, CUDA, bf16/fp16), ``flex``
+            (flex_attention, CUDA for training), ``varlen_reference`` (slow, for debugging).
         cost_preset: cost model the planners use when no profile is given: a hardware preset
             (``A800``, ``H100``, ``H200``; the model's dimensions come from its config) or
             ``default`` (the package default model).
@@ -85,7 +127,7 @@ class ATACConfig:
     window_size: int | None = None
     shuffle: bool = True
     sharding_strategy: str = "atp"
-    attention_backend: str = "sdpa"
+    attention_backend: str = "auto"
     cost_preset: str = "H100"
     cost_profile: str | None = None
     max_tokens_per_rank: int | None = None
@@ -94,56 +136,65 @@ class ATACConfig:
     collective_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
-        if not _is_int(self.cp_size) or self.cp_size < 1:
-            raise ValueError(f"cp_size={self.cp_size!r} must be an int >= 1 (set cp_size / ATAC_CP_SIZE)")
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens={self.max_tokens!r} must be an int >= 1 (the per-pack token cap; "
-                             "set max_tokens / ATAC_MAX_TOKENS)")
         from ..packing.config import STRATEGIES as PACKING_STRATEGIES
-        from ..sharding import STRATEGIES as SHARDING_STRATEGIES
+        from ..sharding import MAX_CP_SIZE, STRATEGIES as SHARDING_STRATEGIES
 
-        if self.packing_strategy not in PACKING_STRATEGIES:
-            raise ValueError(f"unknown packing_strategy {self.packing_strategy!r}; legal values: "
-                             f"{list(PACKING_STRATEGIES)} (set packing_strategy / ATAC_PACKING_STRATEGY)")
+        r = short_repr
+        if not _is_int(self.cp_size) or not 1 <= self.cp_size <= MAX_CP_SIZE:
+            raise ValueError(f"cp_size={r(self.cp_size)} must be an int >= 1 and <= {MAX_CP_SIZE} (MAX_CP_SIZE) "
+                             "(set cp_size / ATAC_CP_SIZE)")
+        if not _is_int(self.max_tokens) or not 1 <= self.max_tokens <= _MAX_INT:
+            raise ValueError(f"max_tokens={r(self.max_tokens)} must be an int >= 1 (the per-pack token cap; "
+                             "set max_tokens / ATAC_MAX_TOKENS)")
+        for name, legal in (("packing_strategy", list(PACKING_STRATEGIES)),
+                            ("sharding_strategy", sorted(SHARDING_STRATEGIES)),
+                            ("attention_backend", list(ATTENTION_BACKENDS)), ("cost_preset", list(COST_PRESETS))):
+            v = getattr(self, name)
+            if not isinstance(v, str) or v not in legal:
+                hint = " (or give a calibration profile as cost_profile)" if name == "cost_preset" else ""
+                raise ValueError(f"unknown {name} {r(v)}; legal values: {legal}{hint} "
+                                 f"(set {name} / {ENV_PREFIX}{name.upper()})")
         if not isinstance(self.packing_options, Mapping):
             raise TypeError(f"packing_options must be a mapping of PackingConfig fields, got "
                             f"{type(self.packing_options).__name__}")
+        bad_keys = [k for k in self.packing_options if not isinstance(k, str)]
+        if bad_keys:
+            raise ValueError(f"packing_options keys must be strings (PackingConfig field names), got "
+                             f"{r(bad_keys)} (set packing_options / ATAC_PACKING_OPTIONS)")
         reserved = sorted({"max_tokens", "packs_per_window", "strategy"} & set(self.packing_options))
         if reserved:
             raise ValueError(f"packing_options may not set {reserved}: use max_tokens / packing_strategy; "
                              "packs_per_window follows from DP replicas x gradient accumulation")
         object.__setattr__(self, "packing_options", dict(self.packing_options))
         self.packing_config(packs_per_window=1)  # validates the options (names and values)
-        if self.window_size is not None and (not _is_int(self.window_size) or self.window_size < 1):
-            raise ValueError(f"window_size={self.window_size!r} must be None or an int >= 1")
+        for name in ("window_size", "max_tokens_per_rank", "min_chunk"):
+            v = getattr(self, name)
+            if v is not None and (not _is_int(v) or not 1 <= v <= _MAX_INT):
+                raise ValueError(f"{name}={r(v)} must be None or an int >= 1 and <= 2**62 "
+                                 f"(set {name} / {ENV_PREFIX}{name.upper()})")
         for name in ("shuffle", "debug"):
             if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name}={getattr(self, name)!r} must be True or False")
-        if self.sharding_strategy not in SHARDING_STRATEGIES:
-            raise ValueError(f"unknown sharding_strategy {self.sharding_strategy!r}; legal values: "
-                             f"{sorted(SHARDING_STRATEGIES)} (set sharding_strategy / ATAC_SHARDING_STRATEGY)")
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"unknown attention_backend {self.attention_backend!r}; legal values: "
-                             f"{list(ATTENTION_BACKENDS)} (set attention_backend / ATAC_ATTENTION_BACKEND)")
-        if self.cost_preset not in COST_PRESETS:
-            raise ValueError(f"unknown cost_preset {self.cost_preset!r}; legal values: {list(COST_PRESETS)} "
-                             "(or give a calibration profile as cost_profile)")
+                raise TypeError(f"{name}={r(getattr(self, name))} must be True or False "
+                                f"(set {name} / {ENV_PREFIX}{name.upper()})")
         if self.cost_profile is not None:
             if not isinstance(self.cost_profile, (str, os.PathLike)):
                 raise TypeError(f"cost_profile must be a path, got {type(self.cost_profile).__name__}")
             path = os.fspath(self.cost_profile)
-            if not os.path.isfile(path):
-                raise ValueError(f"cost_profile {path!r} does not exist or is not a file (write one with "
+            if not isinstance(path, str) or not os.path.isfile(path):
+                raise ValueError(f"cost_profile {_path_repr(path)} does not exist or is not a file (write one with "
                                  "`atac-hf calibrate`, or unset cost_profile to use cost_preset)")
             object.__setattr__(self, "cost_profile", path)
         t = self.collective_timeout_s
-        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf")):
-            raise ValueError(f"collective_timeout_s={t!r} must be None or a number of seconds > 0 "
+        if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real)
+                              or not MIN_COLLECTIVE_TIMEOUT_S <= t <= MAX_COLLECTIVE_TIMEOUT_S):
+            raise ValueError(f"collective_timeout_s={r(t)} must be None or a number of seconds > 0, from "
+                             f"{MIN_COLLECTIVE_TIMEOUT_S:g} to {MAX_COLLECTIVE_TIMEOUT_S:g} (one day) "
                              "(set collective_timeout_s / ATAC_COLLECTIVE_TIMEOUT_S)")
-        for name in ("max_tokens_per_rank", "min_chunk"):
-            v = getattr(self, name)
-            if v is not None and (not _is_int(v) or v < 1):
-                raise ValueError(f"{name}={v!r} must be None or an int >= 1")
+        if t is not None:
+            object.__setattr__(self, "collective_timeout_s", float(t))
+        for name in ("cp_size", "max_tokens", "window_size", "max_tokens_per_rank", "min_chunk"):
+            if getattr(self, name) is not None:  # numpy ints become plain ints (YAML/JSON-serialisable)
+                object.__setattr__(self, name, int(getattr(self, name)))
 
     # ------------------------------------------------------------------ derived objects
     def packing_config(self, packs_per_window: int):
@@ -177,13 +228,34 @@ class ATACConfig:
             return self.min_chunk
         return 128 if device_type == "cuda" else 1
 
+    def resolved_attention_backend(self, device_type: str) -> str:
+        """``attention_backend`` with ``auto`` resolved for ``device_type`` (the kernel that runs)."""
+        if self.attention_backend != "auto":
+            return self.attention_backend
+        from ..attention.backends import auto_backend
+
+        return auto_backend(device_type)
+
     def check_runtime(self, device_type: str) -> None:
         """Fail early when the attention backend cannot run here.
 
         Raises:
-            ValueError: ``flash`` without flash-attn or without CUDA; ``flex`` for training on CPU.
+            ValueError: ``flash`` without flash-attn or without CUDA; ``varlen`` without
+                torch's varlen_attn or without CUDA; ``flex`` for training on CPU.
         """
-        backend = self.attention_backend
+        backend = self.resolved_attention_backend(device_type)
+        if backend == "varlen":
+            from ..attention.compat import torch_varlen_attn
+
+            if torch_varlen_attn() is None:
+                import torch
+
+                raise ValueError(f"attention_backend='varlen' needs torch.nn.attention.varlen.varlen_attn (torch >= "
+                                 f"2.9), not in torch {torch.__version__}: upgrade torch, or set "
+                                 "attention_backend='sdpa'")
+            if device_type != "cuda":
+                raise ValueError(f"attention_backend='varlen' runs on CUDA only, this run is on {device_type!r}; "
+                                 "set attention_backend='sdpa' (or 'auto')")
         if backend == "flash":
             try:
                 import flash_attn  # noqa: F401
@@ -278,37 +350,123 @@ def _check_keys(data: Any, source: str) -> dict[str, Any]:
     if not isinstance(data, Mapping):
         raise ValueError(f"ATAC config from {source} must be a mapping of settings, got {type(data).__name__}")
     legal = ATACConfig.field_names()
+    not_str = [k for k in data if not isinstance(k, str)]
+    if not_str:
+        raise ValueError(f"ATAC config keys in {source} must be strings, got {short_repr(not_str)}; "
+                         f"legal keys: {legal}")
     unknown = sorted(set(data) - set(legal))
     if unknown:
-        raise ValueError(f"unknown ATAC config keys {unknown} in {source}; legal keys: {legal}")
+        raise ValueError(f"unknown ATAC config keys {short_repr(unknown)} in {source}; legal keys: {legal}")
     return dict(data)
+
+
+def _load_yaml(text: str) -> Any:
+    """Plain data from YAML text through ``SafeLoader`` (no tag constructs an object), refusing
+    aliases (a few hundred bytes of them stand for billions of items: the billion laughs) and
+    nesting deeper than :data:`MAX_CONFIG_DEPTH`. The events are checked first, then loaded;
+    both passes run in libyaml (C) where it is installed."""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    depth = 0
+    for event in yaml.parse(text, Loader=loader):
+        if isinstance(event, yaml.AliasEvent):
+            raise yaml.YAMLError(f"found the alias *{str(event.anchor)[:40]} ({_mark(event)}): YAML aliases are "
+                                 "not allowed in an ATAC config")
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_CONFIG_DEPTH:
+                raise yaml.YAMLError(f"nesting deeper than {MAX_CONFIG_DEPTH} levels ({_mark(event)}; "
+                                     "atac_hf.integrations.config.MAX_CONFIG_DEPTH)")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+    parser = loader(text)  # what yaml.safe_load does, with the C loader where there is one
+    try:
+        return parser.get_single_data()
+    finally:
+        parser.dispose()
+
+
+def _mark(event: Any) -> str:
+    m = getattr(event, "start_mark", None)
+    return f"line {m.line + 1}, column {m.column + 1}" if m is not None else "?"
 
 
 def _read_file(path: str | os.PathLike) -> dict[str, Any]:
     import yaml
 
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise ValueError(f"ATAC config file {path!r} does not exist or is not a file (check --atac_config / ATAC_CONFIG)")
+    where = "(check --atac_config / ATAC_CONFIG)"
+    if not isinstance(path, str):
+        raise TypeError(f"ATAC config file must be a str path, got {type(path).__name__}")
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"ATAC config file {path!r} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: {e}") from None
+        st = os.stat(path)
+    except (OSError, ValueError):
+        st = None
+    if st is None or not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"ATAC config file {_path_repr(path)} does not exist or is not a file (a directory, "
+                         f"device or pipe) {where}")
+    if st.st_size > MAX_CONFIG_BYTES:
+        raise ValueError(f"ATAC config file {_path_repr(path)} has {st.st_size} bytes, more than "
+                         f"{MAX_CONFIG_BYTES} (atac_hf.integrations.config.MAX_CONFIG_BYTES): not a config {where}")
+    is_json = path.endswith(".json")
+    kind = "JSON" if is_json else "YAML"
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise ValueError(f"ATAC config file {_path_repr(path)} cannot be read: {e.strerror or e} {where}") from None
+    if len(raw) > MAX_CONFIG_BYTES:  # grew since the stat
+        raise ValueError(f"ATAC config file {_path_repr(path)} has more than {MAX_CONFIG_BYTES} bytes {where}")
+    try:
+        text = raw.decode("utf-8")
+        if is_json:
+            from .._io import _max_depth
+
+            depth = _max_depth(text)
+            if depth > MAX_CONFIG_DEPTH:
+                raise ValueError(f"nesting {depth} levels deep, more than {MAX_CONFIG_DEPTH}")
+            data = json.loads(text)
+        else:
+            data = _load_yaml(text)
+    except (yaml.YAMLError, ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError: ValueErrors
+        raise ValueError(f"ATAC config file {_path_repr(path)} is not valid {kind}: {_short_text(e)}") from None
+    _check_tree_keys(data, path)
     if data is None:
         return {}
     if isinstance(data, Mapping) and set(data) == {"atac"}:
         data = data["atac"] or {}
     if not isinstance(data, Mapping):
-        raise ValueError(f"ATAC config file {path!r} must hold a mapping of settings (optionally under 'atac:'), "
-                         f"got {type(data).__name__}")
+        raise ValueError(f"ATAC config file {_path_repr(path)} must hold a mapping of settings (optionally under "
+                         f"'atac:'), got {type(data).__name__}")
     data = dict(data)
     profile = data.get("cost_profile")
     if isinstance(profile, str) and profile and not os.path.isabs(profile):
         # a relative profile path is relative to the config file, not to the working directory
         data["cost_profile"] = os.path.join(os.path.dirname(os.path.abspath(path)), profile)
     return data
+
+
+def _short_text(e: BaseException, limit: int = 300) -> str:
+    text = str(e)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _check_tree_keys(data: Any, path: str) -> None:
+    """Every mapping key in a loaded file is a string (YAML also makes ints, bools, dates and
+    None keys; mixed key types would break sorting and lookups later). Iterative: the depth
+    is bounded already, the node count by the file size."""
+    stack = [data]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Mapping):
+            bad = [k for k in node if not isinstance(k, str)]
+            if bad:
+                raise ValueError(f"ATAC config file {_path_repr(path)} has non-string keys {short_repr(bad)}: "
+                                 "keys are setting names (quote them, e.g. '1': ...)")
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
 
 
 def _parse_int(name: str, raw: str) -> int:

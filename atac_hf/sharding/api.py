@@ -25,10 +25,17 @@ import numpy as np
 from ..cost import CostModel, default_cost_model
 from .atp import plan_atp
 from .baselines import plan_contiguous, plan_per_doc, plan_wlb_adaptive, plan_zigzag
+from .exchange import EXCHANGES
 from .plan import ShardPlan
-from .segments import check_doc_lengths, is_int
+from .segments import check_doc_lengths, fill_empty_ranks, finish_plan, is_int
 
-__all__ = ["STRATEGIES", "plan_shards"]
+__all__ = ["MAX_CP_SIZE", "STRATEGIES", "plan_shards"]
+
+#: Largest CP group planned: far above any real one (CP groups are 2-256 ranks), and low
+#: enough that a plan, one segment list per rank, is built in well under a second.
+MAX_CP_SIZE = 2**12
+#: Largest token cap or chunk size accepted (keeps the planners' int64 arithmetic exact).
+_MAX_TOKENS = 2**62
 
 STRATEGIES: dict[str, Callable[..., ShardPlan]] = {
     "atp": plan_atp,
@@ -48,6 +55,7 @@ def plan_shards(
     max_tokens_per_rank: int | None = None,
     min_chunk: int = 1,
     max_anchors: int | None = None,
+    kv_exchange: str | None = None,
 ) -> ShardPlan:
     """Plan how the documents of one pack are spread over a CP group.
 
@@ -62,38 +70,56 @@ def plan_shards(
         min_chunk: ``atp`` only: a document is an anchor candidate only when each of
             its ``2 * cp_size`` chunks gets at least this many tokens (128 on GPU).
         max_anchors: ``atp`` only: largest number of anchors tried (default: all).
+        kv_exchange: how gathered K/V travel: ``"all_gather"``, ``"all_to_all"`` (each rank
+            receives only the key prefixes its chunks attend to), ``"auto"`` (the one the
+            cost model estimates faster), or None: the strategy's own (``atp``: ``auto``;
+            the baselines, modelled on all-gather CP systems: ``all_gather``).
 
     Returns:
-        The :class:`ShardPlan`.
+        The :class:`ShardPlan`. Every rank holds at least one token when the pack has at
+        least ``cp_size`` tokens, whatever the strategy.
 
     Raises:
-        ValueError: empty pack, a length < 1 or not an int, more than 2**62 tokens,
-            cp_size < 1, an unknown strategy, a bad ``max_tokens_per_rank``/``min_chunk``/
+        ValueError: empty pack, a length < 1 or not an int (bools included), more than 2**62
+            tokens, cp_size < 1 or over :data:`MAX_CP_SIZE`, a cost model that prices all work
+            at 0 s, an unknown strategy, a bad ``max_tokens_per_rank``/``min_chunk``/
             ``max_anchors``, or a cap the strategy cannot respect (for ``atp``: a cap no
             placement can respect).
         TypeError: ``cost_model`` is not a :class:`~atac_hf.cost.CostModel`.
     """
     lengths = check_doc_lengths(doc_lengths)
-    if isinstance(cp_size, bool) or not isinstance(cp_size, (int, np.integer)) or cp_size < 1:
-        raise ValueError(f"cp_size must be an int >= 1, got {cp_size!r} (set cp_size in the ATAC config)")
+    if not is_int(cp_size) or not 1 <= cp_size <= MAX_CP_SIZE:
+        raise ValueError(f"cp_size must be an int >= 1 and <= {MAX_CP_SIZE} (MAX_CP_SIZE), got {_short(cp_size)} "
+                         "(set cp_size in the ATAC config / --cp-size)")
     try:
         fn = STRATEGIES[strategy]
     except (KeyError, TypeError):
         raise ValueError(
             f"unknown sharding strategy {strategy!r}; legal values: {sorted(STRATEGIES)} (set sharding_strategy)"
         ) from None
-    if max_tokens_per_rank is not None and (not is_int(max_tokens_per_rank) or max_tokens_per_rank < 1):
-        raise ValueError(f"max_tokens_per_rank must be >= 1 or None (an int), got {max_tokens_per_rank!r} "
-                         "(set max_tokens_per_rank)")
-    if not is_int(min_chunk) or min_chunk < 1:
-        raise ValueError(f"min_chunk must be >= 1 (an int), got {min_chunk!r} (set min_chunk)")
+    if max_tokens_per_rank is not None and (not is_int(max_tokens_per_rank)
+                                            or not 1 <= max_tokens_per_rank <= _MAX_TOKENS):
+        raise ValueError(f"max_tokens_per_rank must be >= 1 or None (an int), at most 2**62, got "
+                         f"{_short(max_tokens_per_rank)} (set max_tokens_per_rank)")
+    if not is_int(min_chunk) or not 1 <= min_chunk <= _MAX_TOKENS:
+        raise ValueError(f"min_chunk must be >= 1 (an int), at most 2**62, got {_short(min_chunk)} (set min_chunk)")
     if max_anchors is not None and (not is_int(max_anchors) or max_anchors < 0):
-        raise ValueError(f"max_anchors must be an int >= 0 or None, got {max_anchors!r}")
+        raise ValueError(f"max_anchors must be an int >= 0 or None, got {_short(max_anchors)}")
     if cost_model is not None and not isinstance(cost_model, CostModel):
         raise TypeError(f"cost_model must be a CostModel or None, got {type(cost_model).__name__}")
     cm = cost_model if cost_model is not None else default_cost_model()
-    plan = fn(lengths, int(cp_size), cm, max_tokens_per_rank=max_tokens_per_rank,
-              min_chunk=int(min_chunk), max_anchors=max_anchors)
+    cm.check_prices_compute("cost_model / cost_profile / --profile")
+    plan = fn(lengths, int(cp_size), cm, max_tokens_per_rank=None if max_tokens_per_rank is None
+              else int(max_tokens_per_rank), min_chunk=int(min_chunk),
+              max_anchors=None if max_anchors is None else min(int(max_anchors), len(lengths)))
+    plan = fill_empty_ranks(plan, cm)  # >= 1 token per rank whenever the pack has >= cp_size tokens
+    if kv_exchange is not None:
+        if kv_exchange not in ("auto", *EXCHANGES):
+            raise ValueError(f"kv_exchange must be None or one of {['auto', *EXCHANGES]}, got "
+                             f"{_short(kv_exchange)} (set kv_exchange)")
+        if kv_exchange != plan.kv_exchange:
+            plan = finish_plan(plan.doc_lengths, plan.cp_size, plan.strategy, list(plan.segments),
+                               plan.gathered_docs, cm, kv_exchange)
     if max_tokens_per_rank is not None:
         worst = int(plan.rank_num_tokens().max())
         if worst > max_tokens_per_rank:
@@ -103,3 +129,11 @@ def plan_shards(
                 "raise cp_size or pack fewer tokens"
             )
     return plan
+
+
+def _short(v: Any) -> str:
+    """repr for messages, cut short (huge ints have no repr past 4300 digits)."""
+    if isinstance(v, int) and abs(v) > 10**30:
+        return f"<int of {v.bit_length()} bits>"
+    text = repr(v) if isinstance(v, (int, float, str, type(None), np.generic)) else f"<{type(v).__name__}>"
+    return text if len(text) <= 60 else text[:57] + "..."

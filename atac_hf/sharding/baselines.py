@@ -60,18 +60,29 @@ def per_doc_block_time(lengths: np.ndarray, C: int, cm: CostModel) -> float:
     (head-tail inside every document, gathering the documents it splits) without building
     the segments: a rank's head and tail chunk of a document are costed as one call where
     they touch (as ``finish_plan`` merges them). Ranks are costed in batches of (ranks x docs)
-    arrays of at most ~1M entries."""
+    arrays of at most ~1M entries, each holding only the documents that reach its ranks."""
     L = np.asarray(lengths, dtype=np.int64)
     split = L >= 2  # a document of 2+ tokens has tokens on 2+ ranks
     # only rank 0 holds unsplit (1-token) documents
     local0 = float(cm.attention_cost(np.zeros(int((~split).sum()), np.int64), L[~split]).sum())
     comm = float(cm.comm_cost(int(L[split].sum()), C)) if split.any() else 0.0
+    # document d has tokens on ranks 0..min(L_d, C)-1 only: longest first, rank r's documents
+    # are a prefix, so a batch of ranks costs only the documents that reach its first rank
+    # (work O(sum_d min(L_d, C)), not O(C x D))
+    order = np.argsort(-L, kind="stable")
+    L = L[order]
     base, rem = L // (2 * C), L % (2 * C)
     head_start, tail_end = np.zeros_like(L), L.copy()
-    step = max(1, (1 << 20) // max(len(L), 1))
     block = 0.0
-    for r0 in range(0, C, step):
-        r = np.arange(r0, min(C, r0 + step))[:, None]
+    r0 = 0
+    while r0 < C:
+        active = int(np.count_nonzero(L > r0))  # documents with tokens on rank r0
+        if active == 0:
+            break  # later ranks are empty: they add nothing to the block time
+        # ranks in this batch: ~1M entries at most, and not past where half the documents end
+        r1 = min(C, r0 + max(1, (1 << 20) // active), max(r0 + 1, int(L[active // 2])))
+        base, rem, head_start, tail_end = base[:active], rem[:active], head_start[:active], tail_end[:active]
+        r = np.arange(r0, r1)[:, None]
         extra = rem // C + (r < rem % C)
         head, tail = base + (extra + 1) // 2, base + extra // 2
         he = head_start + np.cumsum(head, axis=0)
@@ -87,4 +98,6 @@ def per_doc_block_time(lengths: np.ndarray, C: int, cm: CostModel) -> float:
         exposed = np.maximum(local, comm) if split.any() else local
         block = max(block, float(np.max(compute - local + exposed)))
         head_start, tail_end = he[-1], ts[-1]
+        L = L[:active]
+        r0 = r1
     return block

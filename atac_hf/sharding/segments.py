@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import heapq
+
 import numpy as np
 
 from ..cost import CostModel
+from .exchange import a2a_token_counts
 from .plan import ShardPlan
 
-__all__ = ["causal_pairs", "check_doc_lengths", "finish_plan", "head_tail_bounds", "head_tail_segments",
+__all__ = ["causal_pairs", "check_doc_lengths", "fill_empty_ranks", "finish_plan", "head_tail_bounds", "head_tail_segments",
            "is_int", "merge_adjacent", "per_doc_segments", "row_offsets", "row_ranges_to_segments",
            "sort_segments"]
 
@@ -25,17 +28,31 @@ def is_int(v: Any) -> bool:
 
 
 def check_doc_lengths(doc_lengths: Any) -> np.ndarray:
+    """``doc_lengths`` as a (D,) int64 array, or ValueError naming what is wrong:
+    not a flat non-empty sequence, a bool, a string or a non-integral number among them, a
+    length < 1, or more than 2**62 tokens in all."""
+    if isinstance(doc_lengths, (list, tuple)):
+        # numpy turns True into 1 and mixes bools into int arrays silently: a bool is not a length
+        bad = next((i for i, x in enumerate(doc_lengths) if isinstance(x, (bool, np.bool_))), None)
+        if bad is not None:
+            raise ValueError(f"doc_lengths[{bad}] is the bool {doc_lengths[bad]!r}, not a document length: "
+                             "doc_lengths must be integers (ints >= 1)")
     try:
         arr = np.asarray(doc_lengths)
-    except ValueError:  # ragged nesting
+    except (ValueError, TypeError, OverflowError):  # ragged nesting, odd objects
         raise ValueError("doc_lengths must be a flat 1-D sequence of ints (got a ragged nested sequence)") from None
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"doc_lengths must be a non-empty 1-D sequence of ints, got shape {arr.shape}")
+    if arr.dtype == np.bool_:
+        raise ValueError("doc_lengths is a bool array, not document lengths: doc_lengths must be integers "
+                         "(ints >= 1)")
     if not np.issubdtype(arr.dtype, np.integer):
-        if np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+        if np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)) \
+                and float(np.abs(arr).max()) < 2.0**62:
             arr = arr.astype(np.int64)
         else:
-            raise ValueError(f"doc_lengths must be integers, got dtype {arr.dtype}")
+            what = "ints beyond int64 or other objects" if arr.dtype == object else f"dtype {arr.dtype}"
+            raise ValueError(f"doc_lengths must be integers (ints >= 1), got {what}")
     if arr.min() < 1:
         bad = int(np.argmin(arr))
         raise ValueError(
@@ -46,7 +63,6 @@ def check_doc_lengths(doc_lengths: Any) -> np.ndarray:
         raise ValueError(f"the pack holds {float(arr.astype(np.float64).sum()):.3g} tokens, more than 2**62: "
                          "the document lengths are not token counts")
     return arr.astype(np.int64)
-
 
 
 def head_tail_bounds(lengths: np.ndarray, cp_size: int) -> np.ndarray:
@@ -99,6 +115,9 @@ def per_doc_segments(lengths: np.ndarray, C: int) -> list[np.ndarray]:
         head_start = head_start + head
         tail_end = tail_end - tail
         left = tail_end > head_start  # documents with tokens for later ranks
+        if not left.any():  # every later rank is empty (C beyond the longest document)
+            out.extend(np.zeros((0, 3), np.int64) for _ in range(C - r - 1))
+            break
         if not left.all():
             docs, base, rem, head_start, tail_end = docs[left], base[left], rem[left], head_start[left], tail_end[left]
     return out
@@ -119,10 +138,13 @@ def row_ranges_to_segments(offsets: np.ndarray, ranges: list[tuple[int, int]]) -
     return np.concatenate(parts) if parts else np.zeros((0, 3), dtype=np.int64)
 
 
-def finish_plan(lengths, C, strategy, segments, gathered_docs, cm: CostModel) -> ShardPlan:
+def finish_plan(lengths, C, strategy, segments, gathered_docs, cm: CostModel, exchange: str = "all_gather") -> ShardPlan:
     """Cost the segments and build the plan (block time = max over ranks of
     gathered-doc compute + max(local-doc attention, K/V exchange) + local linear).
-    ``gathered_docs=None`` gathers exactly the documents held by several ranks."""
+    ``gathered_docs=None`` gathers exactly the documents held by several ranks.
+    ``exchange``: ``"all_gather"``, ``"all_to_all"`` (only the needed K/V rows, priced by
+    the most rows a rank receives or sends), or ``"auto"``: the one estimated faster
+    (all-gather on ties)."""
     # cost what the ranks will run: touching chunks of one document are one kernel call
     segments = [merge_adjacent(s) for s in segments]
     gathered = np.zeros(len(lengths), dtype=bool)
@@ -135,6 +157,12 @@ def finish_plan(lengths, C, strategy, segments, gathered_docs, cm: CostModel) ->
         gathered[gathered_docs] = True
     gdocs = np.flatnonzero(gathered).astype(np.int64)
     comm = float(cm.comm_cost(int(lengths[gdocs].sum()), C)) if C > 1 else 0.0
+    kind = "all_gather"
+    if exchange != "all_gather" and C > 1 and len(gdocs):
+        recv, send = a2a_token_counts(segments, gathered)
+        a2a = float(cm.a2a_comm_cost(int(max(recv.max(), send.max())), C))
+        if exchange == "all_to_all" or a2a < comm:
+            kind, comm = "all_to_all", a2a
     allseg = np.concatenate(segments)
     rank_of = np.repeat(np.arange(C), [len(x) for x in segments])
     cost = cm.segment_cost(allseg[:, 1], allseg[:, 2])
@@ -154,7 +182,52 @@ def finish_plan(lengths, C, strategy, segments, gathered_docs, cm: CostModel) ->
         rank_compute_s=compute,
         comm_s=comm,
         block_time_s=block,
+        kv_exchange=kind,
     )
+
+
+def fill_empty_ranks(plan: ShardPlan, cm: CostModel) -> ShardPlan:
+    """``plan`` with a token on every rank, when the pack has at least cp_size tokens.
+
+    A planner may leave a rank empty (a pack of few short documents: ``atp`` keeps documents
+    shorter than ``2 * cp_size * min_chunk`` whole); transformers models cannot run on 0
+    tokens. Each empty rank, in turn, takes the second half (in row order) of the tokens of the
+    rank holding most: whole segments where they fit, else a cut of one segment, whose
+    document is then gathered. The richest rank only loses tokens, so no cap is crossed;
+    work is O(C log C + segments). Plans that already fill every rank, and packs of fewer
+    tokens than ranks (some rank must stay empty), come back unchanged.
+    """
+    C = plan.cp_size
+    held = plan.rank_num_tokens()
+    if C == 1 or int(held.min()) > 0 or plan.num_tokens < C:
+        return plan
+    segs = list(plan.segments)
+    heap = [(-int(t), r) for r, t in enumerate(held.tolist()) if t > 0]
+    heapq.heapify(heap)
+    for r in np.flatnonzero(held == 0).tolist():
+        neg, q = heapq.heappop(heap)
+        t = -neg  # >= 2: C ranks share >= C tokens and this one has none
+        k = t // 2
+        seg = segs[q]
+        from_end = np.cumsum((seg[:, 2] - seg[:, 1])[::-1])
+        i = int(np.searchsorted(from_end, k, side="left"))  # segments from the end: i whole, then part
+        j = len(seg) - 1 - i
+        need = k - (int(from_end[i - 1]) if i else 0)
+        d, s, e = (int(x) for x in seg[j])
+        if need == e - s:
+            kept, moved = seg[:j], seg[j:]
+        else:
+            kept = np.concatenate([seg[:j], [[d, s, e - need]]]).astype(np.int64)
+            moved = np.concatenate([[[d, e - need, e]], seg[j + 1:]]).astype(np.int64)
+        segs[q], segs[r] = kept, moved
+        heapq.heappush(heap, (-(t - k), q))
+        heapq.heappush(heap, (-k, r))
+    owners = np.zeros(plan.num_docs, dtype=np.int64)
+    for x in segs:
+        owners[np.unique(x[:, 0])] += 1
+    gathered = np.union1d(plan.gathered_docs, np.flatnonzero(owners > 1)).astype(np.int64)
+    return finish_plan(plan.doc_lengths, C, plan.strategy, segs, gathered, cm,
+                       "auto" if plan.strategy == "atp" else plan.kv_exchange)
 
 
 def merge_adjacent(seg: np.ndarray) -> np.ndarray:
