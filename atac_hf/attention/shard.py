@@ -10,6 +10,7 @@ single-device training.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -223,7 +224,8 @@ def shard_batch(
         rank: this rank in the CP group.
         group: the CP process group (None: the default group).
         backend: attention kernel (``sdpa``, ``flash``, ``flex``, ``varlen_reference``).
-        debug: all-gather ``plan.digest`` over the group and compare.
+        debug: all-gather ``plan.digest`` and :func:`batch_digest` over the group (one
+            collective) and compare.
 
     Returns:
         dict with ``input_ids``, ``position_ids`` (1, n_local), ``labels`` and
@@ -234,9 +236,11 @@ def shard_batch(
     Raises:
         ValueError: rank outside the group, a group of another size, documents of length
             0, position_ids disagreeing with the lengths, a token count or document
-            lengths that differ from the plan's, a plan that leaves a rank without tokens
+            lengths that differ from the plan's, labels with another token count than
+            ``input_ids``, a plan that leaves a rank without tokens
             (cp_size > 1; raised on every rank alike), padding in ``attention_mask``.
-        RuntimeError: (debug) the ranks hold different plans.
+        TypeError: ``plan`` is not a :class:`ShardPlan`, ``batch`` not a mapping, labels not tensors.
+        RuntimeError: (debug) the ranks hold different plans, or different batches (same lengths).
     """
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < plan.cp_size:
         raise ValueError(f"rank {rank!r} is outside the CP group of size {plan.cp_size} (legal: 0..{plan.cp_size - 1})")
@@ -251,6 +255,12 @@ def shard_batch(
     B, S = input_ids.shape
     if plan.num_tokens != B * S:
         raise ValueError(f"the plan covers {plan.num_tokens} tokens but the batch has {B} x {S} = {B * S}: "
+    if not isinstance(plan, ShardPlan):
+        raise TypeError(f"plan must be a ShardPlan (from plan_shards(doc_lengths_from_batch(batch), cp_size)), "
+                        f"got {type(plan).__name__}")
+    if not isinstance(batch, Mapping):
+        raise TypeError(f"batch must be a mapping of tensors (input_ids, labels, position_ids, ...), "
+                        f"got {type(batch).__name__}")
                          "build the plan from doc_lengths_from_batch(batch)")
     lengths = doc_lengths_from_batch(batch)
     if not np.array_equal(lengths, plan.doc_lengths):
@@ -261,15 +271,25 @@ def shard_batch(
         empty = np.flatnonzero(held == 0).tolist()
         raise ValueError(
             f"the plan leaves rank(s) {empty[:8]} without tokens ({plan.num_tokens} tokens over cp_size="
-            f"{plan.cp_size}, strategy {plan.strategy!r}): transformers models cannot run on 0 tokens; plan this "
-            "pack with strategy='contiguous' (>= 1 token per rank when it has >= cp_size tokens) or pack more tokens"
+            f"{plan.cp_size}, strategy {plan.strategy!r}): transformers models cannot run on 0 tokens; plan_shards "
+            "gives every rank a token when the pack has >= cp_size tokens: pack more tokens (drop samples shorter "
+            "than cp_size) or lower cp_size"
         )
     mask = batch.get("attention_mask")
+    for key in ("labels", "shift_labels"):
+        lab = batch.get(key)
+        if lab is None:
+            continue
+        if not isinstance(lab, torch.Tensor):
+            raise TypeError(f"'{key}' must be a tensor like input_ids, got {type(lab).__name__}")
+        if lab.numel() != B * S or (lab.dim() == 2 and tuple(lab.shape) != (B, S)):
+            raise ValueError(f"'{key}' has shape {tuple(lab.shape)} ({lab.numel()} tokens) but input_ids has shape "
+                             f"({B}, {S}) ({B * S} tokens): {key} must have one entry per input token")
     if mask is not None and not bool(torch.as_tensor(mask).bool().all()):
         raise ValueError("attention_mask has padding (zeros): packed rows must not rely on it; make padding its "
                          "own document (labels -100) or drop it")
     if debug and plan.cp_size > 1:
-        check_plan_digest(plan, group)
+        check_plan_digest(plan, group, content=batch_digest(batch))
 
     device = input_ids.device
     idx = torch.as_tensor(plan.rank_token_indices(rank), device=device)
@@ -327,19 +347,39 @@ def _check_group(plan: ShardPlan, rank: int, group: Any) -> None:
         raise ValueError(f"rank={rank} but this process is rank {grank} of the CP group: pass rank=dist.get_rank(group)")
 
 
-def check_plan_digest(plan: ShardPlan, group: Any = None) -> None:
-    """All-gather ``plan.digest`` over ``group``; RuntimeError naming ranks and digests if they differ."""
+def batch_digest(batch: Mapping[str, Any]) -> str:
+    """A short hash of the full rows (``input_ids``, ``labels``, ``shift_labels``,
+    ``position_ids``): every CP rank must hold the same batch, not only the same document
+    lengths (debug mode compares it across the group with the plan digest)."""
+    h = hashlib.sha1()
+    for key in ("input_ids", "labels", "shift_labels", "position_ids"):
+        v = batch.get(key)
+        if v is None:
+            h.update(f"{key}:-".encode())
+            continue
+        a = v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
+        a = np.ascontiguousarray(a.astype(np.int64, copy=False)).reshape(-1)
+        h.update(f"{key}:{a.size}:".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
+
+
+def check_plan_digest(plan: ShardPlan, group: Any = None, *, content: str | None = None) -> None:
+    """All-gather ``plan.digest`` (and ``content``, e.g. :func:`batch_digest`) over ``group`` in
+    one collective; RuntimeError naming the ranks and digests if they differ."""
     dev = group_device(group)
-    mine = torch.tensor(list(plan.digest.encode("ascii").ljust(16, b"-")[:16]), dtype=torch.uint8, device=dev)
+    text = plan.digest.encode("ascii").ljust(16, b"-")[:16] + (content or "").encode("ascii").ljust(16, b"-")[:16]
+    mine = torch.tensor(list(text), dtype=torch.uint8, device=dev)
     world = dist.get_world_size(group)
-    allg = torch.empty(world * 16, dtype=torch.uint8, device=dev)
+    allg = torch.empty(world * 32, dtype=torch.uint8, device=dev)
     from .compat import all_gather_single
 
     try:
         all_gather_single(allg, mine, group=group)
     except RuntimeError as e:
         raise peer_failure("plan digest check (debug)", group, e) from e
-    digests = [bytes(allg[r * 16:(r + 1) * 16].tolist()).decode("ascii") for r in range(world)]
+    got = [bytes(allg[r * 32:(r + 1) * 32].tolist()).decode("ascii") for r in range(world)]
+    digests = [g[:16] for g in got]
     if len(set(digests)) > 1:
         detail = ", ".join(f"rank {r}: {d}" for r, d in enumerate(digests))
         raise RuntimeError(f"the CP ranks hold different shard plans ({detail}); every rank must plan the same "
@@ -357,6 +397,12 @@ def unshard(local: torch.Tensor, plan: ShardPlan, rank: int, group: Any = None) 
         return x.unsqueeze(0).clone()
     m = int(counts.max())
     send = torch.zeros((m, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    contents = [g[16:] for g in got]
+    if len(set(contents)) > 1:
+        detail = ", ".join(f"rank {r}: {d}" for r, d in enumerate(contents))
+        raise RuntimeError(f"the CP ranks hold different batches with the same document lengths (batch digests "
+                           f"{detail}); every rank of a CP group must get the same full batch: check the "
+                           "DataLoader sharding (CP ranks of one DP replica share its batches) and the seeds")
     send[: x.shape[0]] = x
     from .compat import all_gather_single
 

@@ -240,13 +240,11 @@ class BatchSharder:
         lengths = doc_lengths_from_batch(batch)
         plan = plan_shards(lengths, self.cp_size, self.strategy, self.cost_model,
                            max_tokens_per_rank=self.config.max_tokens_per_rank, min_chunk=self.min_chunk)
-        if self.cp_size > 1 and int(plan.rank_num_tokens().min()) == 0:
-            # a tiny pack (e.g. one short document, left by even_batches at the end of a pass):
-            # HF models cannot run on 0 tokens, so cut the row into cp_size runs instead (exact too)
-            if plan.num_tokens < self.cp_size:
-                raise ValueError(f"a pack of {plan.num_tokens} tokens cannot be shared by cp_size={self.cp_size} "
-                                 "ranks (each needs >= 1 token); drop samples shorter than cp_size tokens")
-            plan = plan_shards(lengths, self.cp_size, "contiguous", self.cost_model)
+        # plan_shards gives every rank a token whenever the pack has >= cp_size tokens; a smaller
+        # pack (e.g. one short document, left by even_batches at the end of a pass) cannot run
+        if self.cp_size > 1 and plan.num_tokens < self.cp_size:
+            raise ValueError(f"a pack of {plan.num_tokens} tokens cannot be shared by cp_size={self.cp_size} "
+                             "ranks (each needs >= 1 token); drop samples shorter than cp_size tokens")
         ms = (time.perf_counter() - t0) * 1e3
         stats = ShardStats(imbalance=float(plan.imbalance), kv_mb=plan.kv_bytes(self.kv_bytes_per_token) / 1e6,
                            planner_ms=ms, num_tokens=plan.num_tokens, num_docs=plan.num_docs,
