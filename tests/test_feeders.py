@@ -113,6 +113,10 @@ def test_sampler_epoch_covers_every_token_once(strategy, overlength):
 def test_sampler_property_coverage_and_determinism(lengths, ppw, window, replicas, seed):
     lengths = np.array(lengths)
     kw = dict(window_size=window, num_replicas=replicas, seed=seed, cost_model=COST)
+    if lengths.sum() < replicas:  # cannot be dealt exactly once: refused (issue 13)
+        with pytest.raises(ValueError, match="fewer tokens"):
+            WFAPBatchSampler(lengths, _config(packs_per_window=ppw), **kw)
+        return
     a = list(WFAPBatchSampler(lengths, _config(packs_per_window=ppw), **kw))
     b = list(WFAPBatchSampler(lengths, _config(packs_per_window=ppw), **kw))
     assert a == b
@@ -143,8 +147,8 @@ def test_even_batches_splits_the_last_window():
     # than let Accelerate repeat a batch (exactly-once)
     spans, offsets = plan_packs([3], _config(), num_replicas=2)
     assert sorted(spans.tolist()) == [[0, 0, 1], [0, 1, 3]] and len(offsets) - 1 == 2
-    with pytest.warns(UserWarning, match="even_batches: the pass ends with 1 packs, not a multiple of num_replicas=2"):
-        plan_packs([1], _config(), num_replicas=2)  # fewer tokens than replicas
+    with pytest.raises(ValueError, match=r"cannot be dealt to num_replicas=2 .*fewer tokens \(1\) than replicas"):
+        plan_packs([1], _config(), num_replicas=2)  # fewer tokens than replicas: refused (issue 13), not repeated
     assert len(plan_packs([3], _config(), num_replicas=2, even_batches=False)[1]) - 1 == 1
 
 

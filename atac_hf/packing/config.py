@@ -12,14 +12,24 @@ from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["PackingConfig", "STRATEGIES", "OVERLENGTH_POLICIES"]
+__all__ = ["PackingConfig", "STRATEGIES", "OVERLENGTH_POLICIES", "MAX_LENGTH", "MAX_PACKS_PER_WINDOW",
+           "MAX_DEFER"]
 
 STRATEGIES = ("wfap", "sequential", "bfd", "wlb")
 OVERLENGTH_POLICIES = ("split", "truncate", "error")
+# Bounds that keep every count an exact int64 and every loop finite (a window plans
+# packs_per_window packs at once; 2**40 tokens is ~10^12, far beyond any sample or cap).
+MAX_LENGTH = 2**40  # max_tokens, sample lengths, wlb thresholds, reference_doc_tokens
+MAX_PACKS_PER_WINDOW = 2**20  # DP replicas x micro-batches of one window
+MAX_DEFER = 2**31  # windows a sample may wait
 
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,16 +99,21 @@ class PackingConfig:
     reference_doc_tokens: int = 2048
 
     def __post_init__(self) -> None:
-        if not _is_int(self.max_tokens) or self.max_tokens <= 0:
+        # numeric fields accept Python and numpy numbers (never bools) and are stored as
+        # Python ints / floats, so to_dict() is JSON and equal configs compare equal
+        if not _is_int(self.max_tokens) or not 0 < self.max_tokens <= MAX_LENGTH:
             raise ValueError(
-                f"max_tokens={self.max_tokens!r} is invalid: it must be an int > 0 "
-                "(the per-pack token cap; set max_tokens / --max-tokens)"
+                f"max_tokens={self.max_tokens!r} is invalid: it must be an int > 0 and <= {MAX_LENGTH} "
+                "(2**40; the per-pack token cap; set max_tokens / --max-tokens)"
             )
-        if not _is_int(self.packs_per_window) or self.packs_per_window < 1:
+        object.__setattr__(self, "max_tokens", int(self.max_tokens))
+        if not _is_int(self.packs_per_window) or not 1 <= self.packs_per_window <= MAX_PACKS_PER_WINDOW:
             raise ValueError(
-                f"packs_per_window={self.packs_per_window!r} is invalid: it must be an int >= 1 "
-                "(e.g. DP replicas x gradient-accumulation steps; set packs_per_window / --packs-per-window)"
+                f"packs_per_window={self.packs_per_window!r} is invalid: it must be an int >= 1 and "
+                f"<= {MAX_PACKS_PER_WINDOW} (2**20; e.g. DP replicas x gradient-accumulation steps; set "
+                "packs_per_window / --packs-per-window)"
             )
+        object.__setattr__(self, "packs_per_window", int(self.packs_per_window))
         if self.strategy not in STRATEGIES:
             raise ValueError(
                 f"unknown packing strategy {self.strategy!r}; legal values: {list(STRATEGIES)} (set strategy / --strategy)"
@@ -108,7 +123,7 @@ class PackingConfig:
                 f"unknown overlength policy {self.overlength!r}; legal values: {list(OVERLENGTH_POLICIES)} "
                 "(set overlength / --overlength)"
             )
-        limit = max(1, int(self.max_tokens) // 2)
+        limit = max(1, self.max_tokens // 2)
         if self.min_fragment is None:
             object.__setattr__(self, "min_fragment", min(128, limit))
         elif not _is_int(self.min_fragment) or not 1 <= self.min_fragment <= limit:
@@ -116,32 +131,41 @@ class PackingConfig:
                 f"min_fragment={self.min_fragment!r} is invalid: it must be an int in [1, max_tokens // 2 = {limit}] "
                 "(set min_fragment, or None for the default)"
             )
-        if not _is_int(self.max_defer) or self.max_defer < 0:
+        object.__setattr__(self, "min_fragment", int(self.min_fragment))
+        if not _is_int(self.max_defer) or not 0 <= self.max_defer <= MAX_DEFER:
             raise ValueError(
-                f"max_defer={self.max_defer!r} is invalid: it must be an int >= 0 windows (0 disables deferral)"
+                f"max_defer={self.max_defer!r} is invalid: it must be an int >= 0 and <= {MAX_DEFER} windows "
+                "(0 disables deferral; set max_defer)"
             )
+        object.__setattr__(self, "max_defer", int(self.max_defer))
         for name in ("split_overdue", "local_search", "balance_split", "defer_heavy"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise TypeError(f"{name}={getattr(self, name)!r} must be True or False")
+                raise TypeError(f"{name}={getattr(self, name)!r} must be True or False (set {name})")
+            object.__setattr__(self, name, bool(getattr(self, name)))
         tol = self.balance_tolerance
-        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not math.isfinite(tol) or tol <= 1.0:
+        if not _is_number(tol) or not math.isfinite(float(tol)) or not 1.0 < float(tol) <= 1e6:
             raise ValueError(
-                f"balance_tolerance={tol!r} is invalid: it must be a number > 1 (target max/mean pack cost, "
-                "e.g. 1.05)"
+                f"balance_tolerance={tol!r} is invalid: it must be a number > 1 and <= 1e6 (target max/mean pack "
+                "cost, e.g. 1.05; set balance_tolerance)"
             )
+        object.__setattr__(self, "balance_tolerance", float(tol))
         if self.wlb_thresholds is not None:
             th = self.wlb_thresholds
             if isinstance(th, (str, bytes)) or not hasattr(th, "__iter__"):
-                raise TypeError(f"wlb_thresholds={th!r} must be None or a sequence of ints")
+                raise TypeError(f"wlb_thresholds={th!r} must be None or a sequence of ints (set wlb_thresholds)")
             th = tuple(th)
-            if not all(_is_int(x) and 1 <= x for x in th) or any(a >= b for a, b in zip(th, th[1:])):
+            if len(th) > 64 or not all(_is_int(x) and 1 <= x <= MAX_LENGTH for x in th) \
+                    or any(a >= b for a, b in zip(th, th[1:])):
                 raise ValueError(
-                    f"wlb_thresholds={th!r} is invalid: it must be strictly increasing ints >= 1 "
-                    "(token lengths L1 < ... < Ln; () disables the outlier delay)"
+                    f"wlb_thresholds={th!r} is invalid: it must be at most 64 strictly increasing ints in "
+                    f"[1, {MAX_LENGTH}] (token lengths L1 < ... < Ln; () disables the outlier delay; set "
+                    "wlb_thresholds)"
                 )
             object.__setattr__(self, "wlb_thresholds", tuple(int(x) for x in th))
-        if not _is_int(self.reference_doc_tokens) or self.reference_doc_tokens < 1:
-            raise ValueError(f"reference_doc_tokens={self.reference_doc_tokens!r} must be an int >= 1")
+        if not _is_int(self.reference_doc_tokens) or not 1 <= self.reference_doc_tokens <= MAX_LENGTH:
+            raise ValueError(f"reference_doc_tokens={self.reference_doc_tokens!r} must be an int >= 1 and "
+                             f"<= {MAX_LENGTH} (set reference_doc_tokens)")
+        object.__setattr__(self, "reference_doc_tokens", int(self.reference_doc_tokens))
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -162,8 +186,8 @@ class PackingConfig:
     def for_training(cls, max_tokens: int, *, dp_size: int = 1, grad_accum: int = 1, **options: Any) -> "PackingConfig":
         """One window per optimizer step: ``packs_per_window = dp_size * grad_accum``."""
         for name, v in (("dp_size", dp_size), ("grad_accum", grad_accum)):
-            if not _is_int(v) or v < 1:
-                raise ValueError(f"{name}={v!r} must be an int >= 1")
+            if not _is_int(v) or not 1 <= v <= MAX_PACKS_PER_WINDOW:
+                raise ValueError(f"{name}={v!r} must be an int >= 1 and <= {MAX_PACKS_PER_WINDOW}")
         return cls(max_tokens=max_tokens, packs_per_window=int(dp_size) * int(grad_accum), **options)
 
     @classmethod

@@ -143,12 +143,42 @@ class MetricsAccumulator:
     def state_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self._FIELDS}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        missing = [f for f in self._FIELDS if f not in state]
+    _FLOATS = ("sum_imbalance", "worst_imbalance", "sum_window_cv", "cost_sum", "cost_sumsq", "est_time_s",
+               "weighted_max")
+
+    @classmethod
+    def check_state(cls, state: Any) -> dict[str, Any]:
+        """Validate a :meth:`state_dict` without changing anything: counts are ints >= 0,
+        sums finite numbers >= 0. Returns the parsed fields.
+
+        Raises:
+            ValueError: a missing field, or one of the wrong type or sign (names it).
+        """
+        if not isinstance(state, Mapping):
+            raise ValueError(f"malformed metrics state: expected a mapping, got {type(state).__name__}")
+        missing = [f for f in cls._FIELDS if f not in state]
         if missing:
             raise ValueError(f"metrics state is missing {missing}")
-        for f in self._FIELDS:
-            setattr(self, f, state[f])
+        out: dict[str, Any] = {}
+        for f in cls._FIELDS:
+            v = state[f]
+            if f in cls._FLOATS:
+                ok = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)) \
+                    and math.isfinite(float(v)) and v >= 0
+                out[f] = float(v) if ok else None
+            else:
+                ok = isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and v >= 0
+                out[f] = int(v) if ok else None
+            if not ok:
+                kind = "a finite number >= 0" if f in cls._FLOATS else "an int >= 0"
+                raise ValueError(f"malformed metrics state: {f!r} = {str(v)[:40]!r} must be {kind} (a truncated or "
+                                 "edited checkpoint?)")
+        return out
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` (checked first: a refused state changes nothing)."""
+        for f, v in self.check_state(state).items():
+            setattr(self, f, v)
 
 
 def recount_metrics(windows: Sequence[Sequence[Sequence[Span]]], lengths: Mapping[int, int] | Sequence[int],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -18,7 +19,7 @@ from .planners.window import ARRIVAL, END, FRAG, SEQ, SID, START, Item, Planner,
 from .planners.window import overlength_pieces, place_overdue, ref_cost_per_token
 from .planners.baselines import plan_bfd, plan_sequential, plan_wlb, wlb_held
 from .config import PackingConfig
-from .validate import check_lengths, check_overlength, check_window
+from .validate import check_lengths, check_overlength, check_packer_pool, check_window, state_int
 from .metrics import MetricsAccumulator, pack_costs
 from .planners.wfap import HELD_LIMIT, plan_wfap, wfap_held
 
@@ -35,6 +36,7 @@ PLANNERS: dict[str, Planner] = {
 }
 _HELD = {"wfap": wfap_held, "wlb": wlb_held}
 _STATE_FORMAT = "atac-hf/stream-packer/v1"
+MAX_WINDOWS = 2**62  # bound on the window / sample counters of a loaded state
 _DATA_ORDER = operator.itemgetter(SEQ, START)
 
 
@@ -70,6 +72,7 @@ class StreamPacker:
         self._pool: list[Item] = []
         self._open: dict[int, list[int]] = {}  # split sample -> [tokens not yet emitted, max delay so far]
         self._metrics = MetricsAccumulator(config.max_tokens, config.max_defer)
+        self._warned_overlength = False
 
     # ------------------------------------------------------------------ read-only views
     @property
@@ -213,6 +216,7 @@ class StreamPacker:
     def _ingest(self, ids: list[int], lens: list[int]) -> None:
         cfg, C, w = self.config, int(self.config.max_tokens), self._window
         m = self._metrics
+        split_here: list[int] = []
         for sid, L in zip(ids, lens):
             if L == 0:
                 m.zero_length_skipped += 1
@@ -225,12 +229,22 @@ class StreamPacker:
                 self._pool.append((sid, 0, C, w, seq, 0))
                 m.truncated_tokens += L - C
             else:  # split into full-cap fragments and the remainder (planners/window.py)
+                split_here.append(L)
                 pos = 0
                 for size in overlength_pieces(L, C, int(cfg.min_fragment)):
                     self._pool.append((sid, pos, pos + size, w, seq, 1))
                     pos += size
                 self._open[sid] = [L, 0]
                 m.num_split += 1
+        if split_here and not self._warned_overlength:
+            self._warned_overlength = True  # once per packer: a stream may hold many
+            warnings.warn(
+                f"{len(split_here)} sample(s) of this window are longer than max_tokens={C} (the longest has "
+                f"{max(split_here)} tokens) and were split into fragments, each its own document "
+                "(overlength='split'); set overlength='error' to refuse such samples or 'truncate' to cut them "
+                "to max_tokens. Warned once per packer; metrics['num_split'] counts them all",
+                UserWarning, stacklevel=4,
+            )
 
     def _step(self, final: bool) -> list[Pack]:
         ctx = self._context(final)
@@ -298,15 +312,14 @@ class StreamPacker:
             )
         if state["cost_model"] != dataclasses.asdict(self.cost_model):
             raise ValueError("packer state was saved with a different cost model: resume with the same CostModel")
-        try:  # parse everything before changing anything
-            window, seq = int(state["window"]), int(state["seq"])
-            pool = [tuple(int(x) for x in it) for it in state["pool"]]
-            if any(len(it) != 6 or not 0 <= it[START] < it[END] for it in pool):
-                raise ValueError("pool items must be (sample, start, end, arrival, seq, frag) with start < end")
-            open_ = {int(sid): [int(left), int(d)] for sid, left, d in state["open"]}
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"malformed StreamPacker state ({e}): a truncated or edited checkpoint?") from None
-        self._metrics.load_state_dict(state["metrics"])
+        # parse and check everything before changing anything
+        window = state_int(state, "window", "StreamPacker", 0, MAX_WINDOWS)
+        seq = state_int(state, "seq", "StreamPacker", 0, MAX_WINDOWS)
+        pool, open_ = check_packer_pool(state["pool"], state["open"], window=window, seq=seq,
+                                        max_tokens=int(self.config.max_tokens))
+        metrics = MetricsAccumulator.check_state(state["metrics"])
+        for f, v in metrics.items():
+            setattr(self._metrics, f, v)
         self._window, self._seq, self._pool, self._open = window, seq, pool, open_
 
 

@@ -15,12 +15,13 @@ import torch
 from torch.utils.data import IterableDataset
 
 from ...cost import CostModel
-from ..config import PackingConfig
+from ..config import MAX_LENGTH, PackingConfig
+from ..validate import _short, check_token_ids, state_bool, state_int, state_list, state_spans, state_value_int
 from .window_planner import WindowPlanner, _check_common, _config_parts, _fingerprint
 
 __all__ = ["PackedIterableDataset"]
 
-_STREAM_FORMAT = "atac-hf/packed-iterable/v1"
+_STREAM_FORMAT = "atac-hf/packed-iterable/v2"  # v2: the planner's reserve (v1 states cannot be resumed)
 
 
 class PackedIterableDataset(IterableDataset):
@@ -166,42 +167,123 @@ class PackedIterableDataset(IterableDataset):
         """Restore a state from :meth:`state_dict`; the next ``iter()`` continues from it (and
         yields nothing when the state was taken at the end of the pass).
 
+        The state is checked for internal consistency first (types and ranges of every
+        field, every span within its sample, no sample or token twice, the pending packs,
+        the planner's reserve, the packer's pool and the look-ahead agreeing with ``data``
+        and ``remaining`` token for token); a refused state changes nothing.
+
         Raises:
-            ValueError: a state of another format or packing configuration, or with missing fields.
+            ValueError: a state of another format or packing configuration, with missing or
+                malformed fields, or internally inconsistent (names the field).
         """
         if not isinstance(state, Mapping) or state.get("format") != _STREAM_FORMAT:
-            raise ValueError(f"not a PackedIterableDataset state (expected format {_STREAM_FORMAT!r})")
+            raise ValueError(f"not a PackedIterableDataset state (expected format {_STREAM_FORMAT!r}; states of "
+                             "earlier versions cannot be resumed)")
         if state.get("fingerprint") != self.fingerprint:
             raise ValueError(
-                f"stream state fingerprint {state.get('fingerprint')!r} != {self.fingerprint!r}: it was saved with "
-                "different settings (config, cost_model, window_size, num_replicas, even_batches)"
+                f"stream state fingerprint {_short(state.get('fingerprint'))} != {self.fingerprint!r}: it was saved "
+                "with different settings (config, cost_model, window_size, num_replicas, even_batches)"
             )
-        missing = sorted({"planner", "consumed", "exhausted", "num_rows", "num_empty_skipped", "pending", "data",
-                          "remaining"} - set(state))
-        if missing:
-            raise ValueError(f"malformed PackedIterableDataset state (missing {missing}): a truncated or edited "
-                             "checkpoint?")
-        try:  # parse everything before changing anything
-            st = {
-                "consumed": int(state["consumed"]), "exhausted": bool(state["exhausted"]),
-                "num_rows": int(state["num_rows"]), "num_empty_skipped": int(state["num_empty_skipped"]),
-                "pending": [[[int(x) for x in s] for s in p] for p in state["pending"]],
-                "data": {int(sid): {"input_ids": [int(t) for t in ids],
-                                    "labels": None if lab is None else [int(t) for t in lab]}
-                         for sid, ids, lab in state["data"]},
-                "remaining": {int(sid): int(n) for sid, n in state["remaining"]},
-                "lookahead": [int(sid) for sid in state.get("lookahead", [])],
-            }
-            if not isinstance(state["exhausted"], bool):
-                raise ValueError(f"'exhausted' must be true or false, got {state['exhausted']!r}")
-            if not isinstance(state["planner"], Mapping) or not isinstance(state["planner"].get("packer"), Mapping):
-                raise ValueError("'planner' must hold the packer state")
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"malformed PackedIterableDataset state ({e}): a truncated or edited checkpoint?") from None
-        self._planner.load_state_dict(state["planner"])
+        st = _parse_stream_state(state, self.config)
+        probe = WindowPlanner(self.config, self.cost_model, window_size=self.window_size,
+                              num_replicas=self.num_replicas, even_batches=self.even_batches)
+        probe.load_state_dict(state["planner"])  # checks the planner and packer states fully
+        _check_stream_tokens(st, probe, self.config)
+        self._planner = probe
         self._st = st
         self._resumed = True
         self._snapshots = [self._snapshot()]
+
+
+def _parse_stream_state(state: Mapping[str, Any], config: PackingConfig) -> dict[str, Any]:
+    """The stream's own fields, typed and range-checked (``ValueError`` naming the field)."""
+    what = "PackedIterableDataset"
+    consumed = state_int(state, "consumed", what, 0, 2**62)
+    st: dict[str, Any] = {
+        "consumed": consumed, "exhausted": state_bool(state, "exhausted", what),
+        "num_rows": state_int(state, "num_rows", what, 0, 2**62),
+        "num_empty_skipped": state_int(state, "num_empty_skipped", what, 0, consumed),
+    }
+    if "planner" not in state:
+        raise ValueError(f"malformed {what} state: field 'planner' is missing (a truncated or edited checkpoint?)")
+    data: dict[int, dict[str, Any]] = {}
+    for k, entry in enumerate(state_list(state, "data", what)):
+        if not isinstance(entry, (list, tuple)) or len(entry) != 3:
+            raise ValueError(f"malformed {what} state: data[{k}] = {_short(entry)} must be [sample, input_ids, labels]")
+        sid = state_value_int(entry[0], f"data[{k}] sample", what, 0, consumed - 1)
+        if sid in data:
+            raise ValueError(f"malformed {what} state: data[{k}]: sample {sid} appears twice")
+        try:
+            ids = check_token_ids(entry[1], where=f"state data[{k}] (sample {sid})", field="input_ids").tolist()
+            labels = None if entry[2] is None else check_token_ids(
+                entry[2], where=f"state data[{k}] (sample {sid})", field="labels").tolist()
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"malformed {what} state: {e}") from None
+        if not ids or (labels is not None and len(labels) != len(ids)):
+            raise ValueError(f"malformed {what} state: data[{k}] (sample {sid}) has {len(ids)} input_ids and "
+                             f"{'no' if labels is None else len(labels)} labels (non-empty, equal lengths)")
+        data[sid] = {"input_ids": ids, "labels": labels}
+    remaining: dict[int, int] = {}
+    for k, entry in enumerate(state_list(state, "remaining", what)):
+        if not isinstance(entry, (list, tuple)) or len(entry) != 2:
+            raise ValueError(f"malformed {what} state: remaining[{k}] = {_short(entry)} must be [sample, tokens]")
+        sid = state_value_int(entry[0], f"remaining[{k}] sample", what, 0, consumed - 1)
+        if sid in remaining:
+            raise ValueError(f"malformed {what} state: remaining[{k}]: sample {sid} appears twice")
+        remaining[sid] = state_value_int(entry[1], f"remaining[{k}] tokens", what, 1, MAX_LENGTH)
+    if set(remaining) != set(data):
+        odd = sorted(set(remaining) ^ set(data))[:5]
+        raise ValueError(f"malformed {what} state: 'data' and 'remaining' disagree on samples {odd} (every sample "
+                         "not yet fully yielded has both)")
+    lookahead = [state_value_int(x, f"lookahead[{k}]", what, 0, consumed - 1)
+                 for k, x in enumerate(state_list(state, "lookahead", what))]
+    if len(set(lookahead)) != len(lookahead) or not set(lookahead) <= set(data):
+        raise ValueError(f"malformed {what} state: 'lookahead' = {_short(lookahead)} must list distinct samples "
+                         "held in 'data'")
+    pending = [state_spans(p, f"pending[{i}]", what) for i, p in enumerate(state_list(state, "pending", what))]
+    for i, p in enumerate(pending):
+        if sum(e - s for _, s, e in p) > config.max_tokens:
+            raise ValueError(f"malformed {what} state: pending[{i}] holds more than max_tokens={config.max_tokens} "
+                             "tokens")
+    st.update(pending=[[list(sp) for sp in p] for p in pending], data=data, remaining=remaining, lookahead=lookahead)
+    return st
+
+
+def _check_stream_tokens(st: dict[str, Any], planner: WindowPlanner, config: PackingConfig) -> None:
+    """Token conservation: each held sample's ``remaining`` equals the tokens of its spans
+    still to yield (pending packs, the planner's reserve, the packer's pool, or the whole
+    kept sample while it waits in the look-ahead), spans lie within the kept sample and
+    never overlap."""
+    what = "PackedIterableDataset"
+    cap = int(config.max_tokens)
+    kept = {sid: len(d["input_ids"]) if config.overlength != "truncate" else min(len(d["input_ids"]), cap)
+            for sid, d in st["data"].items()}
+    spans: dict[int, list[tuple[int, int, str]]] = {}
+    for where, packs in (("pending", st["pending"]), ("the planner's reserve", planner.reserve)):
+        for p in packs:
+            for sid, s, e in p:
+                spans.setdefault(int(sid), []).append((int(s), int(e), where))
+    for sid, s, e, *_ in planner.packer._pool:
+        spans.setdefault(sid, []).append((s, e, "the packer's pool"))
+    for sid in st["lookahead"]:
+        spans.setdefault(sid, []).append((0, kept[sid], "lookahead"))
+    for sid, sp in spans.items():
+        if sid not in st["data"]:
+            raise ValueError(f"malformed {what} state: {sp[0][2]} holds sample {sid}, which is not in 'data' "
+                             "(its tokens are lost)")
+        sp.sort()
+        if sp[-1][1] > kept[sid]:
+            raise ValueError(f"malformed {what} state: {sp[-1][2]} holds tokens [{sp[-1][0]}, {sp[-1][1]}) of sample "
+                             f"{sid}, which has {kept[sid]} (a truncated 'data' entry?)")
+        for (_s0, e0, _w0), (s1, _e1, w1) in zip(sp, sp[1:]):
+            if s1 < e0:
+                raise ValueError(f"malformed {what} state: {w1} repeats tokens of sample {sid} (the same tokens "
+                                 "twice)")
+    for sid, left in st["remaining"].items():
+        held = sum(e - s for s, e, _w in spans.get(sid, []))
+        if held != left:
+            raise ValueError(f"malformed {what} state: 'remaining' says sample {sid} has {left} tokens to yield, but "
+                             f"the pending packs, reserve, pool and look-ahead hold {held}")
 
 
 def _is_hf_iterable(source: Any) -> bool:
@@ -214,23 +296,21 @@ def _is_hf_iterable(source: Any) -> bool:
 
 def _sample_tokens(sample: Any, sid: int) -> tuple[list[int], list[int] | None]:
     if not isinstance(sample, Mapping) or "input_ids" not in sample:
-        found = sorted(sample) if isinstance(sample, Mapping) else type(sample).__name__
+        found = sorted(map(str, sample))[:20] if isinstance(sample, Mapping) else type(sample).__name__
         raise ValueError(
             f"source sample {sid} has no 'input_ids'; found: {found} "
             "(tokenize the text, or rename the token column to 'input_ids')"
         )
-    ids = _to_list(sample["input_ids"])
+    ids = check_token_ids(sample["input_ids"], where=f"source sample {sid}", field="input_ids").tolist()
     labels = sample.get("labels")
-    labels = None if labels is None else _to_list(labels)
-    if labels is not None and len(labels) != len(ids):
-        raise ValueError(f"source sample {sid}: labels has {len(labels)} entries but input_ids has {len(ids)}")
+    if labels is not None:
+        labels = check_token_ids(labels, where=f"source sample {sid}", field="labels").tolist()
+        if len(labels) != len(ids):
+            raise ValueError(f"source sample {sid}: labels has {len(labels)} entries but input_ids has {len(ids)} "
+                             "(give every token a label, or drop the labels column)")
+    if len(ids) > MAX_LENGTH:
+        raise ValueError(f"source sample {sid} has {len(ids)} tokens, more than {MAX_LENGTH}")
     return ids, labels
-
-
-def _to_list(x: Any) -> list[int]:
-    if hasattr(x, "tolist"):
-        x = x.tolist()
-    return [int(v) for v in x]
 
 
 def _take_row(st: dict[str, Any]) -> dict[str, Any]:

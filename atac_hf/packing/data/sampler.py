@@ -32,7 +32,9 @@ from torch.utils.data import Dataset, Sampler
 
 from ...cost import CostModel
 from ..config import PackingConfig
-from .window_planner import Span, _check_common, _config_parts, _fingerprint, plan_packs, replica_order
+from ..validate import _is_int, _short, check_dealable, check_lengths, check_overlength, check_seed, state_int
+from .window_planner import Span, _check_common, _config_parts, _fingerprint
+from .window_planner import plan_packs, replica_order
 from .iterable import PackedIterableDataset
 
 __all__ = ["PackedIterableDataset", "SpanDataset", "WFAPBatchSampler", "plan_packs", "replica_order"]
@@ -70,23 +72,22 @@ class WFAPBatchSampler(Sampler[list[Span]]):
                  cost_model: CostModel | None = None, even_batches: bool = True) -> None:
         super().__init__()
         _check_common(config, window_size, num_replicas)
-        self.lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
-        if (self.lengths < 0).any():
-            raise ValueError(f"lengths must be >= 0; got {self.lengths[self.lengths < 0][:5].tolist()}")
-        if not (self.lengths > 0).any():
-            raise ValueError(f"every one of the {self.lengths.size} samples is empty: nothing to pack")
-        if config.overlength == "error" and self.lengths.max() > config.max_tokens:
-            i = int(np.argmax(self.lengths > config.max_tokens))
-            raise ValueError(
-                f"sample {i} has {int(self.lengths[i])} tokens, more than max_tokens={config.max_tokens}, and "
-                "overlength='error'; set overlength to 'split' or 'truncate', or raise max_tokens"
-            )
+        lengths = check_lengths(lengths, "lengths")
+        for name, flag in (("shuffle", shuffle), ("even_batches", even_batches)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise TypeError(f"{name}={flag!r} must be True or False (set {name})")
+        seed = check_seed(seed, "seed")
+        if not (lengths > 0).any():
+            raise ValueError(f"every one of the {lengths.size} samples is empty: nothing to pack")
+        check_overlength(lengths, range(lengths.size), config)
+        check_dealable(lengths, config, int(num_replicas), bool(even_batches))
+        self.lengths = lengths
         self.config = config
         self.cost_model = cost_model
-        self.window_size = window_size
+        self.window_size = None if window_size is None else int(window_size)
         self.num_replicas = int(num_replicas)
         self.shuffle = bool(shuffle)
-        self.seed = int(seed)
+        self.seed = seed
         self.even_batches = bool(even_batches)
         self.epoch = 0
         self.num_empty_skipped = int((self.lengths == 0).sum())
@@ -94,7 +95,7 @@ class WFAPBatchSampler(Sampler[list[Span]]):
         self._resumed = False  # set by load_state_dict: the next pass continues at _position, even at the end
         self._plan: tuple[int, int, np.ndarray, np.ndarray] | None = None  # (seed, epoch, spans, offsets)
         self.fingerprint = _fingerprint(lengths=self.lengths, **_config_parts(
-            config, cost_model, window_size=window_size, num_replicas=self.num_replicas,
+            config, cost_model, window_size=self.window_size, num_replicas=self.num_replicas,
             shuffle=self.shuffle, even_batches=self.even_batches))
 
     @classmethod
@@ -105,17 +106,20 @@ class WFAPBatchSampler(Sampler[list[Span]]):
 
         return cls(dataset_lengths(dataset, column=column), config, **kwargs)
 
-    def _epoch_plan(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._plan is None or self._plan[:2] != (self.seed, self.epoch):
+    def _epoch_plan(self, seed: int | None = None, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The packs of epoch ``(seed, epoch)`` (default: the sampler's own), cached."""
+        seed = self.seed if seed is None else seed
+        epoch = self.epoch if epoch is None else epoch
+        if self._plan is None or self._plan[:2] != (seed, epoch):
             n = self.lengths.size
             if self.shuffle:
-                order = np.random.default_rng([self.seed, self.epoch]).permutation(n)
+                order = np.random.default_rng([seed, epoch]).permutation(n)
             else:
                 order = np.arange(n)
             spans, offsets = plan_packs(self.lengths, self.config, order=order, cost_model=self.cost_model,
                                         window_size=self.window_size, num_replicas=self.num_replicas,
                                         even_batches=self.even_batches)
-            self._plan = (self.seed, self.epoch, spans, offsets)
+            self._plan = (seed, epoch, spans, offsets)
         return self._plan[2], self._plan[3]
 
     def __len__(self) -> int:
@@ -138,9 +142,13 @@ class WFAPBatchSampler(Sampler[list[Span]]):
 
         Setting the epoch already selected keeps the position (Trainer calls ``set_epoch``
         after a resume).
+
+        Raises:
+            ValueError: ``epoch`` is not an int in ``[0, 2**63)`` (nothing changes then).
         """
-        if int(epoch) != self.epoch:
-            self.epoch = int(epoch)
+        epoch = check_seed(epoch, "epoch")
+        if epoch != self.epoch:
+            self.epoch = epoch
             self._position = 0
 
     def state_dict(self, position: int | None = None) -> dict[str, Any]:
@@ -152,7 +160,14 @@ class WFAPBatchSampler(Sampler[list[Span]]):
                 pass it when a prefetching DataLoader (``num_workers > 0``, Accelerate's
                 one-batch look-ahead) has drawn batches the loop has not used.
         """
-        pos = self._position if position is None else int(position)
+        if position is None:
+            pos = self._position
+        else:
+            num_batches = len(self)
+            if not _is_int(position) or not 0 <= position <= num_batches:
+                raise ValueError(f"position={position!r} is invalid: it must be an int in [0, {num_batches}] "
+                                 "(global batches of this epoch consumed, all replicas together)")
+            pos = int(position)
         return {"format": _SAMPLER_FORMAT, "epoch": self.epoch, "seed": self.seed, "position": pos,
                 "num_batches": len(self), "fingerprint": self.fingerprint}
 
@@ -160,29 +175,34 @@ class WFAPBatchSampler(Sampler[list[Span]]):
         """Continue where ``state`` was taken: same epoch, seed, and the remaining batches
         (none when it was taken at the end of the epoch: call ``set_epoch`` for the next).
 
+        Everything is checked first; a refused state changes nothing.
+
         Raises:
             ValueError: a state of another format, dataset or configuration, a missing or
-                non-integer seed/epoch/position, or a position outside the epoch.
+                non-integer seed/epoch/position/num_batches, a negative seed or epoch, a
+                position outside the epoch, or a batch count the epoch's plan does not have.
         """
+        what = "WFAPBatchSampler"
         if not isinstance(state, Mapping) or state.get("format") != _SAMPLER_FORMAT:
             raise ValueError(f"not a WFAPBatchSampler state (expected format {_SAMPLER_FORMAT!r})")
         if state.get("fingerprint") != self.fingerprint:
             raise ValueError(
-                f"sampler state fingerprint {state.get('fingerprint')!r} != {self.fingerprint!r}: it was saved "
+                f"sampler state fingerprint {_short(state.get('fingerprint'))} != {self.fingerprint!r}: it was saved "
                 "for different lengths or settings (config, cost_model, window_size, num_replicas, shuffle, "
                 "even_batches); build the sampler exactly as when the state was saved"
             )
-        try:
-            seed, epoch, pos = int(state["seed"]), int(state["epoch"]), int(state["position"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"malformed WFAPBatchSampler state (seed, epoch and position must be ints; {e!r}): "
-                             "a truncated or edited checkpoint?") from None
-        self.seed, self.epoch = seed, epoch
-        num_batches = len(self)
-        if not 0 <= pos <= num_batches:
-            raise ValueError(f"sampler state position={pos} outside [0, {num_batches}]")
-        self._position = pos
-        self._resumed = True
+        seed = state_int(state, "seed", what, 0, 2**63 - 1)
+        epoch = state_int(state, "epoch", what, 0, 2**63 - 1)
+        pos = state_int(state, "position", what, 0)
+        saved_batches = state_int(state, "num_batches", what, 0)
+        num_batches = len(self._epoch_plan(seed, epoch)[1]) - 1
+        if saved_batches != num_batches:
+            raise ValueError(f"malformed {what} state: 'num_batches' = {saved_batches}, but epoch {epoch} with seed "
+                             f"{seed} plans {num_batches} batches (a truncated or edited checkpoint?)")
+        if pos > num_batches:
+            raise ValueError(f"sampler state position={pos} outside [0, {num_batches}] (the epoch's batches): "
+                             "a truncated or edited checkpoint?")
+        self.seed, self.epoch, self._position, self._resumed = seed, epoch, pos, True
 
 
 class SpanDataset(Dataset):

@@ -1,7 +1,7 @@
 """Window feeding shared by every feeder: a StreamPacker, window sizing, and the order
 in which a window's packs are dealt to data-parallel replicas.
 
-Numpy only (no torch): the feeders (:mod:`.feeders`, :mod:`.streaming`,
+Numpy only (no torch): the feeders (:mod:`.sampler`, :mod:`.iterable`,
 :mod:`.dataset`) wrap it for DataLoaders and datasets.
 
 **Data parallelism.** Accelerate shards a prepared DataLoader by dealing batches
@@ -11,13 +11,17 @@ way with ``batch_size=1``) and gives every CP rank of a replica the same batches
 :func:`replica_order` therefore orders each window's packs so that this deal hands each
 replica a share of the window with a balanced sum of pack costs (LPT), each replica's packs
 heaviest first (so any run of consecutive rounds is balanced too). With ``even_batches``
-the last window's packs are re-cut (split at document boundaries, else a long document
-into two fragments, else the two smallest packs merged, else - rather than let Accelerate
-repeat batches, which would train samples twice - a document cut into two fragments even
-below ``min_fragment``) until the pass's pack count is a multiple of ``num_replicas``, so
-Accelerate need not repeat batches to even out the last round; only a pass with fewer
-tokens than replicas cannot be evened out (a warning says so). Set ``packs_per_window`` to a multiple of ``num_replicas`` (e.g. DP replicas x
-gradient-accumulation steps: one window per optimizer step).
+the pass's last packs are re-cut (split at document boundaries, else a long document into
+two fragments, else the smallest packs merged, else a document cut even below
+``min_fragment``, else the last packs re-cut into runs that fit the cap) until the pass's
+pack count is a multiple of ``num_replicas``, so Accelerate need not repeat batches (which
+would train samples twice) to even out the last round. A *reserve* of the last planned
+packs (at least ``2 x num_replicas`` tokens) is held back until the next window so that a
+tiny last window can be evened out too: every pass of ``T >= num_replicas`` tokens is
+dealt exactly once (with ``max_tokens=1``: when ``T`` is a multiple of ``num_replicas``),
+and any other pass raises ``ValueError``. Set ``packs_per_window`` to a multiple of
+``num_replicas`` (e.g. DP replicas x gradient-accumulation steps: one window per optimizer
+step).
 
 **Determinism.** Everything is a pure function of (lengths, config, order): every rank
 computes the same packs without talking.
@@ -28,14 +32,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import warnings
+import math
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from ...cost import CostModel, default_cost_model
-from ..config import PackingConfig
+from ..config import MAX_LENGTH, MAX_PACKS_PER_WINDOW, PackingConfig
 from ..stream import StreamPacker
+from ..validate import _is_int, _short, check_dealable, check_lengths, check_overlength, state_bool
+from ..validate import state_int, state_list, state_spans
 
 __all__ = ["Span", "WindowPlanner", "plan_packs", "replica_order"]
 
@@ -90,6 +96,20 @@ class WindowPlanner:
     the carry, with held-back samples bounded), as :func:`pack_lengths` does, so the
     carry cannot grow without bound. With ``num_replicas=1`` the packs equal
     ``pack_lengths(lengths, config, cost_model, window=window_size).packs``.
+
+    **Reserve.** With ``even_batches`` and several replicas, the last packs planned (the
+    shortest run of them that holds at least ``2 x num_replicas`` tokens, usually one
+    pack) are held back until the next window. The end of the pass re-cuts them together
+    with the last window's packs (:meth:`_even_out`), so that however small the last
+    window is, the pass's pack count can be made a multiple of ``num_replicas``: a pass of
+    ``T >= num_replicas`` tokens always can (with ``max_tokens=1`` only when ``T`` is a
+    multiple of it); one that cannot raises ``ValueError`` rather than let Accelerate
+    repeat batches.
+
+    Attributes:
+        num_batches: packs released so far (the global batch index of the next one).
+        loads: pack cost released to each replica so far.
+        reserve: packs planned, in dealing order, not yet released.
     """
 
     def __init__(self, config: PackingConfig, cost_model: CostModel | None, *, window_size: int | None,
@@ -98,11 +118,17 @@ class WindowPlanner:
         self.cost_model = cost_model if cost_model is not None else default_cost_model()
         self.packer = StreamPacker(config, cost_model)
         self.window_size = window_size
-        self.num_replicas = num_replicas
-        self.even_batches = even_batches
+        self.num_replicas = int(num_replicas)
+        self.even_batches = bool(even_batches)
         self.prev_empty = True  # the last window emitted no pack (the next must take a sample)
-        self.num_batches = 0  # packs emitted: global batch index of the next pack
-        self.loads = [0.0] * num_replicas  # cost dealt to each replica so far
+        self.num_batches = 0
+        self.loads = [0.0] * self.num_replicas
+        self.reserve: list[list[Span]] = []
+
+    @property
+    def reserve_tokens(self) -> int:
+        """Tokens the reserve holds at least (0: no reserve, one replica or no ``even_batches``)."""
+        return 2 * self.num_replicas if self.even_batches and self.num_replicas > 1 else 0
 
     def effective_lengths(self, lengths: np.ndarray) -> np.ndarray:
         if self.config.overlength == "truncate":
@@ -133,7 +159,15 @@ class WindowPlanner:
         return max(0, min(k, n - pos))
 
     def add(self, sample_ids: Sequence[int], lengths: Sequence[int], *, last: bool = False) -> list[list[Span]]:
-        """Pack one window; ``last`` also flushes the packer (end of the pass)."""
+        """Pack one window; ``last`` also flushes the packer (end of the pass).
+
+        Returns:
+            the packs released to the DataLoader, in dealing order.
+
+        Raises:
+            ValueError: bad ids or lengths (from the packer), or (``last``, ``even_batches``)
+                a pass that cannot be dealt to ``num_replicas`` in equal batch counts.
+        """
         packs: list[Any] = []
         if len(sample_ids) or not last:
             packs += list(self.packer.add_window(list(sample_ids), list(lengths)))
@@ -145,35 +179,91 @@ class WindowPlanner:
     def _emit(self, packs: Iterable[Iterable[Sequence[int]]], *, final: bool) -> list[list[Span]]:
         packs = [[(int(s[0]), int(s[1]), int(s[2])) for s in p] for p in packs]
         packs = [p for p in packs if p]
-        if final and self.even_batches and self.num_replicas > 1:
-            packs = self._even_out(packs)
+        if final:
+            packs = self.reserve + packs
+            if self.even_batches and self.num_replicas > 1:
+                packs = self._even_out(packs)  # raises before anything changes
+            self.reserve = []
+            return self._release(self._order(packs))
+        held = self.reserve + self._order(packs)
+        keep, tokens = len(held), 0
+        while keep > 0 and tokens < self.reserve_tokens:
+            keep -= 1
+            tokens += _tokens(held[keep])
+        self.reserve = held[keep:]
+        return self._release(held[:keep])
+
+    def _order(self, packs: list[list[Span]]) -> list[list[Span]]:
+        """``packs`` in dealing order (:func:`replica_order`), placed after the released
+        packs and the reserve."""
+        R = self.num_replicas
+        prior = list(self.loads)
+        for k, p in enumerate(self.reserve):
+            prior[(self.num_batches + k) % R] += self.pack_cost(p)
         costs = [self.pack_cost(p) for p in packs]
-        perm = replica_order(costs, self.num_replicas, first_slot=self.num_batches, prior_loads=self.loads)
-        for k, i in enumerate(perm):
-            self.loads[(self.num_batches + k) % self.num_replicas] += costs[i]
-        self.num_batches += len(packs)
+        perm = replica_order(costs, R, first_slot=self.num_batches + len(self.reserve), prior_loads=prior)
         return [packs[i] for i in perm]
+
+    def _release(self, packs: list[list[Span]]) -> list[list[Span]]:
+        for k, p in enumerate(packs):
+            self.loads[(self.num_batches + k) % self.num_replicas] += self.pack_cost(p)
+        self.num_batches += len(packs)
+        return packs
 
     def pack_cost(self, pack: Sequence[Span]) -> float:
         return float(self.cost_model.doc_cost([e - s for _, s, e in pack]).sum())
 
     def _even_out(self, packs: list[list[Span]]) -> list[list[Span]]:
-        """Re-cut the last window's packs so the pass's pack count is a multiple of num_replicas.
+        """Re-cut the pass's last packs (reserve + last window) so that the pass's pack
+        count is a multiple of ``num_replicas``; no token is added or lost.
 
-        First splits: a pack with several documents at a document boundary (costliest
-        first), else, under ``overlength="split"``, the longest document into two fragments
-        (each >= ``min_fragment``); splitting never raises a pack's tokens or cost. If no
-        pack can be split, merges the two packs with the fewest tokens while they fit the
-        cap (re-joining adjacent fragments of one sample). If that fails too, cuts the longest
-        document in two even below ``min_fragment`` (in any overlength mode): a short fragment
-        costs one next-token target, a repeated batch trains its samples twice. Warns only
-        when no pack holds 2 tokens (fewer tokens than replicas).
+        In order of preference: split packs up to the next multiple (a pack with several
+        documents at a document boundary, costliest first; under ``overlength="split"`` the
+        longest document into two fragments >= ``min_fragment``), which never raises a
+        pack's tokens or cost; else merge the packs with the fewest tokens down to the
+        multiple below while they fit the cap (re-joining adjacent fragments of one
+        sample); else split up below ``min_fragment`` (in any overlength mode: a short
+        fragment costs one next-token target, a repeated batch trains its samples twice);
+        else re-cut the packs' spans into the multiple below, in near-equal runs that fit
+        the cap. With ``T`` tokens left and ``q`` packs released, a count in
+        ``[ceil(T / max_tokens), T]`` is reachable, which holds a multiple whenever
+        ``T >= 2 x num_replicas - 2`` and ``max_tokens >= 2`` (the reserve sees to it).
+
+        Raises:
+            ValueError: no count in that range makes the pass a multiple of ``num_replicas``.
         """
-        need = -(self.num_batches + len(packs)) % self.num_replicas
+        R, cap = self.num_replicas, int(self.config.max_tokens)
+        c = len(packs)
+        up = c + (-(self.num_batches + c) % R)
+        if up == c:
+            return packs
+        total = sum(_tokens(p) for p in packs)
+        down = up - R
+        out = self._split_to(packs, up, clean=True)
+        if out is None and down >= 1:
+            out = self._merge_to(packs, down)
+        if out is None and up <= total:
+            out = self._split_to(packs, up, clean=False)
+        if out is None and down >= max(1, -(-total // cap)):
+            out = _recut(packs, down)
+        if out is None:
+            raise ValueError(
+                f"even_batches: the pass cannot be dealt to num_replicas={R} in equal batch counts without "
+                f"repeating a batch (which trains samples twice): after {self.num_batches} packs, {total} tokens "
+                f"are left, and every pack holds 1 to max_tokens={cap} tokens, so no count of packs makes the "
+                f"pass a multiple of {R} (a pass needs at least num_replicas tokens, and with max_tokens=1 a "
+                "multiple of num_replicas); use fewer replicas, more data or a larger max_tokens, or set "
+                "even_batches=False to let Accelerate repeat batches"
+            )
+        assert len(out) % R == -self.num_batches % R and sum(_tokens(p) for p in out) == total
+        return out
+
+    def _split_to(self, packs: list[list[Span]], n: int, *, clean: bool) -> list[list[Span]] | None:
+        """Split packs until there are ``n``; ``None`` when that needs a cut ``clean`` forbids."""
+        packs = list(packs)
         min_fragment = max(1, int(getattr(self.config, "min_fragment", 1) or 1))
-        while need:
+        while len(packs) < n:
             multi = [i for i, p in enumerate(packs) if len(p) >= 2]
-            long = [i for i, p in enumerate(packs) if p[0][2] - p[0][1] >= 2 * min_fragment]
             if multi:
                 i = max(multi, key=lambda i: (self.pack_cost(packs[i]), -i))
                 halves: list[list[Span]] = [[], []]
@@ -183,64 +273,73 @@ class WindowPlanner:
                     halves[h].append(span)
                     load[h] += self.pack_cost([span])
                 packs[i:i + 1] = halves
-            elif long and self.config.overlength == "split":
-                i = max(long, key=lambda i: (packs[i][0][2] - packs[i][0][1], -i))
-                sid, start, end = packs[i][0]
-                mid = start + (end - start) // 2
-                packs[i:i + 1] = [[(sid, start, mid)], [(sid, mid, end)]]
-            else:
-                merged = self._merge_out(packs)
-                if merged is not None:
-                    return merged
-                # every pack holds one document here (multi is empty)
-                two = [i for i, p in enumerate(packs) if p[0][2] - p[0][1] >= 2]
-                if not two:
-                    warnings.warn(
-                        f"even_batches: the pass ends with {self.num_batches + len(packs)} packs, not a multiple "
-                        f"of num_replicas={self.num_replicas}, and its last packs can be neither split nor merged; "
-                        "Accelerate will even out the last round by repeating batches",
-                        stacklevel=4,
-                    )
-                    return packs
-                i = max(two, key=lambda i: (packs[i][0][2] - packs[i][0][1], -i))
-                sid, start, end = packs[i][0]
-                mid = start + (end - start) // 2
-                packs[i:i + 1] = [[(sid, start, mid)], [(sid, mid, end)]]
-            need -= 1
+                continue
+            # every pack holds one document here
+            least = 2 * min_fragment if clean else 2
+            if clean and self.config.overlength != "split":
+                return None
+            long = [i for i, p in enumerate(packs) if p[0][2] - p[0][1] >= least]
+            if not long:
+                return None
+            i = max(long, key=lambda i: (packs[i][0][2] - packs[i][0][1], -i))
+            sid, start, end = packs[i][0]
+            mid = start + (end - start) // 2
+            packs[i:i + 1] = [[(sid, start, mid)], [(sid, mid, end)]]
         return packs
 
-    def _merge_out(self, packs: list[list[Span]]) -> list[list[Span]] | None:
-        """Merge the two smallest packs while they fit the cap until the count is even; None if
-        that cannot finish (``packs`` is left unchanged then)."""
+    def _merge_to(self, packs: list[list[Span]], n: int) -> list[list[Span]] | None:
+        """Merge the two packs with the fewest tokens while they fit the cap, until there are
+        ``n``; ``None`` if that cannot finish."""
         packs = list(packs)
-        excess = (self.num_batches + len(packs)) % self.num_replicas
-        tokens = lambda p: sum(e - s for _, s, e in p)  # noqa: E731
-        while excess:
-            order = sorted(range(len(packs)), key=lambda i: (tokens(packs[i]), i))
-            if len(order) < 2 or tokens(packs[order[0]]) + tokens(packs[order[1]]) > self.config.max_tokens:
+        while len(packs) > n:
+            order = sorted(range(len(packs)), key=lambda i: (_tokens(packs[i]), i))
+            if len(order) < 2 or _tokens(packs[order[0]]) + _tokens(packs[order[1]]) > self.config.max_tokens:
                 return None
             a, b = sorted(order[:2])
-            merged = _coalesce(packs[a] + packs[b])
-            packs[a] = merged
+            packs[a] = _coalesce(packs[a] + packs[b])
             del packs[b]
-            excess -= 1
         return packs
 
     def state_dict(self) -> dict[str, Any]:
         return {"packer": self.packer.state_dict(), "prev_empty": self.prev_empty, "num_batches": self.num_batches,
-                "loads": list(self.loads)}
+                "loads": list(self.loads), "reserve": [[list(s) for s in p] for p in self.reserve]}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        try:  # parse everything before changing anything
-            prev_empty, num_batches = bool(state["prev_empty"]), int(state["num_batches"])
-            loads = [float(x) for x in state["loads"]]
-            packer = state["packer"]
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"malformed window planner state ({e!r}): a truncated or edited checkpoint?") from None
-        if len(loads) != self.num_replicas:
-            raise ValueError(f"window planner state has {len(loads)} replica loads, expected {self.num_replicas}")
-        self.packer.load_state_dict(packer)
-        self.prev_empty, self.num_batches, self.loads = prev_empty, num_batches, loads
+        """Restore :meth:`state_dict`; validates everything first, then changes all or nothing.
+
+        Raises:
+            ValueError: a malformed state (names the field), or a packer state the packer refuses.
+        """
+        parsed = parse_planner_state(state, self.num_replicas, int(self.config.max_tokens))
+        self.packer.load_state_dict(state["packer"])  # validates fully before changing the packer
+        self.prev_empty, self.num_batches, self.loads, self.reserve = parsed
+
+
+def _tokens(pack: Sequence[Span]) -> int:
+    return sum(e - s for _, s, e in pack)
+
+
+def _recut(packs: list[list[Span]], n: int) -> list[list[Span]]:
+    """The packs' spans, in order, re-cut into ``n`` runs of near-equal tokens (a span
+    crossing a run's end becomes two fragments)."""
+    spans = [s for p in packs for s in p]
+    total = sum(e - s for _, s, e in spans)
+    base, extra = divmod(total, n)
+    out: list[list[Span]] = []
+    run: list[Span] = []
+    room = base + (0 < extra)
+    for sid, s, e in spans:
+        while s < e:
+            take = min(e - s, room)
+            run.append((sid, s, s + take))
+            s += take
+            room -= take
+            if room == 0:
+                out.append(_coalesce(run))
+                run = []
+                room = base + (len(out) < extra)
+    assert not run and len(out) == n
+    return out
 
 
 def _coalesce(pack: list[Span]) -> list[Span]:
@@ -269,9 +368,22 @@ def plan_packs(lengths: Sequence[int], config: PackingConfig, *, order: Sequence
     Returns:
         ``(spans, offsets)``: ``spans`` (num_spans, 3) int64 rows ``(sample, start, end)``;
         pack ``b`` is ``spans[offsets[b]:offsets[b + 1]]``.
+
+    Raises:
+        ValueError / TypeError: bad lengths (:func:`~atac_hf.packing.validate.check_lengths`),
+            an ``order`` that is not a permutation of the sample indices, or (``even_batches``)
+            a pass that cannot be dealt to ``num_replicas`` in equal batch counts.
     """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    order = np.arange(lengths.size) if order is None else np.asarray(order, dtype=np.int64)
+    lengths = check_lengths(lengths, "lengths")
+    _check_common(config, window_size, num_replicas)
+    if order is None:
+        order = np.arange(lengths.size)
+    else:
+        order = check_lengths(order, "order")
+        if order.size != lengths.size or not np.array_equal(np.sort(order), np.arange(lengths.size)):
+            raise ValueError(f"order must be a permutation of the {lengths.size} sample indices 0..{lengths.size - 1}")
+    check_overlength(lengths, range(lengths.size), config)
+    check_dealable(lengths, config, int(num_replicas), bool(even_batches))
     order = order[lengths[order] > 0]
     planner = WindowPlanner(config, cost_model, window_size=window_size, num_replicas=num_replicas,
                              even_batches=even_batches)
@@ -309,7 +421,41 @@ def _config_parts(config: PackingConfig, cost_model: CostModel | None, **extra: 
 def _check_common(config: PackingConfig, window_size: int | None, num_replicas: int) -> None:
     if not isinstance(config, PackingConfig):
         raise TypeError(f"config must be a PackingConfig, got {type(config).__name__}")
-    if window_size is not None and (not isinstance(window_size, (int, np.integer)) or window_size < 1):
-        raise ValueError(f"window_size={window_size!r}: must be None (token budget) or an int >= 1 samples")
-    if not isinstance(num_replicas, (int, np.integer)) or num_replicas < 1:
-        raise ValueError(f"num_replicas={num_replicas!r}: must be an int >= 1 (the DP size)")
+    if window_size is not None and (not _is_int(window_size) or not 1 <= window_size <= MAX_LENGTH):
+        raise ValueError(f"window_size={_short(window_size)}: must be None (token budget) or an int >= 1 samples "
+                         f"(at most {MAX_LENGTH})")
+    if not _is_int(num_replicas) or not 1 <= num_replicas <= MAX_PACKS_PER_WINDOW:
+        raise ValueError(f"num_replicas={_short(num_replicas)}: must be an int >= 1 (the DP size, at most "
+                         f"{MAX_PACKS_PER_WINDOW})")
+
+
+def parse_planner_state(state: Any, num_replicas: int, max_tokens: int) -> tuple[bool, int, list[float], list[list[Span]]]:
+    """Check a :meth:`WindowPlanner.state_dict` (all but the packer's own state, which
+    :meth:`StreamPacker.load_state_dict` checks); ``ValueError`` naming the field."""
+    what = "window planner"
+    if not isinstance(state, Mapping):
+        raise ValueError(f"malformed {what} state: expected a mapping, got {type(state).__name__}")
+    prev_empty = state_bool(state, "prev_empty", what)
+    num_batches = state_int(state, "num_batches", what, 0)
+    loads = state_list(state, "loads", what)
+    if len(loads) != num_replicas:
+        raise ValueError(f"window planner state has {len(loads)} replica loads, expected {num_replicas}")
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+               for x in loads):
+        raise ValueError(f"malformed {what} state: 'loads' = {_short(loads)} must be finite numbers >= 0")
+    reserve = [state_spans(p, f"'reserve'[{i}]", what) for i, p in enumerate(state_list(state, "reserve", what))]
+    for i, p in enumerate(reserve):
+        if _tokens(p) > max_tokens:
+            raise ValueError(f"malformed {what} state: 'reserve'[{i}] holds {_tokens(p)} tokens, more than "
+                             f"max_tokens={max_tokens}")
+    seen: dict[int, list[tuple[int, int]]] = {}
+    for p in reserve:
+        for sid, a, b in p:
+            seen.setdefault(sid, []).append((a, b))
+    for sid, sp in seen.items():
+        sp.sort()
+        if any(s1 < e0 for (_s0, e0), (s1, _e1) in zip(sp, sp[1:])):
+            raise ValueError(f"malformed {what} state: 'reserve' holds tokens of sample {sid} twice")
+    if not isinstance(state.get("packer"), Mapping):
+        raise ValueError(f"malformed {what} state: 'packer' must hold the packer state")
+    return prev_empty, num_batches, [float(x) for x in loads], reserve
