@@ -12,6 +12,7 @@ _COMMAND_MODULES = (
     "atac_hf.sharding.cli",  # plan
     "atac_hf.sim.cli",  # simulate, bench
     "atac_hf.cost.cli",  # calibrate
+    "atac_hf.integrations.check_cli",  # check-model
 )
 
 

@@ -25,9 +25,11 @@ from .shard import ShardContext
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
+    "ATTENTION_DROPOUT_FIELDS",
     "SHARD_KWARG",
     "atac_cp_attention",
     "check_model_supported",
+    "attention_dropout_field",
     "emulate_cp_attention",
     "register_attention",
 ]
@@ -60,12 +62,26 @@ def check_model_supported(model_or_config: Any) -> None:
                 )
 
 
-def _context(kwargs: dict) -> ShardContext:
+# Config fields that hold the attention-probability dropout, by family (Llama, GPT-2, BERT-like, ...).
+ATTENTION_DROPOUT_FIELDS = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob", "attn_dropout",
+                            "attention_dropout_prob", "attn_dropout_prob")
+
+
+def attention_dropout_field(config: Any) -> str:
+    """The config field that sets this model's attention dropout (the first one > 0, else the first present)."""
+    present = [f for f in ATTENTION_DROPOUT_FIELDS if isinstance(getattr(config, f, None), (int, float))]
+    positive = [f for f in present if float(getattr(config, f)) > 0]
+    return (positive or present or ["attention_dropout"])[0]
+
+
+def _context(module: Any, kwargs: dict) -> ShardContext:
     ctx = kwargs.get(SHARD_KWARG)
     if ctx is None:
         raise ValueError(
-            f"attn_implementation={ATTN_IMPLEMENTATION!r} needs the per-batch shard context: call "
-            f"model(**atac_hf.shard_batch(batch, plan, rank, group)) (kwarg {SHARD_KWARG!r} is missing)"
+            f"attn_implementation={ATTN_IMPLEMENTATION!r} needs the per-batch shard context (kwarg {SHARD_KWARG!r} "
+            f"is missing in {type(module).__name__}): call model(**atac_hf.shard_batch(batch, plan, rank, group)); "
+            "if you did, this model does not pass its forward's **kwargs on to its attention layers and cannot "
+            "be sharded (atac_hf.check_model(model) refuses it)"
         )
     if not isinstance(ctx, ShardContext):
         raise TypeError(f"{SHARD_KWARG}= must be a ShardContext from shard_batch, got {type(ctx).__name__}")
@@ -76,8 +92,9 @@ def _check_call(module: Any, ctx: ShardContext, query: torch.Tensor, key: torch.
                 kwargs: dict) -> int | None:
     if dropout and dropout > 0:
         raise NotImplementedError(
-            f"attention dropout ({dropout}, config.attention_dropout) is not implemented by "
-            f"{ATTN_IMPLEMENTATION!r}; set attention_dropout=0.0"
+        name = attention_dropout_field(getattr(module, "config", None))
+            f"attention dropout ({dropout}, config.{name}) is not implemented by "
+            f"{ATTN_IMPLEMENTATION!r}; set {name}=0.0"
         )
     if kwargs.get("softcap") is not None:
         raise NotImplementedError(f"softcap (attention logit soft-capping) is not implemented by {ATTN_IMPLEMENTATION!r}")
@@ -142,9 +159,10 @@ def atac_cp_attention(
         ValueError: no or a mismatched shard context; unsupported RoPE type.
         NotImplementedError: dropout > 0, ``softcap``, ``s_aux``, non-causal modules.
     """
-    ctx = _context(kwargs)
+    ctx = _context(module, kwargs)
     window = _check_call(module, ctx, query, key, dropout, kwargs)
     if attention_mask is not None and not ctx.cache.get("warned_mask"):
+    ctx.record_attention(module)  # for the runtime guard: every layer must get here
         ctx.cache["warned_mask"] = True
         warnings.warn(f"{ATTN_IMPLEMENTATION!r} ignores attention_mask: the document mask comes from the shard plan",
                       stacklevel=2)

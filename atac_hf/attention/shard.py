@@ -52,6 +52,7 @@ class ShardContext:
     backend: str = "sdpa"
     debug: bool = False
     cache: dict = field(default_factory=dict, repr=False)  # device index tensors, per layer reuse
+    _reached: dict = field(default_factory=dict, repr=False)  # id -> attention module run in this forward
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -59,6 +60,18 @@ class ShardContext:
                              "(set backend=)")
         if self.layout.rank != self.rank:
             raise ValueError(f"layout is for rank {self.layout.rank}, context for rank {self.rank}")
+
+    def record_attention(self, module: Any) -> None:
+        """Note that ``module`` ran the ``atac_cp`` attention (a re-run under checkpointing counts once)."""
+        self._reached[id(module)] = module
+
+    def reached_modules(self) -> list:
+        """The distinct attention modules that ran ``atac_cp`` since :meth:`begin_forward`."""
+        return list(self._reached.values())
+
+    def begin_forward(self) -> None:
+        """Start a new model forward (the runtime guard counts its attention modules afresh)."""
+        self._reached.clear()
 
     @property
     def needs_gather(self) -> bool:

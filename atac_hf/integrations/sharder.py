@@ -12,7 +12,6 @@ Per packed batch on every rank of a CP group (the same batch on each)::
 
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -60,45 +59,18 @@ def unwrap_base_model(model: torch.nn.Module) -> torch.nn.Module:
 def check_model_shardable(model: torch.nn.Module) -> None:
     """Refuse, with the reason, a model whose packed rows ATP-CP cannot shard exactly.
 
-    Raises:
-        ValueError: an encoder-decoder model; a model class whose attention does not go through
-            transformers' ``AttentionInterface`` (so ``atac_cp`` cannot be selected: e.g. Bloom's
-            ALiBi, state-space models); a forward without ``**kwargs`` (the per-batch shard context
-            and ``num_items_in_batch`` cannot reach the attention and the loss); attention dropout;
-            attention logit soft-capping; a position-dependent RoPE type (``dynamic``, ``longrope``).
-    """
-    from ..attention import check_model_supported
+    The Trainer/Accelerate entry to :func:`atac_hf.check_model` (static rules, then the cached
+    exactness probe on a tiny fp64 copy; installs the runtime guard on an accepted model).
 
-    base = unwrap_base_model(model)
-    config = getattr(base, "config", None)
-    name = type(base).__name__
-    mtype = getattr(config, "model_type", "?")
-    if config is None:
-        raise ValueError(f"{name} has no transformers config: ATP-CP shards transformers causal LMs")
-    if getattr(config, "is_encoder_decoder", False):
-        raise ValueError(f"{name} (model_type {mtype!r}) is an encoder-decoder model: ATP-CP shards the packed "
-                         "rows of decoder-only causal LMs (AutoModelForCausalLM) only")
-    supports = getattr(type(base), "_supports_attention_backend", False)
-    if not supports:
-        raise ValueError(
-            f"{name} (model_type {mtype!r}) computes attention in its own code, not through transformers' "
-            "AttentionInterface, so the 'atac_cp' attention cannot be plugged in and its packed rows cannot be "
-            "sharded exactly; use a model class that supports attn_implementation (Llama, Mistral, Qwen2/3, "
-            "Gemma, Phi3, GPT-NeoX, ...)"
-        )
-    params = inspect.signature(type(base).forward).parameters.values()
-    if not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params):
-        raise ValueError(f"{name}.forward takes no **kwargs: the per-batch shard context and num_items_in_batch "
-                         "cannot reach its attention and loss, so it cannot be trained with ATP-CP")
-    texts = [config] + ([config.get_text_config()] if hasattr(config, "get_text_config") else [])
-    for cfg in texts:
-        if float(getattr(cfg, "attention_dropout", 0.0) or 0.0) > 0:
-            raise ValueError(f"{name}: attention_dropout={cfg.attention_dropout} is not implemented by the "
-                             "'atac_cp' attention; set config.attention_dropout = 0.0")
-        if getattr(cfg, "attn_logit_softcapping", None) is not None:
-            raise ValueError(f"{name}: attention logit soft-capping (attn_logit_softcapping="
-                             f"{cfg.attn_logit_softcapping}) is not implemented by the 'atac_cp' attention")
-    check_model_supported(config)
+    Raises:
+        ValueError, NotImplementedError: naming the model class, the feature that breaks exactness
+            (encoder-decoder, attention outside ``AttentionInterface``, no ``**kwargs`` in forward,
+            attention dropout, soft-capping, position-dependent RoPE, chunked or mask-only windowed
+            attention, non-attention token mixing, ...) and what to do instead.
+    """
+    from ..attention.model_check import check_model
+
+    check_model(model)
 
 
 def prepare_model(model: torch.nn.Module, config: ATACConfig | None = None) -> torch.nn.Module:

@@ -1,0 +1,328 @@
+"""Exact or refused: :func:`check_model` accepts a model only when it can show that the ``atac_cp``
+path reproduces it, and refuses the rest naming the feature that breaks exactness.
+
+Two layers:
+
+- static rules (fast, read off the class and config): encoder-decoder, no ``**kwargs`` in forward, non-attention token mixing (conv, state-space,
+  linear-attention, recurrent layers), chunked attention, attention dropout (named by the model's own
+  field), logit soft-capping, position-dependent RoPE;
+- an empirical probe (:mod:`.model_probe`): a tiny fp64 copy of the architecture (same class, the
+  config shrunk) run through ``atac_cp`` at cp_size 1 and compared with each document run alone
+  through the stock model. It catches what no rule names yet (a window applied only through the
+  mask, attention outside ``AttentionInterface``, a layer that never reaches the attention, a model
+  that does not pass its kwargs on) and gives the measured error. Verdicts are cached
+  per (class, config) in the process.
+
+An accepted model gets a runtime guard (a per-instance forward pre/post hook, idempotent, removable
+with :func:`remove_guard`): a forward under a shard context in which fewer attention modules ran
+``atac_cp`` than the model has raises instead of returning wrong outputs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .model_probe import PROBE_TOLERANCE, ProbeResult, run_probe, shrink_config
+from .runtime import ATTENTION_DROPOUT_FIELDS, ATTN_IMPLEMENTATION, SHARD_KWARG, check_model_supported
+from .shard import ShardContext
+
+__all__ = ["ModelVerdict", "check_architecture", "check_model", "remove_guard", "static_refusal"]
+
+_NON_ATTENTION = ("conv", "mamba", "linear", "recurrent", "ssm", "rwkv", "deltanet", "mlstm", "hyena", "lightning",
+                  "retention")
+_LAYER_TYPE_KEYS = ("layer_types", "layers_block_type", "block_types", "layer_block_types")
+_INSTEAD = "train it without atac-hf context parallelism (cp_size 1, unpacked rows or its stock attention)"
+_GUARD_ATTR = "_atac_cp_guard"
+_CACHE: dict[tuple, "ModelVerdict"] = {}
+
+
+@dataclass(frozen=True)
+class ModelVerdict:
+    """The outcome of checking one architecture.
+
+    Attributes:
+        model_class: the model class name.
+        model_type: ``config.model_type``.
+        exact: True when the ``atac_cp`` path was shown equal to per-document stock runs.
+        reason: why (for refusals: the feature that breaks exactness and what to do instead).
+        max_error: the probe's max relative error of logits and input gradients (None: not probed).
+        attention_classes: module classes that ran ``atac_cp`` in the probe (the guard counts them).
+        error: the exception class a refusal raises (``ValueError`` or ``NotImplementedError``).
+    """
+
+    model_class: str
+    model_type: str
+    exact: bool
+    reason: str
+    max_error: float | None = None
+    attention_classes: tuple[str, ...] = ()
+    error: type | None = None
+
+    def raise_if_refused(self) -> None:
+        """Raise :attr:`error` with the class, the model type and the reason, if refused."""
+        if not self.exact:
+            raise (self.error or NotImplementedError)(
+                f"{self.model_class} (model_type {self.model_type!r}) {self.reason}")
+
+
+def _configs(config: Any) -> list[Any]:
+    out = [config]
+    if hasattr(config, "get_text_config"):
+        text = config.get_text_config()
+        if text is not None and text is not config:
+            out.append(text)
+    return out
+
+
+def static_refusal(model_cls: type, config: Any) -> tuple[type, str] | None:
+    """``(exception class, reason)`` when a rule on the class or config refuses it, else None."""
+    if config is None:
+        return ValueError, "has no transformers config: ATP-CP shards transformers causal LMs"
+    if getattr(config, "is_encoder_decoder", False):
+        return ValueError, ("is an encoder-decoder model: ATP-CP shards the packed rows of decoder-only causal LMs "
+                            "(AutoModelForCausalLM) only")
+    for cfg in _configs(config):
+        for key in _LAYER_TYPE_KEYS:
+            types = getattr(cfg, key, None)
+            if isinstance(types, (list, tuple)):
+                bad = sorted({str(t) for t in types if any(w in str(t).lower() for w in _NON_ATTENTION)})
+                if bad:
+                    return NotImplementedError, (
+                        f"mixes tokens outside attention in some layers (config.{key} has {bad}): convolution, "
+                        "state-space, linear-attention or recurrent layers would mix the documents of a packed row "
+                        f"and cannot be sharded by 'atac_cp'; {_INSTEAD}")
+        pattern = getattr(cfg, "hybrid_override_pattern", None)
+        if isinstance(pattern, str) and "M" in pattern:
+            return NotImplementedError, (
+                f"has state-space (Mamba) layers (config.hybrid_override_pattern={pattern!r}): they would mix the "
+                f"documents of a packed row and cannot be sharded by 'atac_cp'; {_INSTEAD}")
+        chunk = getattr(cfg, "attention_chunk_size", None)
+        if isinstance(chunk, int) and not isinstance(chunk, bool):
+            return NotImplementedError, (
+                f"uses chunked attention (config.attention_chunk_size={chunk}), applied only through the attention "
+                "mask, which 'atac_cp' does not implement: its results would be silently wrong; " + _INSTEAD)
+    forward = getattr(model_cls, "forward", None)
+    if forward is not None:
+        params = inspect.signature(forward).parameters.values()
+        if not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params):
+            return ValueError, (
+                f"cannot be trained with ATP-CP: {model_cls.__name__}.forward takes no **kwargs: the per-batch shard "
+                "context and num_items_in_batch cannot reach its attention and loss; give its forward **kwargs and "
+                "pass them on to the base model")
+    for cfg in _configs(config):
+        for field_name in ATTENTION_DROPOUT_FIELDS:
+            value = getattr(cfg, field_name, None)
+            if isinstance(value, (int, float)) and float(value) > 0:
+                return ValueError, (f"has attention dropout: {field_name}={value} is not implemented by the "
+                                    f"'atac_cp' attention; set config.{field_name} = 0.0")
+        if getattr(cfg, "attn_logit_softcapping", None) is not None:
+            return ValueError, (f"uses logit soft-capping: attention logit soft-capping (attn_logit_softcapping="
+                                f"{cfg.attn_logit_softcapping}) is not implemented by the 'atac_cp' attention; "
+                                + _INSTEAD)
+        try:
+            check_model_supported(cfg)
+        except ValueError as e:
+            return ValueError, f"has a position-dependent RoPE: {e}"
+    return None
+
+
+def _diagnose(model_cls: type, tiny: Any, result: ProbeResult, rank: int, world: int, group: Any
+              ) -> tuple[type, str] | None:
+    """Refusal for a probe that ran: layers that never reached ``atac_cp``, or a measured mismatch."""
+    err = result.max_error
+    if result.reached == 0:
+        return ValueError, (
+            "computes attention in its own code, not through transformers' AttentionInterface (no layer reaches the "
+            "'atac_cp' attention when it is selected: e.g. ALiBi attention, its own attention table, state-space or "
+            "recurrent layers), so its packed rows cannot be sharded exactly; use a model class that supports "
+            "attn_implementation (Llama, Mistral, Qwen2/3, Gemma, Phi3, GPT-NeoX, ...)")
+    if result.reached < result.layers:
+        return NotImplementedError, (
+            f"runs the 'atac_cp' attention in only {result.reached} of its {result.layers} layers: the others mix "
+            "tokens another way (convolution, state-space, linear-attention or recurrent layers, or attention in "
+            f"their own code) and would mix the documents of a packed row; {_INSTEAD}")
+    if err <= PROBE_TOLERANCE:
+        return None
+    window = next((getattr(c, "sliding_window", None) for c in _configs(tiny)
+                   if isinstance(getattr(c, "sliding_window", None), int)), None)
+    if window is not None:
+        unwindowed = _without_window(tiny)
+        try:
+            again = run_probe(model_cls, unwindowed, rank=rank, world=world, group=group)
+        except Exception:  # noqa: BLE001 - only a diagnosis: fall back to the generic reason
+            again = None
+        if again is not None and again.max_error <= PROBE_TOLERANCE:
+            return NotImplementedError, (
+                "applies its sliding window (config.sliding_window) only through the attention mask and never passes "
+                "sliding_window= to the attention, so 'atac_cp' would attend past the window (probe error "
+                f"{err:.1e}); {_INSTEAD}")
+    return NotImplementedError, (
+        f"gives different results through 'atac_cp' than each document run alone through the stock model (probe "
+        f"max relative error {err:.1e} > {PROBE_TOLERANCE:g}): some token mixing is not document-masked causal "
+        f"attention through AttentionInterface (a mask-only feature, positions computed by the model); {_INSTEAD}")
+
+
+def _without_window(tiny: Any) -> Any:
+    import copy
+
+    cfg = copy.deepcopy(tiny)
+    for c in _configs(cfg):
+        if hasattr(c, "sliding_window"):
+            c.sliding_window = None
+    return cfg
+
+
+def _probe_failure(e: Exception, model_cls: type) -> tuple[type, str]:
+    msg = str(e)
+    if isinstance(e, KeyError) and ATTN_IMPLEMENTATION in msg:
+        return ValueError, ("looks its attention up in its own table, not in transformers' AttentionInterface "
+                            f"(KeyError {ATTN_IMPLEMENTATION!r} when selecting it), so 'atac_cp' cannot be plugged "
+                            f"in; {_INSTEAD}")
+    if f"kwarg {SHARD_KWARG!r} is missing" in msg:
+        return ValueError, ("does not pass its forward's **kwargs on to its attention layers, so the per-batch "
+                            f"shard context ({SHARD_KWARG}=) never reaches them and packed rows cannot be sharded; "
+                            + _INSTEAD)
+    if not getattr(model_cls, "_supports_attention_backend", False):
+        return ValueError, (
+            "computes attention in its own code, not through transformers' AttentionInterface (it does not declare "
+            "attention-backend support, and its tiny copy failed under 'atac_cp': "
+            f"{type(e).__name__}: {msg[:200]}), so its packed rows cannot be sharded exactly; use a model class "
+            "that supports attn_implementation (Llama, Mistral, Qwen2/3, Gemma, Phi3, GPT-NeoX, ...)")
+    if isinstance(e, NotImplementedError):
+        return NotImplementedError, f"uses a feature the 'atac_cp' attention does not implement: {msg}"
+    return NotImplementedError, (f"could not be run through 'atac_cp' by the exactness probe ({type(e).__name__}: "
+                                 f"{msg[:300]}), so it cannot be shown exact; {_INSTEAD}")
+
+
+def check_architecture(model_cls: type, config: Any, *, rank: int = 0, world: int = 1, group: Any = None,
+                       shrink: bool = True) -> ModelVerdict:
+    """The verdict for ``model_cls`` built from ``config`` (rules, then the probe; not cached).
+
+    ``world`` > 1: every rank of ``group`` calls it alike and the probe is sharded over them.
+    """
+    name, mtype = model_cls.__name__, str(getattr(config, "model_type", "?"))
+    refused = static_refusal(model_cls, config)
+    if refused is not None:
+        return ModelVerdict(name, mtype, False, refused[1], error=refused[0])
+    try:
+        tiny = shrink_config(config) if shrink else config
+        with torch.random.fork_rng(devices=[]), torch.enable_grad():
+            result = run_probe(model_cls, tiny, rank=rank, world=world, group=group)
+            refused = _diagnose(model_cls, tiny, result, rank, world, group)
+    except Exception as e:  # noqa: BLE001 - every failure becomes a named refusal
+        exc, reason = _probe_failure(e, model_cls)
+        return ModelVerdict(name, mtype, False, reason, error=exc)
+    if refused is not None:
+        return ModelVerdict(name, mtype, False, refused[1], max_error=result.max_error,
+                            attention_classes=result.attention_classes, error=refused[0])
+    return ModelVerdict(name, mtype, True,
+                        f"exact: 'atac_cp' equals per-document {result.stock_attention} runs "
+                        f"(max relative error {result.max_error:.1e}, {result.reached} of {result.layers} layers)",
+                        max_error=result.max_error, attention_classes=result.attention_classes)
+
+
+def _cache_key(model_cls: type, config: Any) -> tuple:
+    d = config.to_dict()
+    for k in ("_attn_implementation", "_attn_implementation_internal", "_experts_implementation", "dtype",
+              "torch_dtype", "transformers_version", "_name_or_path", "architectures"):
+        d.pop(k, None)
+    return model_cls, json.dumps(d, sort_keys=True, default=str)
+
+
+def check_model(model: torch.nn.Module, *, guard: bool = True) -> ModelVerdict:
+    """Accept ``model`` only if its packed rows can be sharded by ``atac_cp`` exactly; else raise.
+
+    Runs the static rules, then (cached per class and config) the exactness probe on a tiny fp64 copy
+    of the architecture. Changes nothing on the model except, when accepted and ``guard`` is True,
+    the runtime guard (see :func:`remove_guard`). PEFT/DDP/compile wrappers are looked through.
+
+    Returns:
+        the :class:`ModelVerdict` (``exact`` True).
+
+    Raises:
+        ValueError, NotImplementedError: naming the model class, the feature that breaks exactness
+            and what to do instead.
+    """
+    from ..integrations.sharder import unwrap_base_model
+
+    base = unwrap_base_model(model)
+    config = getattr(base, "config", None)
+    refused = static_refusal(type(base), config)
+    if refused is not None:  # fast path: no probe
+        ModelVerdict(type(base).__name__, str(getattr(config, "model_type", "?")), False, refused[1],
+                     error=refused[0]).raise_if_refused()
+    key = _cache_key(type(base), config)
+    verdict = _CACHE.get(key)
+    if verdict is None:
+        verdict = _CACHE[key] = check_architecture(type(base), config)
+    verdict.raise_if_refused()
+    if guard:
+        _install_guard(base, verdict)
+    return verdict
+
+
+# ---------------------------------------------------------------------------- runtime guard
+class _Guard:
+    """Pre/post forward hooks: under a shard context every attention module must run ``atac_cp``."""
+
+    def __init__(self, model: torch.nn.Module, classes: tuple[str, ...]) -> None:
+        self.classes = frozenset(classes)
+        self.name = type(model).__name__
+        self.pre = model.register_forward_pre_hook(self.before, with_kwargs=True)
+        self.post = model.register_forward_hook(self.after, with_kwargs=True)
+
+    def before(self, module, args, kwargs):
+        ctx = kwargs.get(SHARD_KWARG)
+        if isinstance(ctx, ShardContext):
+            ctx.begin_forward()
+
+    def after(self, module, args, kwargs, output):
+        ctx = kwargs.get(SHARD_KWARG)
+        if not isinstance(ctx, ShardContext):
+            return None
+        reached = {id(m) for m in ctx.reached_modules()}
+        expected = [(n, m) for n, m in module.named_modules() if type(m).__name__ in self.classes]
+        missing = [n for n, m in expected if id(m) not in reached]
+        if not reached:
+            impl = getattr(getattr(module, "config", None), "_attn_implementation", None)
+            raise ValueError(
+                f"{self.name} ran under a shard context ({SHARD_KWARG}=) but no layer ran the {ATTN_IMPLEMENTATION!r} "
+                f"attention (attn_implementation is {impl!r}): its outputs would be wrong; select it with "
+                f"model.set_attn_implementation({ATTN_IMPLEMENTATION!r}) or atac_hf.integrations.prepare_model(model)")
+        if missing:
+            raise RuntimeError(
+                f"{self.name}: only {len(expected) - len(missing)} of its {len(expected)} attention layers ran "
+                f"{ATTN_IMPLEMENTATION!r} in this forward (not: {missing[:4]}{' ...' if len(missing) > 4 else ''}); "
+                "a layer with another attention implementation or its own code mixes the documents of the packed row "
+                f"and the outputs would be wrong; select {ATTN_IMPLEMENTATION!r} on every layer")
+        return None
+
+    def remove(self) -> None:
+        self.pre.remove()
+        self.post.remove()
+
+
+def _install_guard(base: torch.nn.Module, verdict: ModelVerdict) -> None:
+    existing = getattr(base, _GUARD_ATTR, None)
+    if existing is not None:
+        existing.classes = frozenset(verdict.attention_classes)
+        return
+    object.__setattr__(base, _GUARD_ATTR, _Guard(base, verdict.attention_classes))
+
+
+def remove_guard(model: torch.nn.Module) -> bool:
+    """Remove the runtime guard :func:`check_model` installed (True if there was one)."""
+    from ..integrations.sharder import unwrap_base_model
+
+    base = unwrap_base_model(model)
+    guard = getattr(base, _GUARD_ATTR, None)
+    if guard is None:
+        return False
+    guard.remove()
+    object.__delattr__(base, _GUARD_ATTR)
+    return True

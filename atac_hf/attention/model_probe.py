@@ -1,0 +1,251 @@
+"""The empirical half of the model check: a tiny copy of an architecture, run through the ``atac_cp``
+path and, document by document, through the stock model.
+
+The tiny copy keeps the model class and every feature of its config that changes what attention
+sees (head_dim, GQA groups, layer types, sliding windows, chunk sizes, RoPE), with small widths, few
+layers and fp64 weights. The probe row holds several documents longer than any window or chunk of
+the tiny config, so a feature the ``atac_cp`` attention never hears of (a window applied only through
+the attention mask, a convolution or state-space layer, attention computed outside
+``AttentionInterface``) shows up as an error of order 1e-2 or more, far above the fp64 round-off
+(about 1e-7 where stock models compute some steps in fp32).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["PROBE_DOC_LENGTHS", "PROBE_TOLERANCE", "PROBE_WINDOW", "ProbeResult", "run_probe", "shrink_config"]
+
+PROBE_WINDOW = 8  # sliding window / chunk size of the tiny copy
+PROBE_DOC_LENGTHS = (19, 1, 11, 33)  # one row; all but the 1-token document cross the window
+PROBE_TOLERANCE = 1e-5  # max relative error accepted (fp64; stock fp32 steps give ~1e-7)
+_WIDTHS = {  # standard config names -> tiny value
+    "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
+    "ffn_hidden_size": 128, "d_ff": 128, "n_inner": 128, "ffn_dim": 128, "expert_intermediate_size": 32,
+    "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
+    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4,
+    "num_experts_per_tok": 2, "moe_topk": 2, "top_k": 2, "n_group": 1, "topk_group": 1, "n_shared_experts": 1,
+    "num_shared_experts": 1, "rotary_dim": 8,
+}
+_ALIASES = {"hidden_size": ("n_embd", "d_model"), "num_hidden_layers": ("n_layer", "n_layers", "num_layers"),
+            "num_attention_heads": ("n_head", "n_heads"), "intermediate_size": ("ffn_dim", "d_ff")}
+_EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+_MOE_KEYS = _EXPERT_COUNTS + ("num_experts_per_tok", "moe_topk", "n_group", "topk_group", "n_shared_experts")
+
+
+def _has_moe_hint(d: dict) -> bool:
+    return any(isinstance(d.get(k), int) for k in ("moe_intermediate_size", "first_k_dense_replace"))
+_MAX_LAYERS = 8
+_MAX_PARAMS = 20_000_000
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What the probe measured.
+
+    Attributes:
+        max_error: max relative error (``max |a - b| / max |b|``) of logits and input-embedding
+            gradients, ``atac_cp`` path against per-document stock runs.
+        layers: decoder layers of the tiny copy (``num_hidden_layers``).
+        attention_classes: names of the module classes that reached the ``atac_cp`` attention.
+        reached: how many distinct modules reached it in one forward.
+        stock_attention: the attention implementation of the reference runs.
+    """
+
+    max_error: float
+    layers: int
+    attention_classes: tuple[str, ...]
+    reached: int
+    stock_attention: str
+
+
+def _num_layers_for(d: dict, old: int) -> int:
+    """Fewest layers that keep every layer type of the config (>= 2, <= 8)."""
+    types = d.get("layer_types")
+    if not isinstance(types, (list, tuple)) or not types:
+        return 2
+    seen, n = set(), 0
+    for n, t in enumerate(types, start=1):
+        seen.add(t)
+        if len(seen) == len(set(types)):
+            break
+    return max(2, min(n, _MAX_LAYERS, old))
+
+
+def shrink_config(config: Any, *, window: int = PROBE_WINDOW) -> Any:
+    """A tiny copy of ``config`` (a new object; ``config`` is not changed).
+
+    Widths, expert counts and the vocabulary shrink; head_dim (16), the GQA grouping, the layer
+    pattern (per-layer lists are cut to the new depth), sliding windows and chunk sizes (both
+    ``window``) keep the architecture's structure. Dropout fields become 0.
+    """
+    cls = type(config)
+    d = _shrink_dict(config, window)
+    try:
+        return cls.from_dict(d)
+    except Exception:  # noqa: BLE001 - configs whose dict does not round-trip: change the attributes instead
+        tiny = copy.deepcopy(config)
+        for k, v in d.items():
+            old = getattr(tiny, k, None)
+            if not hasattr(old, "to_dict") and old != v:
+                setattr(tiny, k, v)
+        return tiny
+
+
+def _shrink_dict(config: Any, window: int) -> dict:
+    """``config.to_dict()`` with the tiny sizes; sub-configs (text, vision, ...) shrink alike."""
+    amap = dict(getattr(config, "attribute_map", {}) or {})  # attribute name -> stored key
+    d = copy.deepcopy(config.to_dict())
+    for key in getattr(config, "sub_configs", {}) or {}:
+        sub = getattr(config, key, None)
+        if sub is not None and hasattr(sub, "to_dict") and isinstance(d.get(key), dict):
+            d[key] = _shrink_dict(sub, window)
+    std = {k: k for k in d}  # any name -> stored key
+    std.update({a: k for a, k in amap.items() if k in d})
+    for name, others in _ALIASES.items():
+        if name not in std:
+            std.update({name: o for o in others if o in d})
+
+    def put(name: str, value: Any) -> None:
+        if name in std:
+            d[std[name]] = value
+
+    heads = d.get(std.get("num_attention_heads", ""), None)
+    kv = d.get(std.get("num_key_value_heads", ""), None)
+    old_layers = d.get(std.get("num_hidden_layers", ""), None)
+    moe = _has_moe_hint(d) or any(isinstance(d.get(std.get(k, "")), int) for k in _EXPERT_COUNTS)
+    for name, value in _WIDTHS.items():
+        cur = d.get(std.get(name, ""), "absent")
+        if isinstance(cur, int) and not isinstance(cur, bool):
+            put(name, min(value, cur) if name in ("n_shared_experts", "num_shared_experts") else value)
+        elif cur is None and name in _MOE_KEYS and moe:
+            put(name, value)  # a MoE family whose default leaves its experts unset
+    if isinstance(heads, int):
+        put("num_attention_heads", 4)
+        if isinstance(kv, int):
+            put("num_key_value_heads", 1 if kv == 1 else (4 if kv >= heads else 2))
+        elif kv is None and "num_key_value_heads" in std:
+            put("num_key_value_heads", 4)  # unset means one K/V head per query head
+    if d.get("head_dim") is not None:
+        d["head_dim"] = d["qk_rope_head_dim"] if isinstance(d.get("qk_rope_head_dim"), int) else 16
+    if isinstance(d.get("qk_head_dim"), int) and "qk_nope_head_dim" in d and "qk_rope_head_dim" in d:
+        d["qk_head_dim"] = d["qk_nope_head_dim"] + d["qk_rope_head_dim"]  # derived, stored stale
+    if isinstance(old_layers, int):
+        new = _num_layers_for(d, old_layers)
+        put("num_hidden_layers", new)
+        for k, v in list(d.items()):
+            if isinstance(v, list) and len(v) == old_layers and old_layers != new:
+                d[k] = v[:new]
+        for k in ("first_k_dense_replace", "max_window_layers"):
+            if isinstance(d.get(k), int):
+                d[k] = min(d[k], new // 2)
+    vocab = 128
+    if isinstance(d.get(std.get("vocab_size", "vocab_size")), int):
+        put("vocab_size", vocab)
+    for k in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id"):
+        v = d.get(k)
+        if isinstance(v, int) and v >= vocab:
+            d[k] = vocab - 1
+        elif isinstance(v, list):
+            d[k] = [min(int(x), vocab - 1) for x in v]
+    for k in ("sliding_window", "attention_chunk_size"):
+        if isinstance(d.get(k), int) and not isinstance(d[k], bool):
+            d[k] = window
+    for k, v in list(d.items()):
+        if isinstance(v, float) and ("dropout" in k or "pdrop" in k):
+            d[k] = 0.0
+    for private in ("_attn_implementation_autoset", "dtype", "torch_dtype"):
+        d.pop(private, None)
+    return d
+
+
+def _text_config(config: Any) -> Any:
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _build(model_cls: type, config: Any, attn: str) -> torch.nn.Module:
+    kwargs: dict[str, Any] = {"attn_implementation": attn, "dtype": torch.float64}
+    if getattr(model_cls, "_can_set_experts_implementation", lambda: False)():
+        kwargs["experts_implementation"] = "eager"  # grouped_mm refuses fp64
+    with torch.device("meta"):  # count first: a config the shrink missed must not fill the memory
+        size = sum(p.numel() for p in model_cls._from_config(copy.deepcopy(config), **kwargs).parameters())
+    if size > _MAX_PARAMS:
+        raise ValueError(f"the probe's tiny copy still has {size / 1e6:.0f}M parameters (the config's sizes could "
+                         "not all be shrunk), too many to probe")
+    torch.manual_seed(0)
+    return model_cls._from_config(copy.deepcopy(config), **kwargs).eval()
+
+
+def _logits(out: Any) -> torch.Tensor:
+    logits = out.logits if hasattr(out, "logits") else out[0]
+    return logits.reshape(-1, logits.shape[-1])
+
+
+def run_probe(model_cls: type, tiny: Any, *, rank: int = 0, world: int = 1, group: Any = None) -> ProbeResult:
+    """Run ``tiny`` (a config from :func:`shrink_config`) through ``atac_cp`` and through the stock model.
+
+    At ``world`` 1 everything runs in this process (cp_size 1); at ``world`` > 1 every rank of
+    ``group`` calls it with the same arguments and the plan is sharded over them (gloo works).
+
+    Raises:
+        whatever the model raises on either path (the caller names the reason).
+    """
+    from ..sharding import plan_shards
+    from .runtime import ATTN_IMPLEMENTATION, register_attention
+    from .shard import shard_batch, unshard
+
+    register_attention()
+    stock = "sdpa" if getattr(model_cls, "_supports_sdpa", False) else "eager"
+    model = _build(model_cls, tiny, stock)
+    lengths = list(PROBE_DOC_LENGTHS)
+    n = sum(lengths)
+    g = torch.Generator().manual_seed(1)
+    vocab = int(getattr(_text_config(tiny), "vocab_size", 128) or 128)
+    ids = torch.randint(3, vocab, (1, n), generator=g)
+    with torch.no_grad():
+        embeds = model.get_input_embeddings()(ids).detach()
+    weight = torch.randn(n, vocab, generator=g, dtype=torch.float64)
+    # stock reference: each document alone, no cache
+    ref_logits, ref_grads, start = [], [], 0
+    for length in lengths:
+        e = embeds[:, start:start + length].clone().requires_grad_(True)
+        logit = _logits(model(inputs_embeds=e.clone(), use_cache=False))  # clone: some scale it in place
+        (logit[:, :vocab] * weight[start:start + length, : logit.shape[1]]).sum().backward()
+        ref_logits.append(logit.detach())
+        ref_grads.append(e.grad[0].detach())
+        start += length
+    ref_logits, ref_grads = torch.cat(ref_logits), torch.cat(ref_grads)
+
+    model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    pos = torch.cat([torch.arange(m) for m in lengths])[None]
+    plan = plan_shards(lengths, world)
+    local = shard_batch({"input_ids": ids, "position_ids": pos, "inputs_embeds": embeds}, plan, rank, group)
+    local.pop("input_ids")
+    e_local = local["inputs_embeds"].clone().requires_grad_(True)
+    local["inputs_embeds"] = e_local.clone()
+    ctx = local["atac_shard"]
+    tok = torch.as_tensor(plan.rank_token_indices(rank))
+    logit = _logits(model(**local))
+    (logit[:, :vocab] * weight.index_select(0, tok)[:, : logit.shape[1]]).sum().backward()
+    reached = ctx.reached_modules()
+    full_logits = unshard(logit[None], plan, rank, group)[0]
+    full_grads = unshard(e_local.grad, plan, rank, group)[0]
+    err = max(_rel_err(full_logits, ref_logits), _rel_err(full_grads, ref_grads))
+    return ProbeResult(max_error=err, layers=int(getattr(_text_config(tiny), "num_hidden_layers", 0) or 0),
+                       attention_classes=tuple(sorted({type(m).__name__ for m in reached})),
+                       reached=len(reached), stock_attention=stock)
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    if a.shape != b.shape:
+        return float("inf")
+    scale = b.abs().max().item() if b.numel() else 0.0
+    diff = (a - b).abs().max().item() if a.numel() else 0.0
+    if diff != diff:  # nan
+        return float("inf")
+    return diff / scale if scale > 0 else diff

@@ -1,0 +1,315 @@
+"""Exact or refused: ``atac_hf.check_model`` on tiny models of transformers families, one test per
+refusal reason, the runtime guard, the fixed messages, and the ``atac-hf check-model`` command.
+
+A representative subset of families runs by default; the sweep over every causal-LM family of the
+installed transformers is marked ``models`` (and ``slow``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import types
+import warnings
+
+import pytest
+import torch
+
+import atac_hf
+from atac_hf import plan_shards, shard_batch
+from atac_hf.attention.model_check import ModelVerdict, check_architecture, remove_guard, static_refusal
+from atac_hf.attention.model_probe import PROBE_TOLERANCE, shrink_config
+
+EXACT = ["llama", "qwen3", "mistral", "gemma3_text", "gpt2", "phi3"]
+# families exact in the sweep that filed issue 12 (refusing one of these is a regression)
+EXACT_TODAY = ["llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma", "gemma3_text", "phi", "phi3",
+               "gpt_neox", "olmo", "olmo2", "olmo3", "granite", "starcoder2", "gpt2", "gptj", "deepseek_v2",
+               "deepseek_v3", "glm", "glm4", "mixtral", "cohere", "helium", "smollm3"]
+SILENTLY_WRONG = ["phimoe", "llama4_text", "minimax", "recurrent_gemma", "bloom", "xglm", "openai-gpt",
+                  "mpt", "mamba", "jamba", "bamba", "falcon_h1", "qwen3_next", "stablelm", "nemotron", "falcon",
+                  "gpt_neo"]
+
+
+@pytest.fixture(autouse=True)
+def _quiet_one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+    torch.set_num_threads(n)
+
+
+def _config(family: str, **overrides):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cfg = CONFIG_MAPPING[family]()
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def _tiny_model(family: str, attn: str | None = None, **overrides):
+    from transformers import AutoModelForCausalLM
+
+    tiny = shrink_config(_config(family, **overrides))
+    torch.manual_seed(0)
+    kwargs = {} if attn is None else {"attn_implementation": attn}
+    return AutoModelForCausalLM.from_config(copy.deepcopy(tiny), **kwargs)
+
+
+def _local(lengths=(12, 1, 9), vocab: int = 128) -> dict:
+    n = sum(lengths)
+    ids = torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(0))
+    pos = torch.cat([torch.arange(m) for m in lengths])[None]
+    labels = ids.clone()
+    labels[pos == 0] = -100
+    return shard_batch({"input_ids": ids, "position_ids": pos, "labels": labels}, plan_shards(list(lengths), 1), 0)
+
+
+# ---------------------------------------------------------------------------- family subset
+@pytest.mark.parametrize("family", EXACT)
+def test_exact_families_accepted(family):
+    model = _tiny_model(family)
+    verdict = atac_hf.check_model(model)
+    assert isinstance(verdict, ModelVerdict) and verdict.exact
+    assert verdict.max_error is not None and verdict.max_error <= PROBE_TOLERANCE
+    assert verdict.attention_classes  # the probe saw the attention run (not vacuous)
+    assert "exact" in verdict.reason
+    remove_guard(model)
+
+
+def test_mistral_window_is_probed_across_documents():
+    """The tiny copy keeps a window (8) shorter than the probe's documents, and Mistral honours it."""
+    tiny = shrink_config(_config("mistral"))
+    assert tiny.sliding_window == 8 and tiny.num_hidden_layers == 2
+    verdict = atac_hf.check_model(_tiny_model("mistral"), guard=False)
+    assert verdict.exact
+
+
+@pytest.mark.parametrize("family,overrides,exc,match", [
+    ("phimoe", {"sliding_window": 64}, NotImplementedError,
+     r"PhimoeForCausalLM \(model_type 'phimoe'\) applies its sliding window .* only through the attention mask"),
+    ("llama4_text", {}, NotImplementedError, r"Llama4ForCausalLM .* chunked attention \(config.attention_chunk_size"),
+    ("lfm2", {"layer_types": ["conv", "full_attention"] * 16}, NotImplementedError,
+     r"Lfm2ForCausalLM .* mixes tokens outside attention in some layers \(config.layer_types has \['conv'\]\)"),
+    ("mamba", {}, NotImplementedError, r"MambaForCausalLM .* mixes tokens outside attention"),
+    ("bloom", {}, ValueError, r"BloomForCausalLM \(model_type 'bloom'\) computes attention in its own code, not "
+                              r"through transformers' AttentionInterface"),
+    ("openai-gpt", {}, ValueError, r"OpenAIGPTLMHeadModel .* computes attention in its own code"),
+    ("stablelm", {}, ValueError, r"StableLmForCausalLM .* does not pass its forward's \*\*kwargs on to its attention"),
+    ("nemotron", {}, ValueError, r"NemotronForCausalLM .* does not pass its forward's \*\*kwargs on to its attention"),
+    ("falcon", {}, ValueError, r"FalconForCausalLM .* computes attention in its own code"),
+    ("gpt_neo", {}, ValueError, r"GPTNeoForCausalLM .*(its own table|computes attention in its own code)"),
+    ("mpt", {}, ValueError, r"MptForCausalLM .* computes attention in its own code"),
+    ("gemma2", {}, ValueError, r"Gemma2ForCausalLM .* soft-capping \(attn_logit_softcapping=50.0\)"),
+    ("gpt2", {"attn_pdrop": 0.1}, ValueError, r"GPT2LMHeadModel .* attn_pdrop=0.1 is not implemented .*"
+                                              r"set config.attn_pdrop = 0.0"),
+])
+def test_refusal_names_the_reason(family, overrides, exc, match):
+    model = _tiny_model(family, **overrides)
+    if family == "gpt2":
+        model.config.attn_pdrop = 0.1  # shrink_config zeroes dropout: the user's model keeps it
+    with pytest.raises(exc, match=match):
+        atac_hf.check_model(model)
+    assert not hasattr(model, "_atac_cp_guard")  # a refused model is left unchanged
+
+
+def test_static_rules_are_fast_prechecks():
+    from transformers import LlamaForCausalLM
+
+    assert static_refusal(LlamaForCausalLM, shrink_config(_config("llama"))) is None
+    exc, reason = static_refusal(LlamaForCausalLM, shrink_config(_config("llama", rope_parameters={
+        "rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})))
+    assert exc is ValueError and "position-dependent RoPE" in reason
+    exc, reason = static_refusal(LlamaForCausalLM, None)
+    assert "has no transformers config" in reason
+
+
+def test_hybrid_pattern_refused():
+    from transformers import AutoModelForCausalLM
+
+    cls = AutoModelForCausalLM._model_mapping[type(_config("nemotron_h"))]
+    cfg = types.SimpleNamespace(hybrid_override_pattern="M*M-", model_type="nemotron_h")  # the pattern alone
+    exc, reason = static_refusal(cls, cfg)
+    assert exc is NotImplementedError and "state-space (Mamba) layers" in reason
+
+
+def test_layers_that_skip_attention_are_refused_by_the_probe():
+    """A rule-free case: a llama whose first layer's attention is another module (not atac_cp)."""
+    from transformers import LlamaForCausalLM
+
+    class HalfLlama(LlamaForCausalLM):
+        def __init__(self, config):
+            super().__init__(config)
+            first = self.model.layers[0].self_attn
+            first.config = copy.deepcopy(first.config)
+            first.config._attn_implementation = "sdpa"
+
+        def set_attn_implementation(self, name):
+            super().set_attn_implementation(name)
+            self.model.layers[0].self_attn.config._attn_implementation = "sdpa"
+
+    verdict = check_architecture(HalfLlama, shrink_config(_config("llama")))
+    assert not verdict.exact and verdict.error is NotImplementedError
+    assert "runs the 'atac_cp' attention in only 1 of its 2 layers" in verdict.reason
+
+
+def test_verdict_is_cached_and_rng_untouched():
+    from atac_hf.attention import model_check
+
+    model = _tiny_model("llama")
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    first = atac_hf.check_model(model)
+    assert torch.equal(torch.rand(3), expected)  # the probe forks the RNG
+    key = model_check._cache_key(type(model), model.config)
+    assert model_check._CACHE[key] is first
+    assert atac_hf.check_model(model) is first
+    remove_guard(model)
+
+
+# ---------------------------------------------------------------------------- runtime guard
+def test_guard_fires_when_attention_is_not_atac_cp():
+    model = _tiny_model("llama", attn="atac_cp")
+    atac_hf.check_model(model)
+    model(**_local())  # fine: every layer runs atac_cp
+    model.set_attn_implementation("sdpa")
+    with pytest.raises(ValueError, match=r"LlamaForCausalLM ran under a shard context \(atac_shard=\) but no layer "
+                                         r"ran the 'atac_cp' attention \(attn_implementation is 'sdpa'\)"):
+        model(**_local())
+    remove_guard(model)
+    model(**_local())  # guard removed: the (wrong) stock forward is the user's business again
+
+
+def test_guard_fires_when_one_layer_uses_another_attention():
+    model = _tiny_model("llama", attn="atac_cp")
+    atac_hf.check_model(model)
+    attn = model.model.layers[1].self_attn
+    attn.config = copy.deepcopy(attn.config)
+    attn.config._attn_implementation = "sdpa"
+    with pytest.raises(RuntimeError, match=r"only 1 of its 2 attention layers ran 'atac_cp' in this forward "
+                                           r"\(not: \['model.layers.1.self_attn'\]\)"):
+        model(**_local())
+    remove_guard(model)
+
+
+def test_guard_idempotent_and_counts_checkpointed_layers_once():
+    model = _tiny_model("llama", attn="atac_cp")
+    atac_hf.check_model(model)
+    atac_hf.check_model(model)  # idempotent: one guard, one pair of hooks
+    assert len(model._forward_pre_hooks) == 1 and len(model._forward_hooks) == 1
+    model.gradient_checkpointing_enable()
+    model.train()
+    local = _local()
+    out = model(**local)
+    out.loss.backward()  # recomputes the attention in backward: no double count, no error
+    out = model(**local)  # the same context again: counted afresh
+    assert remove_guard(model) and not remove_guard(model)
+    assert len(model._forward_pre_hooks) == 0 and len(model._forward_hooks) == 0
+
+
+def test_forward_without_shard_context_is_untouched_by_the_guard():
+    model = _tiny_model("llama")
+    atac_hf.check_model(model)
+    model(input_ids=torch.randint(0, 128, (1, 8)), use_cache=False)
+    remove_guard(model)
+
+
+# ---------------------------------------------------------------------------- fixed messages
+def test_model_that_drops_kwargs_says_so():
+    model = _tiny_model("stablelm", attn="atac_cp")
+    with pytest.raises(ValueError, match=r"kwarg 'atac_shard' is missing in StableLmAttention\).*if you did, this "
+                                         r"model does not pass its forward's \*\*kwargs on to its attention layers"):
+        model(**_local())
+
+
+def test_dropout_message_names_the_models_own_field():
+    model = _tiny_model("gpt2", attn="atac_cp")
+    model.config.attn_pdrop = 0.1
+    for m in model.modules():
+        if hasattr(m, "attn_dropout") and hasattr(m.attn_dropout, "p"):
+            m.attn_dropout.p = 0.1
+    model.train()
+    with pytest.raises(NotImplementedError, match=r"attention dropout \(0.1, config.attn_pdrop\) .* set attn_pdrop=0.0"):
+        model(**_local())
+
+
+def test_trainer_entry_routes_through_check_model():
+    from atac_hf.integrations.sharder import check_model_shardable
+
+    with pytest.raises(NotImplementedError, match=r"Llama4ForCausalLM .* chunked attention"):
+        check_model_shardable(_tiny_model("llama4_text"))
+    with pytest.raises(NotImplementedError, match=r"PhimoeForCausalLM .* sliding window"):
+        check_model_shardable(_tiny_model("phimoe", sliding_window=64))
+
+
+# ---------------------------------------------------------------------------- command line
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "atac_hf.cli", "check-model", *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_cli_user_errors(tmp_path):
+    r = _cli("--model-type", "no_such_family")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].startswith("atac-hf check-model: error: --model-type 'no_such_family' "
+                                                        "is not a causal-LM family")
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps({"hidden_size": 8}))
+    r = _cli("--config", str(bad))
+    assert r.returncode == 2 and "has no 'model_type'" in r.stderr
+    r = _cli("--config", str(tmp_path / "missing.json"))
+    assert r.returncode == 2 and "is not a file" in r.stderr
+
+
+def test_cli_parser_imports_no_torch():
+    code = "import sys, atac_hf.cli as c; c.build_parser(); assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.slow
+def test_cli_verdict_two_ranks(tmp_path):
+    out = tmp_path / "MODELS.md"
+    r = _cli("--model-type", "qwen3", "--output", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    line = r.stdout.strip().splitlines()[-1]
+    assert line.startswith("qwen3: exact, max error ") and "at 2 gloo rank(s)" in line, line
+    err = float(line.split("max error ")[1].split()[0])
+    assert err <= PROBE_TOLERANCE
+    table = out.read_text()
+    assert "| qwen3 | Qwen3ForCausalLM | exact |" in table and "transformers" in table
+    cfg = tmp_path / "config.json"
+    tiny = shrink_config(_config("phimoe", sliding_window=64))
+    cfg.write_text(tiny.to_json_string())
+    r = _cli("--config", str(cfg))
+    assert r.returncode == 1
+    assert "phimoe: refused (NotImplementedError)" in r.stdout and "sliding window" in r.stdout
+
+
+# ---------------------------------------------------------------------------- full sweep
+def _all_families() -> list[str]:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return [k for k in CONFIG_MAPPING.keys() if k in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES]
+
+
+@pytest.mark.models
+@pytest.mark.slow
+def test_every_family_exact_or_refused_with_reason():
+    from atac_hf.integrations.check_cli import _verdict
+
+    rows = {f: _verdict({"family": f, "config": None}, 0, 1) for f in _all_families()}
+    for f, r in rows.items():
+        assert r["exact"] or (r["reason"] and r["error"] in ("ValueError", "NotImplementedError")), (f, r)
+        if r["exact"]:
+            assert r["max_error"] <= PROBE_TOLERANCE, (f, r)
+    exact = sorted(f for f, r in rows.items() if r["exact"])
+    assert len(exact) >= 45, exact
+    assert [f for f in EXACT_TODAY if not rows[f]["exact"]] == []
+    assert [f for f in SILENTLY_WRONG if rows[f]["exact"]] == []
