@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from typing import Any
 
@@ -26,9 +25,10 @@ def model_arg(spec: str) -> Any:
     if spec.lower() in MODEL_PRESETS:
         return spec.lower()
     if os.path.exists(spec):
-        with open(spec, encoding="utf-8") as f:
-            try:
-                return json.load(f)  # HF config.json fields
-            except json.JSONDecodeError as e:
-                raise ValueError(f"--model {spec!r} is not a valid HF config JSON: {e}") from None
+        from ._io import load_json  # bounded: regular files only, size and depth capped
+
+        data = load_json(spec, "--model config", "--model")  # HF config.json fields
+        if not isinstance(data, dict):
+            raise ValueError(f"--model {spec!r} must hold a JSON object (an HF config.json), got {type(data).__name__}")
+        return data
     raise ValueError(f"--model {spec!r} is neither a preset {sorted(MODEL_PRESETS)} nor an existing config.json")

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from .._argtypes import model_arg, parse_tokens
 
-__all__ = ["add_parser", "run_calibrate"]
+__all__ = ["MAX_CALIBRATE_LEN", "add_parser", "run_calibrate"]
+
+#: Longest document ``--max-len`` may ask to time (2M tokens: hours on a CPU already).
+MAX_CALIBRATE_LEN = 2**21
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -39,9 +43,27 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_calibrate)
 
 
+def _check_args(args: argparse.Namespace) -> None:
+    """Refuse bad arguments before anything is measured (a calibration takes minutes)."""
+    out = os.path.abspath(os.fspath(args.output))
+    folder = os.path.dirname(out)
+    if os.path.isdir(out):
+        raise ValueError(f"--output {args.output!r} is a directory; give the profile's file name (e.g. profile.json)")
+    if not os.path.isdir(folder):
+        raise ValueError(f"--output {args.output!r}: the folder {folder!r} does not exist; create it first or "
+                         "choose another --output")
+    if not os.access(folder, os.W_OK) or (os.path.exists(out) and not os.access(out, os.W_OK)):
+        raise ValueError(f"--output {args.output!r} is not writable here; choose another --output")
+    for name, value, low, high in (("--tp-size", args.tp_size, 1, 1024), ("--threads", args.threads, 1, 1024),
+                                   ("--max-len", args.max_len, 1, MAX_CALIBRATE_LEN), ("--seed", args.seed, 0, 2**63 - 1)):
+        if value is not None and not low <= value <= high:
+            raise ValueError(f"{name}={value if abs(value) < 10**30 else '<huge>'} must be from {low} to {high}")
+
+
 def run_calibrate(args: argparse.Namespace) -> int:
     from .calibrate import calibrate
 
+    _check_args(args)
     model = model_arg(args.model) if args.model else None
     if model is None:
         import torch

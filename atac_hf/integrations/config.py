@@ -473,7 +473,7 @@ def _parse_int(name: str, raw: str) -> int:
     try:
         return int(raw.strip())
     except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer") from None
+        raise ValueError(f"{name}={short_repr(raw)} is not an integer") from None
 
 
 def _env_values(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -507,13 +507,17 @@ def _parse_env(key: str, name: str, raw: str) -> Any:
             return True
         if text.lower() in _FALSE:
             return False
-        raise ValueError(f"{key}={raw!r} is not a boolean; use one of {list(_TRUE + _FALSE)}")
+        raise ValueError(f"{key}={short_repr(raw)} is not a boolean; use one of {list(_TRUE + _FALSE)}")
     if name == "packing_options":
+        from .._io import _max_depth
+
         try:
+            if len(text) > MAX_CONFIG_BYTES or _max_depth(text) > MAX_CONFIG_DEPTH:
+                raise ValueError(f"over {MAX_CONFIG_BYTES} bytes or nested over {MAX_CONFIG_DEPTH} levels")
             value = json.loads(text) if text else {}
-        except json.JSONDecodeError as e:
+        except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
             raise ValueError(f"{key} must be a JSON object of PackingConfig fields, e.g. "
-                             f"'{{\"overlength\": \"split\"}}': {e}") from None
+                             f"'{{\"overlength\": \"split\"}}': {_short_text(e)}") from None
         if not isinstance(value, dict):
             raise ValueError(f"{key} must be a JSON object, got {type(value).__name__}")
         return value
@@ -525,5 +529,5 @@ def _parse_env(key: str, name: str, raw: str) -> Any:
         try:
             return float(text)
         except ValueError:
-            raise ValueError(f"{key}={raw!r} is not a number of seconds") from None
+            raise ValueError(f"{key}={short_repr(raw)} is not a number of seconds") from None
     return text

@@ -21,7 +21,10 @@ from ..workloads import WORKLOADS, load_lengths, make_workload
 from .config import OVERLENGTH_POLICIES, STRATEGIES, PackingConfig
 from .stream import pack_lengths
 
-__all__ = ["add_parser", "run"]
+__all__ = ["MAX_NUM_SAMPLES", "add_parser", "run"]
+
+#: Most samples ``--workload`` generates (10M lengths: 80 MB, minutes of packing).
+MAX_NUM_SAMPLES = 10_000_000
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -55,8 +58,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Execute ``atac-hf pack``; user errors raise ValueError (the main CLI prints them)."""
+    if not 1 <= args.num_samples <= MAX_NUM_SAMPLES:
+        raise ValueError(f"--num-samples={args.num_samples if abs(args.num_samples) < 10**30 else '<huge>'} must be "
+                         f"from 1 to {MAX_NUM_SAMPLES}")
+    if not 0 <= args.seed < 2**63:
+        raise ValueError(f"--seed={args.seed if abs(args.seed) < 10**30 else '<huge>'} must be from 0 to 2**63 - 1")
     if args.lengths is not None:
-        lengths = load_lengths(args.lengths)
+        lengths = load_lengths(args.lengths)  # bounded: regular files only, size and depth capped
         source = args.lengths
     else:
         lengths = make_workload(args.workload, args.num_samples, seed=args.seed)
@@ -102,11 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="atac-hf")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["pack", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.func(args) or 0)
-    except ValueError as e:
-        print(f"atac-hf pack: error: {e}", file=sys.stderr)
-        return 2
+    from ..cli import run_parsed  # lazy: atac_hf.cli loads this module
+
+    return run_parsed(args)
 
 
 if __name__ == "__main__":

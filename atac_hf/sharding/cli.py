@@ -30,12 +30,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _read_lengths(spec: str) -> list[int]:
-    if spec.endswith(".json"):
-        return load_lengths(spec).tolist()
+    if spec.endswith(".json") or spec.endswith(".json.gz"):
+        return load_lengths(spec).tolist()  # bounded: regular files only, size and depth capped
     try:
-        return [int(x) for x in spec.split(",") if x.strip()]
+        # digits only (int() would take '1_000', ' 3' and 4300-digit numbers)
+        parts = [x.strip() for x in spec.split(",") if x.strip()]
+        if not all(p.isascii() and p.isdigit() and len(p) <= 19 for p in parts):
+            raise ValueError
+        return [int(p) for p in parts]
     except ValueError:
-        raise ValueError(f"--doc-lengths {spec!r} must be comma-separated ints or a .json file") from None
+        shown = spec if len(spec) <= 80 else spec[:77] + "..."
+        raise ValueError(f"--doc-lengths {shown!r} must be comma-separated ints >= 1 (at most 19 digits each) "
+                         "or a .json file holding an array of ints") from None
 
 
 def run(args: argparse.Namespace) -> int:
