@@ -21,15 +21,16 @@ from .compat import rope_types
 from ..sharding.plan import ShardPlan
 from .backends import BACKENDS, run_backend
 from .collectives import KVGather, attach
+from .kv_exchange import start_all_to_all
 from .shard import ShardContext
 
 __all__ = [
-    "ATTN_IMPLEMENTATION",
     "ATTENTION_DROPOUT_FIELDS",
+    "ATTN_IMPLEMENTATION",
     "SHARD_KWARG",
     "atac_cp_attention",
-    "check_model_supported",
     "attention_dropout_field",
+    "check_model_supported",
     "emulate_cp_attention",
     "register_attention",
 ]
@@ -91,8 +92,8 @@ def _context(module: Any, kwargs: dict) -> ShardContext:
 def _check_call(module: Any, ctx: ShardContext, query: torch.Tensor, key: torch.Tensor, dropout: float,
                 kwargs: dict) -> int | None:
     if dropout and dropout > 0:
-        raise NotImplementedError(
         name = attention_dropout_field(getattr(module, "config", None))
+        raise NotImplementedError(
             f"attention dropout ({dropout}, config.{name}) is not implemented by "
             f"{ATTN_IMPLEMENTATION!r}; set {name}=0.0"
         )
@@ -161,8 +162,8 @@ def atac_cp_attention(
     """
     ctx = _context(module, kwargs)
     window = _check_call(module, ctx, query, key, dropout, kwargs)
-    if attention_mask is not None and not ctx.cache.get("warned_mask"):
     ctx.record_attention(module)  # for the runtime guard: every layer must get here
+    if attention_mask is not None and not ctx.cache.get("warned_mask"):
         ctx.cache["warned_mask"] = True
         warnings.warn(f"{ATTN_IMPLEMENTATION!r} ignores attention_mask: the document mask comes from the shard plan",
                       stacklevel=2)
@@ -171,7 +172,9 @@ def atac_cp_attention(
     layout, dk = ctx.layout, key.shape[-1]
 
     gather, wait = None, None
-    if len(ctx.plan.gathered_docs):
+    if len(ctx.plan.gathered_docs) and layout.exchange == "all_to_all":  # only the needed K/V rows
+        gather, wait = start_all_to_all(k_KSD, v_KSD, layout, ctx.cache, ctx.group, ctx.needs_gather)
+    elif len(ctx.plan.gathered_docs):
         idx_key = ("send_index", str(query.device))
         if idx_key not in ctx.cache:
             ctx.cache[idx_key] = torch.as_tensor(layout.send_index, device=query.device)
@@ -249,6 +252,8 @@ def emulate_cp_attention(
     tok = [torch.as_tensor(plan.rank_token_indices(r), device=dev) for r in range(C)]
     local = [(q_HND.index_select(1, t), k_KND.index_select(1, t), v_KND.index_select(1, t)) for t in tok]
     gathered = None
+    if len(plan.gathered_docs) and plan.kv_exchange == "all_to_all":
+        return _emulate_all_to_all(local, layouts, tok, backend, caches, scale, window, per_rank_hook)
     if len(plan.gathered_docs):
         m = layouts[0].max_send
         sends = [_send_rows(k, v, torch.as_tensor(lay.send_index, device=dev), m)
@@ -267,3 +272,29 @@ def emulate_cp_attention(
     inv[order] = torch.arange(len(order), device=dev)
     return torch.cat(outs, dim=0).index_select(0, inv)
 
+
+def _emulate_all_to_all(local, layouts, tok, backend, caches, scale, window, per_rank_hook) -> torch.Tensor:
+    """:func:`emulate_cp_attention` for ``all_to_all`` plans: rank r's key buffer is its own rows
+    of gathered documents, then the rows each other rank sends it (in rank order)."""
+    C, dev = len(layouts), local[0][0].device
+    kv = [torch.cat([k.transpose(0, 1), v.transpose(0, 1)], dim=-1) for _, k, v in local]
+    dk = local[0][1].shape[-1]
+    # the rows rank s sends to rank r: s's send buffer, cut by its send counts
+    sent = []
+    for s, lay in enumerate(layouts):
+        rows = kv[s].index_select(0, torch.as_tensor(lay.send_index, device=dev))
+        sent.append(torch.split(rows, [int(x) for x in lay.send_counts]))
+    outs = []
+    for r in range(C):
+        q, k, v = local[r]
+        own = kv[r].index_select(0, torch.as_tensor(layouts[r].self_index, device=dev))
+        buf = torch.cat([own] + [sent[s][r] for s in range(C) if s != r], dim=0)
+        wait = lambda buf=buf: (buf[..., :dk], buf[..., dk:])  # noqa: E731
+        out = run_backend(backend, q, k, v, layouts[r], caches[r], wait, scaling=scale, window=window)
+        if per_rank_hook is not None:
+            per_rank_hook(r, out)
+        outs.append(out)
+    order = torch.cat(tok)
+    inv = torch.empty_like(order)
+    inv[order] = torch.arange(len(order), device=dev)
+    return torch.cat(outs, dim=0).index_select(0, inv)

@@ -21,6 +21,7 @@ import torch
 
 from ..sharding.plan import ShardPlan
 from .backends import run_backend
+from .kv_exchange import received_rows
 from .runtime import _send_rows, _split
 
 __all__ = ["RankKernel", "gathered_rows", "per_rank_times", "time_calls"]
@@ -29,7 +30,7 @@ __all__ = ["RankKernel", "gathered_rows", "per_rank_times", "time_calls"]
 def gathered_rows(plan: ShardPlan, k_KND: torch.Tensor, v_KND: torch.Tensor) -> torch.Tensor | None:
     """(C * max_send, K, Dk + Dv): what the plan's all-gather returns (every rank's send rows,
     zero-padded, concatenated), or None when the plan gathers nothing."""
-    if not len(plan.gathered_docs):
+    if not len(plan.gathered_docs) or plan.kv_exchange == "all_to_all":  # a2a: one buffer per rank
         return None
     dev = k_KND.device
     sends = []
@@ -65,7 +66,9 @@ class RankKernel:
         self.k = k_KND.detach().index_select(1, tok).requires_grad_()
         self.v = v_KND.detach().index_select(1, tok).requires_grad_()
         self.dk = k_KND.shape[-1]
-        if gathered is None and len(plan.gathered_docs):
+        if len(plan.gathered_docs) and plan.kv_exchange == "all_to_all":  # this rank's received rows
+            gathered = received_rows(plan, rank, k_KND.detach(), v_KND.detach())
+        elif gathered is None and len(plan.gathered_docs):
             gathered = gathered_rows(plan, k_KND.detach(), v_KND.detach())
         self.buf = None if gathered is None else gathered.detach().requires_grad_()
         self.backend, self.window = backend, window

@@ -14,14 +14,20 @@ import numpy as np
 from ..cost import CostModel
 from .baselines import per_doc_block_time, plan_contiguous
 from .plan import ShardPlan
+from .subgroups import ANCHOR_SHARES, plan_subgroups
 from .segments import causal_pairs, finish_plan, head_tail_segments, per_doc_segments, row_offsets, sort_segments
 
-__all__ = ["TWO_WAY_TOLERANCE", "plan_atp"]
+__all__ = ["SUBGROUP_MARGIN", "TWO_WAY_TOLERANCE", "plan_atp"]
 
 #: ATP takes the plan whose ranks are level in tokens and in attention pairs separately
 #: (robust to the cost model's error in their relative price) over the one level in
 #: estimated cost alone, unless its estimated block time is more than this fraction higher.
 TWO_WAY_TOLERANCE = 0.02
+#: ATP takes the hierarchical plan (anchors over sub-groups of ranks, levelled in estimated
+#: cost only) over the flat one only when the flat plan's K/V exchange is exposed (not hidden
+#: behind local attention) and the hierarchical plan's estimated block time is lower by this
+#: fraction: where the exchange is hidden, the flat plan's token-and-pair levelling is worth more.
+SUBGROUP_MARGIN = 0.02
 
 
 def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1, max_anchors=None, **_) -> ShardPlan:
@@ -104,20 +110,30 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
             tail_segs.append(np.stack([t, np.zeros(len(t), np.int64), lengths[t]], axis=1))
         with_tails = lambda anchor_segs: [sort_segments(np.concatenate([a, t]), offsets)  # noqa: E731
                                           for a, t in zip(anchor_segs, tail_segs)]
-        anchor_plan = finish_plan(lengths, C, "atp", with_tails(per_rank), np.sort(anchors), cm)
+        anchor_plan = finish_plan(lengths, C, "atp", with_tails(per_rank), np.sort(anchors), cm, "auto")
         # The same anchors and tails with every rank level in tokens and in attention pairs
         # separately: balanced whatever the true price ratio of the two (the cost model's is
         # off by 5-20% on CPU); taken unless the estimate says it costs over TWO_WAY_TOLERANCE.
         two_way = _two_way_anchor_segments(lengths, C, anchors, owner, cap, min_chunk) if j else None
         if two_way is not None:
-            plan = finish_plan(lengths, C, "atp", with_tails(two_way), np.sort(anchors), cm)
+            plan = finish_plan(lengths, C, "atp", with_tails(two_way), np.sort(anchors), cm, "auto")
             if plan.block_time_s <= anchor_plan.block_time_s * (1 + TWO_WAY_TOLERANCE):
                 anchor_plan = plan
+    # Hierarchical placement: anchors over sub-groups of just enough ranks (only those move
+    # their K/V); see atac_hf.sharding.subgroups.
+    exposed = anchor_plan is None or anchor_plan.block_time_s > float(anchor_plan.rank_compute_s.max()) * (1 + 1e-9)
+    for share in ANCHOR_SHARES if exposed else ():
+        sub = plan_subgroups(lengths, C, cm, anchor_share=share, max_tokens_per_rank=max_tokens_per_rank,
+                             min_chunk=min_chunk)
+        if sub is not None and (anchor_plan is None
+                                or sub.block_time_s < anchor_plan.block_time_s * (1 - SUBGROUP_MARGIN)
+                                and _robustly_faster(sub, anchor_plan, cm)):
+            anchor_plan = sub
     # Head-tail inside every document, moving only the K/V of documents it splits,
     # is a candidate too (ATP is never worse than per_doc); its block time is costed
     # without building it first, and the plan is built only if it can win.
     if anchor_plan is None or per_doc_block_time(lengths, C, cm) < anchor_plan.block_time_s * (1 + 1e-6):
-        even = finish_plan(lengths, C, "atp", per_doc_segments(lengths, C), None, cm)
+        even = finish_plan(lengths, C, "atp", per_doc_segments(lengths, C), None, cm, "auto")
         if even.rank_num_tokens().max() <= cap and (anchor_plan is None
                                                       or even.block_time_s < anchor_plan.block_time_s):
             return even
@@ -127,7 +143,7 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
         # respect (plan_shards reports the overflow otherwise). It gathers only the
         # documents it cuts.
         plan = plan_contiguous(lengths, C, cm)
-        return finish_plan(lengths, C, "atp", list(plan.segments), None, cm)
+        return finish_plan(lengths, C, "atp", list(plan.segments), None, cm, "auto")
     return anchor_plan
 
 
@@ -322,3 +338,18 @@ def _place_tails(num_docs, tails, cost, attn, toks, base_load, base_tok, cap):
         who[i] = r
     owner[tails] = who
     return owner, np.asarray(load), np.asarray(tok, dtype=np.int64), np.asarray(tail_attn)
+
+
+def _robustly_faster(a: ShardPlan, b: ShardPlan, cm: CostModel) -> bool:
+    """Whether plan ``a`` stays faster than ``b`` whatever the price ratio of attention and
+    token-wise work (which the cost model gets only approximately): with attention at 0x, 0.5x,
+    2x what ``cm`` says, and with token-wise work free."""
+    for k, lin in ((0.0, 1.0), (0.5, 1.0), (2.0, 1.0), (1.0, 0.0)):
+        alt = cm.replace(attn_s_per_pair=cm.attn_s_per_pair * k, masked_attn_s_per_pair=None
+                         if cm.masked_attn_s_per_pair is None else cm.masked_attn_s_per_pair * k,
+                         linear_s_per_token=cm.linear_s_per_token * lin)
+        ta, tb = (finish_plan(p.doc_lengths, p.cp_size, p.strategy, list(p.segments), p.gathered_docs, alt,
+                              p.kv_exchange).block_time_s for p in (a, b))
+        if ta >= tb:
+            return False
+    return True

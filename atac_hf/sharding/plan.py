@@ -20,6 +20,8 @@ from functools import cached_property
 
 import numpy as np
 
+from .exchange import EXCHANGES, a2a_rows, a2a_token_counts
+
 __all__ = ["ShardPlan", "LocalLayout", "VarlenLayout"]
 
 
@@ -40,6 +42,10 @@ class ShardPlan:
         rank_compute_s: (C,) estimated seconds of compute per rank (one layer, fwd+bwd).
         comm_s: estimated exposed seconds of the K/V exchange (one layer, fwd+bwd).
         block_time_s: estimated seconds of one layer for the group: max compute + comm_s.
+        kv_exchange: how gathered K/V travel: ``"all_gather"`` (every rank receives every
+            gathered document) or ``"all_to_all"`` (every rank receives only the key prefixes
+            its chunks attend to; see :mod:`atac_hf.sharding.exchange`). The planner picks
+            the one its cost model estimates faster.
     """
 
     doc_lengths: np.ndarray
@@ -50,7 +56,12 @@ class ShardPlan:
     rank_compute_s: np.ndarray
     comm_s: float = 0.0
     block_time_s: float = 0.0
+    kv_exchange: str = "all_gather"
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.kv_exchange not in EXCHANGES:
+            raise ValueError(f"ShardPlan.kv_exchange must be one of {list(EXCHANGES)}, got {self.kv_exchange!r}")
 
     # ------------------------------------------------------------------ basic views
     @cached_property
@@ -102,10 +113,39 @@ class ShardPlan:
         return int(self.doc_lengths[self.gathered_docs].sum())
 
     def kv_bytes(self, kv_bytes_per_token: float) -> float:
-        """Bytes each rank receives per layer in the forward all-gather."""
+        """Bytes a rank receives per layer in the forward K/V exchange: for the all-gather, the
+        ring's ``(C - 1) / C`` of the gathered tokens; for the all-to-all, the most any rank
+        receives (:attr:`kv_recv_tokens`)."""
         if self.cp_size <= 1:
             return 0.0
+        if self.kv_exchange == "all_to_all":
+            return float(self.kv_recv_tokens.max()) * kv_bytes_per_token
         return self.kv_tokens * kv_bytes_per_token * (self.cp_size - 1) / self.cp_size
+
+    @cached_property
+    def kv_recv_tokens(self) -> np.ndarray:
+        """(C,) K/V rows each rank receives per layer (forward) in this plan's exchange: of the
+        all-gather, every other rank's rows of the gathered documents (padding not counted); of
+        the all-to-all, the key prefixes its chunks attend to that other ranks hold."""
+        if self.kv_exchange == "all_to_all":
+            return self.a2a_token_counts[0]
+        return self.kv_tokens - self._gathered_rows_per_rank()
+
+    @cached_property
+    def a2a_token_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(recv, send)``: (C,) K/V rows each rank would receive and send per layer in the
+        all-to-all exchange, whichever exchange the plan uses (for comparisons)."""
+        return a2a_token_counts(self.segments, self._gathered_mask())
+
+    def _gathered_mask(self) -> np.ndarray:
+        m = np.zeros(self.num_docs, dtype=bool)
+        m[self.gathered_docs] = True
+        return m
+
+    def _gathered_rows_per_rank(self) -> np.ndarray:
+        g = self._gathered_mask()
+        return np.array([int((s[g[s[:, 0]], 2] - s[g[s[:, 0]], 1]).sum()) if len(s) else 0 for s in self.segments],
+                        dtype=np.int64)
 
     @property
     def imbalance(self) -> float:
@@ -123,6 +163,8 @@ class ShardPlan:
             h.update(np.asarray([len(s)], dtype=np.int64).tobytes())
             h.update(np.ascontiguousarray(s, dtype=np.int64).tobytes())
         h.update(np.ascontiguousarray(self.gathered_docs, dtype=np.int64).tobytes())
+        if self.kv_exchange != "all_gather":  # plans digested before the field existed keep their digest
+            h.update(self.kv_exchange.encode())
         return h.hexdigest()[:16]
 
     def _check_rank(self, rank: int) -> None:
@@ -167,6 +209,13 @@ class LocalLayout:
         doc_key_index: dict doc -> (L_d,) rows of the padded gathered buffer
             ``(C * max_send)`` that hold that document's keys in document order
             (only for gathered documents this rank has queries of).
+        exchange: the plan's ``kv_exchange``. For ``"all_to_all"`` the fields above mean:
+            ``send_index`` the local rows sent, destination by destination (rank order;
+            a row goes once to each rank that needs it); ``send_counts`` (C,) rows sent to
+            each rank (0 to itself); ``recv_counts`` (C,) rows received from each rank;
+            ``self_index`` this rank's own rows of gathered documents; the key buffer is
+            ``cat([own rows, received rows])`` and ``doc_key_index[d]`` maps the positions
+            ``[0, need_end)`` of ``d`` into it (-1 beyond: keys no local chunk attends to).
     """
 
     rank: int
@@ -181,10 +230,20 @@ class LocalLayout:
     send_index: np.ndarray
     send_counts: np.ndarray
     doc_key_index: dict
+    exchange: str = "all_gather"
+    recv_counts: np.ndarray | None = None
+    self_index: np.ndarray | None = None
 
     @property
     def max_send(self) -> int:
         return int(self.send_counts.max()) if len(self.send_counts) else 0
+
+    @property
+    def num_key_rows(self) -> int:
+        """Rows of the key buffer the exchange delivers (what ``wait()`` returns)."""
+        if self.exchange == "all_to_all":
+            return int(len(self.self_index) + self.recv_counts.sum())
+        return self.cp_size * self.max_send
 
     def varlen_layout(self, sliding_window: int | None = None) -> "VarlenLayout":
         """Flattened varlen description for ``flash_attn_varlen_func``-style kernels.
@@ -248,6 +307,8 @@ def _expand(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 def _build_local_layout(plan: ShardPlan, rank: int) -> LocalLayout:
+    if plan.kv_exchange == "all_to_all":
+        return _build_a2a_layout(plan, rank)
     C = plan.cp_size
     gathered = np.zeros(plan.num_docs, dtype=bool)
     gathered[plan.gathered_docs] = True
@@ -296,4 +357,55 @@ def _build_local_layout(plan: ShardPlan, rank: int) -> LocalLayout:
         send_index=send_rows[rank],
         send_counts=send_counts,
         doc_key_index=doc_key_index,
+    )
+
+
+def _build_a2a_layout(plan: ShardPlan, rank: int) -> LocalLayout:
+    """The all-to-all exchange of :class:`LocalLayout` (see its ``exchange`` attribute)."""
+    C = plan.cp_size
+    gathered = plan._gathered_mask()
+    seg = plan.segments[rank]
+    ln = seg[:, 2] - seg[:, 1]
+    local_start = np.concatenate([[0], np.cumsum(ln)[:-1]]).astype(np.int64) if len(seg) else np.zeros(0, np.int64)
+    g = gathered[seg[:, 0]] if len(seg) else np.zeros(0, bool)
+    self_index = _expand(local_start[g], ln[g])
+    self_docs, self_pos = np.repeat(seg[g, 0], ln[g]), _expand(seg[g, 1], ln[g])
+    send_parts, send_counts = [], np.zeros(C, dtype=np.int64)
+    recv_counts = np.zeros(C, dtype=np.int64)
+    recv_docs, recv_pos = [self_docs], [self_pos]
+    for other in range(C):
+        if other == rank:
+            continue
+        rows, _, _ = a2a_rows(plan.segments, gathered, rank, other)
+        send_parts.append(rows)
+        send_counts[other] = len(rows)
+        _, docs, pos = a2a_rows(plan.segments, gathered, other, rank)
+        recv_counts[other] = len(docs)
+        recv_docs.append(docs)
+        recv_pos.append(pos)
+    buf_docs, buf_pos = np.concatenate(recv_docs), np.concatenate(recv_pos)
+    doc_key_index: dict[int, np.ndarray] = {}
+    for d in sorted(set(int(x) for x in seg[g, 0])):
+        need = int(seg[g & (seg[:, 0] == d), 2].max())
+        idx = np.full(int(plan.doc_lengths[d]), -1, dtype=np.int64)
+        m = buf_docs == d
+        idx[buf_pos[m]] = np.flatnonzero(m)
+        assert (idx[:need] >= 0).all(), f"document {d}: some keys rank {rank} attends to are on no rank"
+        doc_key_index[d] = idx
+    return LocalLayout(
+        rank=rank,
+        cp_size=C,
+        n_local=int(ln.sum()),
+        seg_doc=seg[:, 0].copy(),
+        seg_local_start=local_start,
+        seg_local_end=local_start + ln,
+        seg_doc_start=seg[:, 1].copy(),
+        seg_doc_end=seg[:, 2].copy(),
+        seg_gathered=g,
+        send_index=np.concatenate(send_parts) if send_parts else np.zeros(0, np.int64),
+        send_counts=send_counts,
+        doc_key_index=doc_key_index,
+        exchange="all_to_all",
+        recv_counts=recv_counts,
+        self_index=self_index,
     )

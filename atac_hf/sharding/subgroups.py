@@ -1,0 +1,168 @@
+"""Hierarchical ATP: anchors split head-tail over a sub-group of ranks, not all of them.
+
+A document too expensive to stay whole on one rank but too cheap to be worth splitting over
+all C ranks is split over just enough ranks to hold its work; only those ranks exchange its
+K/V (with the all-to-all exchange, :mod:`atac_hf.sharding.exchange`). Steps:
+
+1. Anchors are the documents costing more than ``anchor_share`` of a rank's share of the
+   pack (``total / C``) and long enough to cut (``>= 4 * min_chunk`` tokens), most
+   expensive first.
+2. The anchors are laid end to end on a line of C slots of one rank share each (cutting
+   stock): each anchor covers the ranks its interval overlaps, so its level (the number of
+   ranks it is split over) follows from its cost, from 1 (whole) to C, and the ranks of a
+   sub-group are consecutive (in one node where the group fits one). A rank's share of an
+   anchor is its overlap with the anchor's interval.
+3. Each anchor is split head-tail *nested* over its sub-group: the rank with the largest
+   share takes the outermost head and tail chunks (it receives only the rest of the
+   document), the next one the next chunks inward, the smallest share the middle. A rank's
+   head and tail chunks are mirror images of equal size (one token apart), so its share of
+   the attention work equals its share of the tokens; no length needs to divide anything
+   and nothing is padded.
+4. The other documents (tails) go whole, most expensive first, to the least-loaded rank
+   under the token cap.
+
+:func:`~atac_hf.sharding.atp.plan_atp` builds this plan for a few ``anchor_share`` values
+and keeps it where its estimated block time (compute + exposed K/V exchange, all-gather or
+all-to-all, whichever is estimated faster) beats the flat anchor-tail plan. Pure numpy.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from ..cost import CostModel
+from .plan import ShardPlan
+from .segments import finish_plan, row_offsets, sort_segments
+
+__all__ = ["ANCHOR_SHARES", "plan_subgroups"]
+
+#: ``anchor_share`` values ATP tries: a document is an anchor when it costs more than this
+#: fraction of a rank's share of the pack.
+ANCHOR_SHARES = (1.0, 0.5, 0.25)
+
+
+def plan_subgroups(lengths, C: int, cm: CostModel, *, anchor_share: float = 1.0, max_tokens_per_rank=None,
+                   min_chunk: int = 1, strategy: str = "atp") -> ShardPlan | None:
+    """The hierarchical anchor-tail plan of one pack (see the module docstring).
+
+    Args:
+        lengths: (D,) document lengths in row order.
+        C: ranks.
+        cm: cost model.
+        anchor_share: anchors cost more than this fraction of ``total / C``.
+        max_tokens_per_rank: token cap per rank (None: no cap).
+        min_chunk: an anchor has at least ``4 * min_chunk`` tokens.
+        strategy: the name the plan carries.
+
+    Returns:
+        The plan (K/V exchange chosen by estimated time), or None when the cap cannot be kept,
+        a rank would get no token (of a pack of at least C tokens), or no anchor lands on a
+        proper sub-group (2..C-1 ranks).
+    """
+    L = np.asarray(lengths, dtype=np.int64)
+    D = len(L)
+    cap = np.inf if max_tokens_per_rank is None else float(max_tokens_per_rank)
+    whole = cm.doc_cost(L)
+    total = float(whole.sum())
+    if C < 2 or total <= 0:
+        return None
+    slot = total / C
+    order = np.argsort(-whole, kind="stable")
+    is_anchor = np.zeros(D, dtype=bool)
+    is_anchor[order[(whole[order] > anchor_share * slot) & (L[order] >= 4 * min_chunk)]] = True
+    load = np.zeros(C)
+    tok = np.zeros(C, dtype=np.int64)
+    segs: list[list[tuple[int, int, int]]] = [[] for _ in range(C)]
+    pos = 0.0
+    groups = []  # the (rank, tokens) pieces of each split anchor
+    whole_docs = []  # anchors whose interval lies in one slot: placed whole there
+    for d in order[is_anchor[order]].tolist():
+        start, end = pos, pos + float(whole[d])
+        pos = end
+        pieces = _pieces(start, end, slot, C, int(L[d]), min_chunk)
+        if len(pieces) == 1:
+            whole_docs.append((d, pieces[0][0]))
+            continue
+        _nest(d, int(L[d]), pieces, segs)
+        groups.append(pieces)
+        for r, n in pieces:
+            tok[r] += n
+            load[r] += float(whole[d]) * n / int(L[d])
+    for d, r in whole_docs:
+        segs[r].append((d, 0, int(L[d])))
+        tok[r] += int(L[d])
+        load[r] += float(whole[d])
+    if tok.max(initial=0) > cap:
+        return None
+    tails = order[~is_anchor[order]]
+    if not _place_tails(tails, whole, L, load, tok, cap, segs):
+        return None
+    if tok.min() == 0 and L.sum() >= C:  # every rank gets a token (transformers cannot run on none)
+        return None
+    if not any(2 <= len(g) < C for g in groups):  # no anchor on a proper sub-group: the flat plan's job
+        return None
+    offsets = row_offsets(L)
+    per_rank = [sort_segments(np.asarray(s, dtype=np.int64).reshape(-1, 3), offsets) for s in segs]
+    return finish_plan(L, C, strategy, per_rank, None, cm, "auto")
+
+
+def _pieces(start: float, end: float, slot: float, C: int, n: int, min_chunk: int) -> list[tuple[int, int]]:
+    """(rank, tokens) of an anchor of ``n`` tokens covering ``[start, end)`` of the slot line;
+    pieces under ``2 * min_chunk`` tokens are merged into their neighbour."""
+    r0 = min(C - 1, int(start // slot))
+    r1 = min(C - 1, max(r0, int(np.ceil(end / slot - 1e-9)) - 1))
+    cost = end - start
+    shares = []
+    for r in range(r0, r1 + 1):
+        lo = max(start, r * slot)
+        hi = end if r == r1 else min(end, (r + 1) * slot)
+        shares.append(max(hi - lo, 0.0) / cost)
+    want = np.asarray(shares) * n
+    got = np.floor(want).astype(np.int64)
+    got[np.argsort(-(want - got), kind="stable")[: n - int(got.sum())]] += 1
+    pieces = [(r0 + i, int(k)) for i, k in enumerate(got) if k > 0]
+    while len(pieces) > 1 and min(k for _, k in pieces) < 2 * min_chunk:
+        i = min(range(len(pieces)), key=lambda j: pieces[j][1])
+        j = i - 1 if i > 0 and (i == len(pieces) - 1 or pieces[i - 1][1] <= pieces[i + 1][1]) else i + 1
+        pieces[j] = (pieces[j][0], pieces[j][1] + pieces[i][1])
+        del pieces[i]
+    return pieces
+
+
+def _nest(d: int, n: int, pieces: list[tuple[int, int]], segs: list) -> None:
+    """Nested head-tail chunks of document ``d``: largest share outermost, the smallest the middle."""
+    H, E = 0, n
+    ordered = sorted(pieces, key=lambda p: (-p[1], p[0]))
+    for i, (r, k) in enumerate(ordered):
+        if i == len(ordered) - 1:
+            segs[r].append((d, H, E))
+            continue
+        h = (k + 1) // 2
+        segs[r].append((d, H, H + h))
+        if k - h:
+            segs[r].append((d, E - (k - h), E))
+        H, E = H + h, E - (k - h)
+
+
+def _place_tails(tails, whole, L, load, tok, cap, segs) -> bool:
+    """Whole documents, most expensive first, to the least-loaded rank with token room."""
+    C = len(load)
+    heap = [(float(load[r]), r) for r in range(C)]
+    heapq.heapify(heap)
+    for d in tails.tolist():
+        n, c = int(L[d]), float(whole[d])
+        skipped = []
+        while heap and tok[heap[0][1]] + n > cap:
+            skipped.append(heapq.heappop(heap))
+        if not heap:
+            return False
+        l, r = heapq.heappop(heap)
+        load[r] = l + c
+        tok[r] += n
+        segs[r].append((d, 0, n))
+        heapq.heappush(heap, (load[r], r))
+        for item in skipped:
+            heapq.heappush(heap, item)
+    return True
