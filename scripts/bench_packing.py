@@ -1,10 +1,13 @@
 #!/usr/bin/env python
-"""Packing benchmark: WFAP and the baselines side by side, plus TRL's BFD timing.
+"""Packing benchmark: WFAP and the baselines side by side, and pack_dataset against TRL.
 
 Runs every strategy on the built-in long-tail workload and on the WLB-LLM length sample
-(the ``wlbllm`` sample shipped in ``atac_hf/workload_data``), prints
-a markdown table and writes it (with the command) into ``docs/BENCHMARKS.md`` under
-"## Packing (WFAP vs baselines)" (only that section is replaced).
+(the ``wlbllm`` sample shipped in ``atac_hf/workload_data``), then times
+``atac_hf.pack_dataset`` end to end (planning + building the rows of a ``datasets.Dataset``)
+against TRL's ``pack_dataset(strategy="bfd")`` on the same dataset (wlbllm lengths resampled
+to 20K and 100K samples, int32 token ids, 128K cap), each run in its own subprocess with
+its peak memory. Prints markdown tables and writes them (with the command) into
+``docs/BENCHMARKS.md`` under "## Packing (WFAP vs baselines)" (only that section is replaced).
 
     python scripts/bench_packing.py                      # 64K packs, 64 per window, 7B on A800
     python scripts/bench_packing.py --no-trl --no-docs   # quick look, nothing written
@@ -39,7 +42,7 @@ VARIANTS = [
     ("wlb", "wlb", {}),
     ("wfap", "wfap", {}),
     ("wfap, max_defer=8", "wfap", {"max_defer": 8}),
-    ("wfap, no balance split", "wfap", {"balance_split": False}),
+    ("wfap, balance split", "wfap", {"balance_split": True}),
     ("wfap, no deferral", "wfap", {"defer_heavy": False}),
 ]
 
@@ -57,34 +60,129 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-trl", action="store_true", help="skip the TRL pack_dataset timing")
     p.add_argument("--docs", default=str(ROOT / "docs" / "BENCHMARKS.md"))
     p.add_argument("--no-docs", action="store_true", help="print only, do not edit docs/BENCHMARKS.md")
+    p.add_argument("--dataset-sizes", default="20000,100000",
+                   help="samples of the pack_dataset vs TRL runs (comma-separated; '' skips them)")
+    p.add_argument("--dataset-max-tokens", type=int, default=131072, help="cap of the pack_dataset vs TRL runs")
     return p.parse_args(argv)
 
 
-def time_trl(lengths: np.ndarray, max_tokens: int, repeats: int) -> tuple[float, str]:
-    """Best-of-`repeats` seconds of trl.data_utils.pack_dataset(strategy="bfd") on a Dataset
-    whose rows have the given lengths (int8 dummy token ids; building it is not timed)."""
+# ---------------------------------------------------------------------------- pack_dataset vs TRL
+# (row label, packer, pack_dataset options)
+DATASET_RUNS = [
+    ("atac pack_dataset, defaults (wfap)", "ours", {}),
+    ("atac pack_dataset, strategy=bfd", "ours", {"strategy": "bfd"}),
+    ("TRL pack_dataset, strategy=bfd", "trl", {}),
+]
+DATASET_WINDOW = 64  # packs per window (pack_dataset's default); TRL's packs are grouped alike to cost them
+
+
+def _proc_kb(field: str) -> int:
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _reset_peak() -> None:
+    try:  # Linux: reset VmHWM to the current RSS
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def dataset_worker(kind: str, num_samples: int, max_tokens: int, options: dict) -> dict:
+    """One timed end-to-end run in this (fresh) process; returns its figures."""
+    import gc
+
     import datasets
     import pyarrow as pa
     from datasets.table import InMemoryTable
-    from trl.data_utils import pack_dataset
 
-    pa.set_cpu_count(1)  # one core, like our planner (CPU time below counts every thread of the process)
+    from atac_hf.cost import default_cost_model
+    from atac_hf.packing.data.dataset import pack_dataset
+    from atac_hf.workloads import load_workload
+
+    pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
     datasets.disable_progress_bars()
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    values = pa.array(np.zeros(int(offsets[-1]), dtype=np.int8))
-    ids = pa.LargeListArray.from_arrays(pa.array(offsets), values)
+    sample = load_workload("wlbllm").astype(np.int64)  # the shipped sample, resampled to num_samples
+    lengths = np.random.default_rng(0).choice(sample, size=num_samples, replace=num_samples > sample.size)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    tokens = np.arange(int(offsets[-1]), dtype=np.int32)  # written pages (zeros would stay unmapped)
+    np.bitwise_and(tokens, 32767, out=tokens)
+    ids = pa.ListArray.from_arrays(pa.array(offsets), pa.array(tokens))
     ds = datasets.Dataset(InMemoryTable(pa.table({"input_ids": ids})))
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.process_time()
-        out = pack_dataset(ds, max_tokens, strategy="bfd", map_kwargs={"keep_in_memory": True})
-        best = min(best, time.process_time() - t0)
-    import trl
+    del ids, tokens
+    gc.collect()
+    try:  # hand freed heap pages back, so that the RSS before the run is the input and the interpreter
+        import ctypes
 
-    note = (f"TRL {trl.__version__} `pack_dataset(strategy=\"bfd\")`, default map batch size, "
-            f"keep_in_memory, int8 dummy ids, {len(out)} rows")
-    return best, note
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    _reset_peak()
+    rss0 = _proc_kb("VmRSS")
+    pool0 = pa.total_allocated_bytes()
+    t0, w0 = time.process_time(), time.perf_counter()
+    if kind == "trl":
+        from trl.data_utils import pack_dataset as trl_pack_dataset
+
+        out = trl_pack_dataset(ds, max_tokens, strategy="bfd", map_kwargs={"keep_in_memory": True})
+    else:
+        out = pack_dataset(ds, max_tokens=max_tokens, progress=False, **options)
+    cpu, wall = time.process_time() - t0, time.perf_counter() - w0
+    peak = _proc_kb("VmHWM") - rss0
+    arrow_peak = (pa.default_memory_pool().max_memory() - pool0) / 2**20
+    seq = out.with_format(None)["seq_lengths"]
+    cm = default_cost_model()
+    costs = np.array([float(cm.doc_cost(np.asarray(s, dtype=np.int64)).sum()) for s in seq])
+    full = len(costs) // DATASET_WINDOW * DATASET_WINDOW
+    win = costs[:full].reshape(-1, DATASET_WINDOW)
+    tokens = int(sum(sum(s) for s in seq))
+    docs = np.concatenate([np.asarray(s, dtype=np.int64) for s in seq])
+    return {"cpu_s": cpu, "wall_s": wall, "num_packs": len(seq), "tokens": tokens,
+            "lower_bound": -(-tokens // max_tokens), "whole_docs": int(docs.size),
+            "imbalance_mean": float((win.max(axis=1) / win.mean(axis=1)).mean()) if full else float("nan"),
+            "peak_mb": max(peak / 1024, arrow_peak), "rss_peak_mb": peak / 1024, "arrow_peak_mb": arrow_peak, "input_mb": ds.data.nbytes / 2**20, "num_samples": int(lengths.size)}
+
+
+def run_dataset_bench(sizes: list[int], max_tokens: int, with_trl: bool) -> tuple[str, list[dict]]:
+    import json
+    import subprocess
+
+    rows = []
+    for n in sizes:
+        for label, kind, options in DATASET_RUNS:
+            if kind == "trl" and not with_trl:
+                continue
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--dataset-worker",
+                   json.dumps({"kind": kind, "n": n, "max_tokens": max_tokens, "options": options})]
+            res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+            if res.returncode != 0:
+                print(f"note: {label} at {n} samples failed:\n{res.stderr[-2000:]}", file=sys.stderr)
+                continue
+            r = {"label": label, "kind": kind, "n": n, **json.loads(res.stdout.strip().splitlines()[-1])}
+            rows.append(r)
+            print(f"  {n:>7,} {label:38s} cpu {r['cpu_s']:.2f}s wall {r['wall_s']:.2f}s packs {r['num_packs']} "
+                  f"(lb {r['lower_bound']}) max/mean {r['imbalance_mean']:.3f} peak {r['peak_mb']:.0f} MB "
+                  f"(input {r['input_mb']:.0f} MB)", flush=True)
+    cols = ["samples", "packer", "CPU time", "wall time", "vs TRL (CPU)", "packs", "vs ceil(tokens / cap)",
+            "max/mean pack cost (mean over windows of 64)", "vs TRL", "peak memory", "vs input Arrow size"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        trl = next((t for t in rows if t["kind"] == "trl" and t["n"] == r["n"]), None)
+        lines.append(
+            f"| {r['n']:,} | {r['label']} | {r['cpu_s']:.2f} s | {r['wall_s']:.2f} s "
+            f"| {r['cpu_s'] / trl['cpu_s']:.2f}x | " if trl else
+            f"| {r['n']:,} | {r['label']} | {r['cpu_s']:.2f} s | {r['wall_s']:.2f} s | - | ")
+        lines[-1] += (f"{r['num_packs']:,} | {r['num_packs'] / r['lower_bound'] - 1:+.3%} | {r['imbalance_mean']:.3f} "
+                      f"| {(r['imbalance_mean'] - 1) / (trl['imbalance_mean'] - 1):.2f}x excess | "
+                      if trl else f"{r['num_packs']:,} | {r['num_packs'] / r['lower_bound'] - 1:+.3%} "
+                      f"| {r['imbalance_mean']:.3f} | - | ")
+        lines[-1] += f"{r['peak_mb']:,.0f} MB | {r['peak_mb'] / r['input_mb']:.2f}x |"
+    return "\n".join(lines), rows
 
 
 def run_workload(name: str, lengths: np.ndarray, args: argparse.Namespace, cm: CostModel) -> list[dict]:
@@ -144,6 +242,13 @@ def write_docs(path: Path, body: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--dataset-worker"]:
+        import json
+
+        spec = json.loads(argv[1])
+        print(json.dumps(dataset_worker(spec["kind"], spec["n"], spec["max_tokens"], spec["options"])))
+        return 0
     args = parse_args(argv)
     cm = CostModel.from_model(args.model, args.hardware)
     workloads = {"longtail": make_workload("longtail", args.num_samples, seed=args.seed)}
@@ -152,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"note: {args.lengths} not found; benchmarking the built-in workload only", file=sys.stderr)
 
-    rows, shapes, trl_lines = [], [], []
+    rows, shapes = [], []
     for name, lengths in workloads.items():
         d = describe_lengths(lengths)
         shapes.append(f"- `{name}`: {d['num_samples']:,} samples, {d['tokens']:,} tokens, median {d['median']:,.0f}, "
@@ -161,20 +266,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {shapes[-1][2:]}", flush=True)
         wrows = run_workload(name, lengths, args, cm)
         rows += wrows
-        if not args.no_trl:
-            try:
-                secs, note = time_trl(lengths, args.max_tokens, args.repeats)
-            except ImportError as e:
-                print(f"note: TRL timing skipped ({e})", file=sys.stderr)
-            else:
-                ours = next(r for r in wrows if r["label"] == "wfap")["seconds"]
-                trl_lines.append(f"- `{name}`: TRL bfd {secs:.2f} s CPU ({len(lengths) / secs:,.0f} samples/s) vs. "
-                                 f"WFAP {ours:.2f} s CPU ({len(lengths) / ours:,.0f} samples/s). {note}.")
-                print(trl_lines[-1], flush=True)
 
     md = table(rows, args.packs_per_window)
     print()
     print(md)
+    sizes = [int(x) for x in args.dataset_sizes.split(",") if x.strip()]
+    ds_md = ""
+    if sizes:
+        print(f"\npack_dataset end to end vs TRL ({args.dataset_max_tokens:,}-token cap):", flush=True)
+        ds_md, _ds_rows = run_dataset_bench(sizes, args.dataset_max_tokens, with_trl=not args.no_trl)
+        print(ds_md)
     command = "python scripts/bench_packing.py" + "".join(" " + shlex.quote(a) for a in (argv or sys.argv[1:]))
     body = "\n".join([
         f"Packs of at most {args.max_tokens:,} tokens, {args.packs_per_window} packs per window, cost model "
@@ -196,8 +297,9 @@ def main(argv: list[str] | None = None) -> int:
         "of all packs (seconds per layer, fwd+bwd); estimated time = sum over windows of the costliest pack (what "
         "a step waits for when a window's packs run side by side) and its ratio to that row's lower bound (total "
         "cost / packs per window); padding = 1 - tokens / (packs x cap); samples split (every strategy splits "
-        "overlength samples into the fewest near-equal fragments; WFAP also splits overdue heavy samples it cannot "
-        "balance, `balance_split`, which lowers its total cost a little: fragments attend to less context); "
+        "overlength samples into full-cap fragments and the rest; with `balance_split=True`, opt-in since "
+        "issue 14, WFAP also splits overdue heavy samples it cannot balance, which lowers its total cost a "
+        "little: fragments attend to less context); "
         "samples carried to a later window and their delay; planner CPU time of the benchmark process "
         f"(`time.process_time`, best of {args.repeats}; the planners are single-threaded, so this is the time on "
         "one core, unaffected by other jobs on a shared machine) and samples planned per second.",
@@ -209,10 +311,21 @@ def main(argv: list[str] | None = None) -> int:
         "first, so no delay exceeds it. Windows are fed by tokens (`StreamPacker.window_size`), so a window "
         "that packs less than it was fed carries the rest: that is most of the baselines' deferred samples.",
         "",
-        "Planner speed vs. TRL (planning plus building rows for TRL; planning only for ours; "
-        "building our rows is `atac_hf.packing.data.dataset.pack_dataset`'s job):" if trl_lines else
-        "TRL timing: not run.",
-        *trl_lines,
+        f"### pack_dataset end to end vs. TRL ({args.dataset_max_tokens:,}-token cap)",
+        "",
+        "A `datasets.Dataset` of int32 token ids with the `wlbllm` lengths resampled (seed 0) to each size, packed "
+        "by `atac_hf.pack_dataset` (planning + building the rows, default settings unless the row says otherwise: "
+        "WFAP, 64 packs per window) and by TRL's `pack_dataset(strategy=\"bfd\", map_kwargs={\"keep_in_memory\": "
+        "True})` (both keep the rows in memory), each in a fresh subprocess with one Arrow thread. CPU time is the "
+        "process's `time.process_time`; peak memory is the larger of the peak RSS over the run (Linux `VmHWM`, "
+        "reset before it) minus the RSS before it, and the peak of Arrow's memory pool (`max_memory`) over the "
+        "run (the RSS delta alone can hide pages the allocators recycle); the input's Arrow size is `dataset.data.nbytes`. Max/mean pack cost: the "
+        "packs in output order grouped in windows of 64 (what a 64-replica step runs side by side; the last "
+        "partial window left out), costed with the package's default cost model; its \"vs TRL\" column is the "
+        "ratio of the excess over 1.0. TRL 1.16 cuts samples over the cap (`bfd` truncates); these lengths have "
+        "none over 128K." if ds_md else "pack_dataset vs. TRL: not run.",
+        "",
+        ds_md,
     ])
     if not args.no_docs:
         write_docs(Path(args.docs), body)

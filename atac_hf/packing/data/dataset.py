@@ -170,7 +170,11 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
         spans, offsets = plan_packs(lengths, config, order=order, cost_model=cost_model, window_size=window_size,
                                     num_replicas=num_replicas, progress=bar)
     out = _build_table(table, rows, token_cols, spans, offsets, progress=progress, desc=desc)
-    result = _as_dataset(datasets, out, dataset, token_cols)
+    from datasets.fingerprint import Hasher
+
+    fingerprint = Hasher.hash([dataset._fingerprint, config.to_dict(), token_cols, window_size, num_replicas,
+                               shuffle, seed, None if cost_model is None else repr(cost_model)])
+    result = _as_dataset(datasets, out, dataset, token_cols, fingerprint)
     metrics = _metrics(lengths, spans, offsets, config, cost_model or default_cost_model())
     logger.info("pack_dataset: %d samples -> %d packs (%.4fx the lower bound ceil(tokens / max_tokens)), "
                 "%d samples split into %d fragments (lengths %s), %d empty samples skipped",
@@ -328,16 +332,17 @@ def _build_table(table: Any, rows: np.ndarray | None, token_cols: Sequence[str],
     return pa.Table.from_batches(batches)
 
 
-def _as_dataset(datasets: Any, out: Any, source: Any, token_cols: Sequence[str]) -> Any:
+def _as_dataset(datasets: Any, out: Any, source: Any, token_cols: Sequence[str], fingerprint: str) -> Any:
     from datasets.table import InMemoryTable
 
     feats = {name: source.features[name] for name in token_cols}
     feats["seq_lengths"] = datasets.List(datasets.Value("int64"))
     feats["spans"] = datasets.List(datasets.List(datasets.Value("int64")))
     features = datasets.Features(feats)
-    if features.arrow_schema != out.schema:
-        out = out.cast(features.arrow_schema)
-    result = datasets.Dataset(InMemoryTable(out), info=datasets.DatasetInfo(features=features))
+    if not out.schema.equals(features.arrow_schema, check_metadata=False):
+        out = out.cast(features.arrow_schema)  # e.g. a feature type Arrow does not infer alike
+    result = datasets.Dataset(InMemoryTable(out), info=datasets.DatasetInfo(features=features),
+                              fingerprint=fingerprint)  # given: hashing the rows would copy them all
     fmt = dict(source.format)
     if fmt.get("type") is None and fmt.get("columns") is None and not fmt.get("format_kwargs"):
         return result
