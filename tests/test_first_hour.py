@@ -189,3 +189,99 @@ def test_readme_trainer_snippet_runs_on_cpu_without_use_cpu(tmp_path):
     assert text.count("use_cpu=True") == 1, "one log line, from rank 0"
     assert "is ignored by ATACTrainer" not in text, "the user never set a batch size"
     assert "find_unused_parameters=True" not in text
+
+
+# ---------------------------------------------------------------------------- items 5, 6, 10, 11: bench / simulate
+def _cli(argv):
+    import argparse
+
+    from atac_hf.sim.cli import add_parser
+
+    p = argparse.ArgumentParser(prog="atac-hf")
+    add_parser(p.add_subparsers(dest="command", required=True))
+    args = p.parse_args(argv)
+    return args.func(args)
+
+
+@pytest.fixture
+def tiny_grid(monkeypatch):
+    from atac_hf.sim import bench
+    from atac_hf.sim.bench import Scenario
+
+    c = dict(model="1b", hardware="H100", max_tokens=8192, cp_size=2, pp_size=2, dp_size=2, num_micro_batches=2)
+    monkeypatch.setattr(bench, "default_grid", lambda workload_file=None: [Scenario("tiny-a", c, "longtail", 3)])
+
+
+def test_bench_without_output_writes_nothing(tiny_grid, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert _cli(["bench", "--workers", "1"]) == 0
+    assert list(tmp_path.iterdir()) == [], "no --output: print only"
+    out = capsys.readouterr().out
+    assert out.startswith("workload longtail (built-in mix, 200,000 lengths drawn with seed 1): 200,000 samples, ")
+    assert "Columns: tok/s = " in out and "/LB = time over" in out and "mb imb = " in out and "delay = " in out
+
+
+def test_bench_output_file_gets_the_section_and_the_plots_beside_it(tiny_grid, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib")
+    monkeypatch.chdir(tmp_path)
+    assert _cli(["bench", "--workers", "1", "--output", "report/R.md"]) == 0
+    assert sorted(p.name for p in (tmp_path / "report").iterdir()) == [
+        "R.md", "sim_pack_time_cdf.png", "sim_rank_load.png", "sim_speedup.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"], "nothing beside the working folder"
+    text = (tmp_path / "report" / "R.md").read_text()
+    assert "Reproduce: `atac-hf bench --output report/R.md`" in text and "](sim_speedup.png)" in text
+    assert "Columns: tok/s = " in text
+    # --plots-dir: the plots there, linked from the report relative to its folder
+    assert _cli(["bench", "--workers", "1", "--output", "report/R.md", "--plots-dir", "img"]) == 0
+    assert {p.name for p in (tmp_path / "img").iterdir()} == {"sim_pack_time_cdf.png", "sim_rank_load.png",
+                                                              "sim_speedup.png"}
+    assert "](../img/sim_speedup.png)" in (tmp_path / "report" / "R.md").read_text()
+
+
+def test_bench_says_when_matplotlib_is_missing(tiny_grid, tmp_path, monkeypatch, capsys):
+    from atac_hf.sim import plots
+
+    monkeypatch.setattr(plots, "have_matplotlib", lambda: False)
+    assert _cli(["bench", "--workers", "1", "--output", str(tmp_path / "R.md")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("no plots: matplotlib is not installed") == 1 and "[dev] extra" in out
+    assert [p.name for p in tmp_path.iterdir()] == ["R.md"]
+
+
+def test_bench_plots_dir_needs_an_output(tiny_grid):
+    with pytest.raises(ValueError, match=r"--plots-dir 'x' needs --output FILE.md"):
+        _cli(["bench", "--plots-dir", "x"])
+
+
+def test_simulate_names_its_workload_first_and_explains_its_columns(tmp_path, capsys):
+    import json
+
+    wl = tmp_path / "lens.json"
+    wl.write_text(json.dumps([300, 5000, 1200, 800, 7000, 64, 2500, 4096] * 60))
+    args = ["simulate", "--workload", str(wl), "--dp", "2", "--pp", "2", "--cp", "2", "--micro-batches", "2",
+            "--max-tokens", "8K", "--model", "1b", "--hardware", "H100", "--steps", "2", "--combos", "named"]
+    assert _cli(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"workload lens ({wl}): 480 samples, 1,257,600 tokens, longest 7,000"
+    assert any(ln.startswith("Columns: ") and "/LB = " in ln and "mb imb = " in ln and "delay = " in ln
+               for ln in lines)
+    assert _cli(args + ["--json"]) == 0
+    info = json.loads(capsys.readouterr().out)["workload_info"]
+    assert info["num_samples"] == 480 and info["tokens"] == 1257600 and info["name"] == "lens"
+
+
+def test_rank_load_plot_data_holds_kv_traffic_per_strategy():
+    import numpy as np
+
+    from atac_hf.sim.cluster import ClusterConfig
+    from atac_hf.sim.simulate import simulate
+    from atac_hf.workloads import make_workload
+
+    cluster = ClusterConfig(dp_size=2, pp_size=1, cp_size=4, num_micro_batches=2, max_tokens=16384, model="1b",
+                            hardware="H100")
+    res = simulate(make_workload("longtail", 2000, seed=0), cluster, num_steps=2, seed=0,
+                   combos=[("sequential", s) for s in ("zigzag", "per_doc", "atp")])
+    sp = res.sample_pack
+    assert set(sp["kv_bytes"]) == set(sp["rank_s"]) == set(sp["block_s"])
+    assert all(np.isfinite(v) and v >= 0 for v in sp["kv_bytes"].values())
+    assert sp["kv_bytes"]["atp"] <= sp["kv_bytes"]["per_doc"], "ATP never moves more K/V than per-document"

@@ -77,16 +77,14 @@ def default_grid(workload_file: str | None = None) -> list[Scenario]:
     if not os.path.exists(wl):
         raise ValueError(f"workload file {wl!r} does not exist (check --workload-file; the default is the shipped "
                          "wlbllm sample)")
-    have = True
-    real = wl if have else "longtail"
-    tag = "wlbllm" if have else "longtail"
+    real, tag = wl, "wlbllm"
 
     def c(model, hw, pack_k, cp, pp, dp, mb, tp=1):
         return dict(model=model, hardware=hw, max_tokens=pack_k * 1024, cp_size=cp, pp_size=pp, dp_size=dp,
                     num_micro_batches=mb, tp_size=tp)
 
     grid = [
-        Scenario(PAPER_SCENARIO if have else "7b-128K-cp8-pp4", c("7b", "A800", 128, 8, 4, 4, 8), real, 12),
+        Scenario(PAPER_SCENARIO, c("7b", "A800", 128, 8, 4, 4, 8), real, 12),
         Scenario(f"7b-64K-cp4-pp4-{tag}", c("7b", "A800", 64, 4, 4, 4, 8), real, 12),
         Scenario(f"7b-32K-cp2-pp1-{tag}", c("7b", "A800", 32, 2, 1, 8, 4), real, 12),
         Scenario(f"13b-64K-cp8-pp4-{tag}", c("13b", "A800", 64, 8, 4, 2, 8), real, 16),
@@ -97,9 +95,9 @@ def default_grid(workload_file: str | None = None) -> list[Scenario]:
         Scenario("1b-32K-cp4-pp1-sft", c("1b", "H100", 32, 4, 1, 4, 4), "sft", 16),
         Scenario("8b-64K-cp2-pp1-uniform", c("8b", "H100", 64, 2, 1, 4, 4), "uniform", 16),
     ]
-    if have:  # how much of the paper-like speedup comes from WFAP's balance splits (work cut)
-        grid.append(Scenario(PAPER_NOSPLIT, grid[0].cluster, real, grid[0].num_steps, {"balance_split": False},
-                             (("sequential", "zigzag"), ("wfap", "atp")), extra=True))
+    # how much of the paper-like speedup comes from WFAP's balance splits (work cut)
+    grid.append(Scenario(PAPER_NOSPLIT, grid[0].cluster, real, grid[0].num_steps, {"balance_split": False},
+                         (("sequential", "zigzag"), ("wfap", "atp")), extra=True))
     return grid
 
 

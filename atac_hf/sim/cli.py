@@ -18,7 +18,8 @@ from typing import Any
 from .._argtypes import model_arg, parse_tokens
 from ..cost import HARDWARE_PRESETS, MODEL_PRESETS
 
-__all__ = ["add_parser", "add_simulate_parser", "add_bench_parser", "run_simulate", "run_bench"]
+__all__ = ["add_parser", "add_simulate_parser", "add_bench_parser", "run_simulate", "run_bench", "workload_info",
+           "workload_line"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -79,6 +80,32 @@ def _scales(text: str) -> tuple[float, ...]:
     return out
 
 
+def workload_info(spec: str, lengths: Any, *, seed: int | None = None) -> dict[str, Any]:
+    """What a run's workload is: name, source, number of samples and tokens (JSON-friendly)."""
+    import numpy as np
+
+    from ..workloads import SAMPLES, WORKLOADS, sample_path, workload_name
+
+    if spec in WORKLOADS:
+        source = f"built-in mix, {len(lengths):,} lengths drawn with seed {seed}"
+    elif spec in SAMPLES or any(os.path.abspath(spec) == os.path.abspath(sample_path(n)) for n in SAMPLES):
+        name = spec if spec in SAMPLES else next(n for n in SAMPLES if os.path.abspath(spec) == os.path.abspath(
+            sample_path(n)))
+        source = f"shipped sample {name!r}, atac_hf/workload_data/{SAMPLES[name]}"
+    else:
+        source = spec
+    arr = np.asarray(lengths, dtype=np.int64)
+    return {"name": workload_name(spec), "source": source, "num_samples": int(arr.size), "tokens": int(arr.sum()),
+            "longest": int(arr.max()) if arr.size else 0}
+
+
+def workload_line(spec: str, lengths: Any, *, seed: int | None = None) -> str:
+    """``workload NAME (SOURCE): N samples, T tokens, longest L`` (the first line a run prints)."""
+    w = workload_info(spec, lengths, seed=seed)
+    return (f"workload {w['name']} ({w['source']}): {w['num_samples']:,} samples, {w['tokens']:,} tokens, "
+            f"longest {w['longest']:,}")
+
+
 def _parse_combos(spec: str) -> list[tuple[str, str]] | None:
     from .results import NAMED_COMBINATIONS
 
@@ -101,7 +128,7 @@ def _parse_combos(spec: str) -> list[tuple[str, str]] | None:
 
 def run_simulate(args: argparse.Namespace) -> int:
     from .cluster import ClusterConfig
-    from .report import combo_table
+    from .report import COMBO_LEGEND, combo_table
     from .simulate import simulate
     from ..workloads import load_workload, workload_name
 
@@ -110,17 +137,21 @@ def run_simulate(args: argparse.Namespace) -> int:
                             model=model_arg(args.model), hardware=args.hardware, profile=args.profile,
                             efficiency=args.efficiency, num_gpus=args.num_gpus)
     lengths = load_workload(args.workload, seed=args.seed)
+    if not args.json:
+        print(workload_line(args.workload, lengths, seed=args.seed), flush=True)
     t0 = time.perf_counter()
     if args.eval_attn_scale or args.eval_profile:
         return _run_robustness(args, cluster, lengths, t0)
     res = simulate(lengths, cluster, combos=_parse_combos(args.combos), num_steps=args.steps, seed=args.seed,
                    windows=args.windows, workload=workload_name(args.workload))
     if args.json:
-        print(json.dumps(res.to_dict(), default=float))
+        print(json.dumps({**res.to_dict(), "workload_info": workload_info(args.workload, lengths, seed=args.seed)},
+                         default=float))
         return 0
-    print(f"{cluster.describe()}; workload {res.workload}; {res.num_samples} samples; "
+    print(f"{cluster.describe()}; workload {res.workload}; {res.num_samples} samples simulated; "
           f"{time.perf_counter() - t0:.1f} s")
     print(combo_table(res))
+    print(COMBO_LEGEND)
     d = res.to_dict()
     if "speedup" in d:
         sp = d["speedup"]
@@ -155,16 +186,18 @@ def _run_robustness(args: argparse.Namespace, cluster: Any, lengths: Any, t0: fl
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     from .bench import wlbllm_path
 
-    p = sub.add_parser("bench", help="run the simulator's scenario grid and write the benchmark report",
+    p = sub.add_parser("bench", help="run the simulator's scenario grid and print (or write) the benchmark report",
                        description="Simulate the default grid (model sizes, 32K-128K packs, CP 2-8, PP 1/4, DP>1; "
-                                   "built-in workloads plus the shipped wlbllm lengths), print the comparison "
-                                   "and write the '## Simulator (pipeline-level)' section of the benchmark file.")
+                                   "built-in workloads plus the shipped wlbllm lengths) and print the comparison. "
+                                   "With --output FILE.md, (re)write that file's '## Simulator (pipeline-level)' "
+                                   "section and put the PNG plots beside it; without it nothing is written.")
     p.add_argument("--workload-file", default=None,
                    help=f"wlbllm-style JSON array of lengths (default: the shipped sample, {wlbllm_path()})")
-    p.add_argument("--output", default=os.path.join("docs", "BENCHMARKS.md"),
-                   help="markdown file whose simulator section is (re)written (default docs/BENCHMARKS.md)")
-    p.add_argument("--plots-dir", default=None, help="where PNG plots go (default: the output's folder)")
-    p.add_argument("--no-write", action="store_true", help="print only; write no markdown or plots")
+    p.add_argument("--output", default=None, metavar="FILE.md",
+                   help="markdown file whose simulator section is (re)written, e.g. docs/BENCHMARKS.md "
+                        "(default: print only, write nothing)")
+    p.add_argument("--plots-dir", default=None, help="where the PNG plots go (default: the --output file's folder)")
+    p.add_argument("--no-write", action="store_true", help="print only, even with --output")
     p.add_argument("--profile", default=None,
                    help="calibration profile: every scenario then runs the profile's model and tp_size on its "
                         "measured compute (links still from each scenario's hardware preset)")
@@ -176,12 +209,16 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from .bench import PAPER_NOSPLIT, PAPER_SCENARIO, default_grid, run_grid
-    from .plots import plot_all
-    from .report import combo_table, grid_table, markdown_section, summarise_grid, write_section
+    from .bench import PAPER_NOSPLIT, PAPER_SCENARIO, _lengths, default_grid, run_grid
+    from .plots import have_matplotlib, plot_all
+    from .report import COMBO_LEGEND, combo_table, grid_table, markdown_section, summarise_grid, write_section
 
     if args.workload_file and not os.path.exists(args.workload_file):
         raise ValueError(f"--workload-file {args.workload_file!r} does not exist")
+    if args.plots_dir and not args.output:
+        raise ValueError(f"--plots-dir {args.plots_dir!r} needs --output FILE.md (the report the plots belong to); "
+                         "without --output bench writes nothing")
+    write = bool(args.output) and not args.no_write
     grid = default_grid(args.workload_file)
     if args.scenarios:
         want = [s.strip() for s in args.scenarios.split(",") if s.strip()]
@@ -189,6 +226,13 @@ def run_bench(args: argparse.Namespace) -> int:
         if unknown:
             raise ValueError(f"--scenarios: unknown {unknown}; legal: {[s.name for s in grid]}")
         grid = [s for s in grid if s.name in want]
+    say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else (lambda msg: print(msg, flush=True))
+    specs = list(dict.fromkeys(s.workload for s in grid))
+    infos = [workload_info(w, _lengths(w), seed=1) for w in specs]
+    for w in specs:  # first: which workloads this run uses
+        say(workload_line(w, _lengths(w), seed=1))
+    if write and not have_matplotlib():
+        say("no plots: matplotlib is not installed (pip install matplotlib, or the package's [dev] extra)")
     t0 = time.perf_counter()
     results = run_grid(grid, seed=args.seed, workers=args.workers, profile=args.profile,
                        progress=not args.json)
@@ -211,24 +255,29 @@ def run_bench(args: argparse.Namespace) -> int:
         else:
             paper_line += "."
     if args.json:
-        print(json.dumps({**summary, "seconds": seconds}, default=float))
+        print(json.dumps({**summary, "workloads": infos, "seconds": seconds}, default=float))
     else:
         print(grid_table(summary))
         print(f"\ngeometric mean: ATAC {summary['geomean_vs_hf']:.2f}x HF default, {summary['geomean_vs_wlb']:.2f}x "
               f"WLB-LLM, {summary['geomean_vs_best']:.2f}x strongest baseline; ATAC/LB {summary['geomean_atac_lb']:.3f} "
               f"(worst {summary['worst_atac_lb']:.3f}); {seconds:.1f} s")
+        print("limit (HF/LB) = HF default's time over its own balance lower bound; ATAC can pass it when WFAP's "
+              "splits cut work (ATAC work cut), which lowers ATAC's own bound: ATAC/LB is ATAC's time over that.")
         if paper_line:
             print(paper_line)
         if results:
             print(f"\n{getattr(results[0], 'name', '')}:")
             print(combo_table(results[0]))
-    if not args.no_write:
+            print(COMBO_LEGEND)
+    if write:
         featured = paper or (results[0] if results else None)
-        plots = plot_all(summary, featured, args.plots_dir or os.path.dirname(os.path.abspath(args.output))) \
-            if featured is not None else []
-        cmd = "atac-hf bench" + (f" --workload-file {args.workload_file}" if args.workload_file else "")
+        md_dir = os.path.dirname(os.path.abspath(args.output))
+        plots = plot_all(summary, featured, args.plots_dir or md_dir) if featured is not None else []
+        cmd = f"atac-hf bench --output {args.output}" + (f" --workload-file {args.workload_file}"
+                                                         if args.workload_file else "")
         write_section(args.output, markdown_section(summary, [featured] if featured else [], command=cmd,
-                                                    seconds=seconds, plots=plots, paper=paper_line))
-        if not args.json:
-            print(f"wrote {args.output}" + (f" and {len(plots)} plots" if plots else " (no matplotlib: no plots)"))
+                                                    seconds=seconds, plots=[os.path.relpath(p, md_dir) for p in plots],
+                                                    paper=paper_line))
+        say(f"wrote {args.output}" + (f" and {len(plots)} plots in {os.path.dirname(plots[0]) or '.'}" if plots
+                                      else " (no plots)"))
     return 0

@@ -11,10 +11,23 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["combo_table", "grid_table", "summarise_grid", "geomean", "markdown_section", "write_section",
-           "SECTION_HEADING"]
+__all__ = ["COMBO_LEGEND", "combo_table", "grid_table", "summarise_grid", "geomean", "markdown_section",
+           "write_section", "SECTION_HEADING"]
 
 SECTION_HEADING = "## Simulator (pipeline-level)"
+
+#: What each column of :func:`combo_table` means (printed under it by ``atac-hf simulate`` / ``bench``).
+COMBO_LEGEND = (
+    "Columns: tok/s = tokens trained per second; vs HF = throughput over HF default's (sequential packing + "
+    "zigzag CP); /LB = time over this combination's balance lower bound (its own work spread evenly over every "
+    "device and micro-batch, 1F1B bubble and gradient all-reduce kept; 1.000 = perfectly balanced); CP imb = "
+    "max/mean per-rank compute inside a pack (mean over packs); mb imb = max/mean pack time among the "
+    "micro-batches of a step (mean over steps; the slowest pack stalls the pipeline); CV = std/mean of pack "
+    "times; KV MiB = K/V each CP rank receives per layer and pack (forward); frag = share of samples split into "
+    "fragments; work cut = attention work removed by splits beyond what the token cap forces; pad = unused pack "
+    "capacity; delay = windows a sample waits before its last fragment is trained, mean/max; plan ms = planner "
+    "time per step (packing + sharding)."
+)
 
 
 def geomean(xs: Sequence[float]) -> float:
@@ -107,14 +120,17 @@ def _render(head: list[str], body: list[list[str]], markdown: bool) -> str:
 
 def markdown_section(summary: dict[str, Any], results: Sequence[Any], *, command: str, seconds: float,
                      plots: Sequence[str] = (), paper: str | None = None) -> str:
-    """The ``## Simulator (pipeline-level)`` section (heading included)."""
+    """The ``## Simulator (pipeline-level)`` section (heading included).
+
+    ``plots``: image paths as the markdown file links them (relative to its folder).
+    """
     out = [SECTION_HEADING, "",
            f"Reproduce: `{command}` ({seconds:.0f} s on this machine). Every packing x sharding combination "
            "runs on the same sample stream, through the real planners, in an explicit 1F1B pipeline "
            "(`atac_hf/sim`). HF default = sequential packing + zigzag CP; WLB-LLM = wlb packing + "
            "wlb_adaptive CP; ATAC = wfap + atp. *limit* = HF default time / its balance lower bound "
            "(same work spread evenly over every device and micro-batch, with the 1F1B bubble and the "
-           "gradient all-reduce kept); *ATAC/LB* = ATAC's time over its own bound; *work cut* = attention work "
+           "gradient all-reduce kept); *ATAC/LB* = ATAC's time over its own bound (ATAC can pass *limit* when WFAP's splits cut work, which lowers its own bound); *work cut* = attention work "
            "removed by splitting samples beyond what the token cap forces (a split loses the attention across "
            "the cut, so such speed is not free). The stream is finite and every packer is flushed at its end: "
            "all combinations train exactly the same samples, and the start and end of the stream are measured.", "",
@@ -132,9 +148,9 @@ def markdown_section(summary: dict[str, Any], results: Sequence[Any], *, command
         first = results[0]
         out += ["", f"All combinations, scenario `{getattr(first, 'name', first.workload)}` "
                     f"({first.cluster.describe()}, workload {first.workload}):", "",
-                combo_table(first, markdown=True)]
+                combo_table(first, markdown=True), "", COMBO_LEGEND]
     for p in plots:
-        out += ["", f"![{os.path.splitext(os.path.basename(p))[0]}]({os.path.basename(p)})"]
+        out += ["", f"![{os.path.splitext(os.path.basename(p))[0]}]({p.replace(os.sep, '/')})"]
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -270,7 +270,8 @@ def _evaluate(packing: str, sharding: str, packed: PackedStream, lens: list[np.n
 
 def _sample_pack(packed_by: dict[str, PackedStream], cluster: ClusterConfig, cm: CostModel) -> dict:
     """The most expensive pack of ``sequential`` packing (else the first packer's),
-    planned with every sharding strategy."""
+    planned with every sharding strategy: per-rank compute (``rank_s``), K/V bytes each rank
+    receives per layer (``kv_bytes``) and the estimated block time (``block_s``)."""
     packed = packed_by.get("sequential") or next(iter(packed_by.values()))
     packs = [p for win in packed.packs for p in win]
     if not packs:
@@ -278,6 +279,7 @@ def _sample_pack(packed_by: dict[str, PackedStream], cluster: ClusterConfig, cm:
     pack = max(packs, key=lambda p: pack_cost(cm, p))
     lens = np.array([e - s for _, s, e in pack], dtype=np.int64)
     cap = cluster.rank_token_cap()
-    rank_s = {s: plan_shards(lens, cluster.cp_size, s, cm, max_tokens_per_rank=cap).rank_compute_s.tolist()
-              for s in SHARDINGS}
-    return {"lengths": lens.tolist(), "rank_s": rank_s}
+    plans = {s: plan_shards(lens, cluster.cp_size, s, cm, max_tokens_per_rank=cap) for s in SHARDINGS}
+    return {"lengths": lens.tolist(), "rank_s": {s: p.rank_compute_s.tolist() for s, p in plans.items()},
+            "kv_bytes": {s: float(p.kv_bytes(cm.kv_bytes_per_token)) for s, p in plans.items()},
+            "block_s": {s: float(p.block_time_s) for s, p in plans.items()}}
