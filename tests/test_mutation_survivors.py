@@ -74,14 +74,25 @@ def test_bfd_through_pack_lengths():
 
 
 def test_bfd_places_overdue_samples_first():
-    # max_defer 1, cap 5, one pack. Window 0: 4 and 3: 4 fits, 3 is carried. Window 1 adds a 5:
-    # the carried 3 is due, so it goes first (room 2 left) and the 5 waits. Longest first
-    # regardless of due dates would place the 5 and leave the due 3 out again.
+    # max_defer 1, cap 5, one pack per window. Window 0: 5, 2, 2 -> [5] and [2, 2]: the fuller
+    # [5] is emitted, the 2s are carried (due in window 1).
     p = StreamPacker(_bfd(5, 1, max_defer=1, split_overdue=False), LINEAR)
-    assert p.add_window([0, 1], [4, 3]) == [[(0, 0, 4)]]
-    assert p.pending_ids == [1]
-    assert p.add_window([2], [5]) == [[(1, 0, 3)]]
-    assert p.pending_ids == [2]
+    assert p.add_window([0, 1, 2], [5, 2, 2]) == [[(0, 0, 5)]]
+    assert p.pending_ids == [1, 2]
+    # Window 1 adds 4 and 1. Due first: 2 -> A (3), 2 -> A (1), 4 -> B (1), 1 -> A (tie with B:
+    # the older pack): A = [2, 2, 1] holds the due items and is emitted, 4 waits. Longest first
+    # regardless of due dates: 4 -> A, 2 -> B, 2 -> B, 1 -> A: the due pack B = [2, 2] is
+    # emitted and the 1 is carried too.
+    assert p.add_window([3, 4], [4, 1]) == [[(1, 0, 2), (2, 0, 2), (4, 0, 1)]]
+    assert p.pending_ids == [3]
+
+
+def test_bfd_emits_the_fullest_pack():
+    # cap 6, one pack: 5 -> A (room 1), 3 -> B (3), 3 -> B (0): B holds 6 tokens, A 5: B is
+    # emitted (not the first pack opened), the 5 waits for a window that fills its hole.
+    p = StreamPacker(_bfd(6, 1), LINEAR)
+    assert p.add_window(range(3), [5, 3, 3]) == [[(1, 0, 3), (2, 0, 3)]]
+    assert p.pending_ids == [0]
 
 
 # ---------------------------------------------------------------------------- build_shift_labels via shard_batch
@@ -203,3 +214,49 @@ def test_user_labels_never_cross_a_document_through_shard_batch_at_2_ranks(tmp_p
     # 6 document ends before the last token, per strategy; each rank held some of them
     assert sum(report["doc_ends_not_last"]) == 6 * len(STRATEGIES) and min(report["doc_ends_not_last"]) > 0
     assert report["loss_cases"] == 3 and report["gathered:zigzag"] > 0, "the K/V gather ran"
+
+
+# ---------------------------------------------------------------------------- ATACTrainer resume
+# Mutants: ATACTrainer skipping the restore of the sampler state; the saved position without
+# the GA or the DP factor. The run resumes one step into epoch 1 (GA 2, DP 2), in a trainer
+# whose data seed differs from the checkpoint's.
+@pytest.fixture(scope="module")
+def resume_results(tmp_path_factory):
+    from _launch import ROOT, torchrun
+
+    d = tmp_path_factory.mktemp("atac_resume")
+    torchrun(2, ROOT / "tests" / "_resume_worker.py", d / "out", timeout=600)
+    return [json.loads((d / f"out.rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", ["even", "uneven"])
+def test_resume_across_an_epoch_boundary_with_ga_and_dp(resume_results, scenario):
+    ga, dp = 2, 2
+    for rank, results in enumerate(resume_results):
+        r = results[scenario]
+        assert r["dp_size"] == dp
+        per_replica = r["num_batches"] // dp  # the loader deals the epoch's packs round-robin
+        steps_per_epoch = -(-per_replica // ga)  # Trainer: the last step may hold fewer micro-batches
+        assert r["max_steps"] == 2 * steps_per_epoch and r["kill"] == steps_per_epoch + 1
+        assert (per_replica % ga == 0) == (scenario == "even"), "the scenario is what it is named for"
+        assert len(r["full_digests"]) == 2 * per_replica, "the uninterrupted run saw both epochs"
+        # the saved state: epoch 1, the run's seed, one step of GA x DP packs taken
+        saved = r["saved"]
+        assert (saved["epoch"], saved["seed"], saved["position"]) == (1, 0, 1 * ga * dp)
+        assert saved["num_batches"] == r["num_batches"]
+        # restored from the checkpoint (epoch and seed), not from the resumed trainer (data seed 5);
+        # Trainer skips the trained batches itself, so the sampler restarts the epoch at 0
+        assert (r["restored"]["epoch"], r["restored"]["seed"], r["restored"]["position"]) == (1, 0, 0)
+        assert r["resumed_seen"] and all(s == [1, 0] for s in r["resumed_seen"])
+        # the batches after the checkpoint are those of the uninterrupted run
+        before = per_replica + ga
+        assert r["resumed_digests"] == r["full_digests"][before:], f"rank {rank}"
+        assert r["full_seen"][:per_replica] == [[0, 0]] * per_replica
+        assert r["full_seen"][per_replica:] == [[1, 0]] * per_replica
+        # not vacuous: the epochs' orders differ, and so would another seed's
+        assert r["full_digests"][:per_replica] != r["full_digests"][per_replica:]
+        assert r["resumed_steps"] == r["max_steps"]
+        np.testing.assert_allclose(r["resumed_loss"], r["full_loss"], rtol=1e-6)
+    assert resume_results[0][scenario]["full_digests"] != resume_results[1][scenario]["full_digests"], \
+        "the two replicas train on different packs"

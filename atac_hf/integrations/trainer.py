@@ -311,7 +311,9 @@ class ATACTrainer(Trainer):
         if not os.path.isdir(output_dir):
             return
         # batches of this epoch the loop consumed, all DP replicas together (the loader prefetches)
-        steps_per_epoch = max(len(self.atac_sampler) // max(self.dp_size, 1) // self.args.gradient_accumulation_steps, 1)
+        # Trainer rounds up: the last step of an epoch may hold fewer micro-batches
+        per_replica = len(self.atac_sampler) // max(self.dp_size, 1)
+        steps_per_epoch = max(-(-per_replica // self.args.gradient_accumulation_steps), 1)
         done = (self.state.global_step % steps_per_epoch) * self.args.gradient_accumulation_steps * self.dp_size
         state = self.atac_sampler.state_dict(position=min(done, len(self.atac_sampler)))
         with open(os.path.join(output_dir, SAMPLER_STATE_NAME), "w", encoding="utf-8") as f:
