@@ -12,10 +12,12 @@ gathered segment.
 Backends: ``sdpa`` (reference, CPU and GPU: a loop of SDPA calls, one per segment;
 a chunk that starts after its document's first token runs, on CPU and when it is big
 enough, as an unmasked kernel over its key prefix plus a causal kernel over its own
-square merged by log-sum-exp, and otherwise as masked blocks of query rows), ``flash``
-(``flash_attn_varlen_func``, CUDA), ``flex`` (``flex_attention``; GPU for training,
-forward-only on CPU), ``varlen_reference`` (the flash bookkeeping fed to a pure-torch
-varlen kernel: slow, for tests and debugging).
+square merged by log-sum-exp, and otherwise as masked blocks of query rows), ``flex``
+(``flex_attention``; GPU for training, forward-only on CPU), and the varlen backends of
+:mod:`atac_hf.attention.varlen`: ``flash`` (``flash_attn_varlen_func``, CUDA), ``varlen``
+(torch's own ``varlen_attn``, CUDA, torch >= 2.9) and ``varlen_reference`` (the same
+bookkeeping fed to a pure-torch varlen kernel: slow, for tests and debugging).
+``attention_backend="auto"`` picks one per device (:func:`auto_backend`).
 
 Shape legend: H query heads, K key/value heads, S local tokens, R gathered rows
 (``C * max_send``), D head dim.
@@ -30,64 +32,10 @@ import torch
 import torch.nn.functional as F
 
 from ..sharding.plan import LocalLayout
+from .varlen import VARLEN_KERNELS, Wait, auto_backend, make_varlen_backend, varlen_attention_reference
 
-__all__ = ["BACKENDS", "SEGMENT_BACKENDS", "attend_segment", "prefix_merge_available", "run_backend",
-           "varlen_attention_reference"]
-
-Wait = Callable[[], "tuple[torch.Tensor, torch.Tensor]"]  # -> (k_RKD, v_RKD)
-
-
-# ---------------------------------------------------------------------------- reference kernel
-def varlen_attention_reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    causal: bool = True,
-    window: int | None = None,
-    scaling: float | None = None,
-) -> torch.Tensor:
-    """Pure-torch varlen attention with flash-attn (>= 2.1) semantics.
-
-    Args:
-        q: (total_q, H, D); k, v: (total_k, K, D) with H a multiple of K (GQA).
-        cu_seqlens_q, cu_seqlens_k: (B + 1,) segment boundaries.
-        causal: bottom-right aligned: query ``i`` of a segment sees keys ``j <= i + Lk - Lq``.
-        window: sliding window ``W`` as Transformers' ``sliding_window``: additionally
-            ``j > i + Lk - Lq - W`` (flash ``window_size=(W - 1, 0)``).
-        scaling: softmax scale, ``D ** -0.5`` if None.
-
-    Returns:
-        (total_q, H, D) output; a query that sees no key gets zeros (as flash-attn).
-    """
-    H, K = q.shape[1], k.shape[1]
-    scale = q.shape[-1] ** -0.5 if scaling is None else scaling
-    cq, ck = [int(x) for x in cu_seqlens_q.tolist()], [int(x) for x in cu_seqlens_k.tolist()]
-    outs = []
-    for b in range(len(cq) - 1):
-        qs = q[cq[b]:cq[b + 1]].transpose(0, 1)
-        ks = k[ck[b]:ck[b + 1]].transpose(0, 1).repeat_interleave(H // K, dim=0)
-        vs = v[ck[b]:ck[b + 1]].transpose(0, 1).repeat_interleave(H // K, dim=0)
-        Lq, Lk = qs.shape[1], ks.shape[1]
-        if Lq == 0:
-            continue
-        i = torch.arange(Lq, device=q.device)[:, None] + (Lk - Lq)
-        j = torch.arange(Lk, device=q.device)[None, :]
-        allowed = torch.ones(Lq, Lk, dtype=torch.bool, device=q.device)
-        if causal:
-            allowed &= j <= i
-        if window is not None:
-            allowed &= j > i - window
-            if not causal:
-                allowed &= j < i + window
-        scores = (qs @ ks.transpose(1, 2)) * scale
-        scores = scores.masked_fill(~allowed, float("-inf"))
-        p = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-        outs.append((p @ vs).transpose(0, 1))
-    if not outs:
-        return q.new_zeros(q.shape[0], H, v.shape[-1])
-    return torch.cat(outs, dim=0)
+__all__ = ["BACKENDS", "SEGMENT_BACKENDS", "attend_segment", "auto_backend", "prefix_merge_available",
+           "resolve_backend", "run_backend", "varlen_attention_reference"]
 
 
 # ---------------------------------------------------------------------------- segment table
@@ -253,84 +201,6 @@ def sdpa_backend(q_HSD, k_HSD, v_HSD, layout: LocalLayout, cache: dict, wait: Wa
     return torch.cat(outs, dim=1).transpose(0, 1)
 
 
-# ---------------------------------------------------------------------------- varlen (flash)
-def _varlen_tables(layout: LocalLayout, window: int | None, device, cache: dict):
-    """Two parts, local then gathered: (q_index, k_index, cu_q, cu_k, max_q, max_k) each, plus
-    the permutation that puts ``cat(part outputs)`` back in local order (None if identity)."""
-    key = ("varlen", str(device), window)
-    if key in cache:
-        return cache[key]
-    vl = layout.varlen_layout(sliding_window=window)
-    parts = []
-    for want in (False, True):
-        segs = [i for i in range(len(layout.seg_doc)) if bool(layout.seg_gathered[i]) == want]
-        if not segs:
-            parts.append(None)
-            continue
-        q_idx = np.concatenate([np.arange(vl.cu_seqlens_q[i], vl.cu_seqlens_q[i + 1]) for i in segs])
-        k_idx = np.concatenate([vl.k_index[vl.cu_seqlens_k[i]:vl.cu_seqlens_k[i + 1]] for i in segs])
-        if want:
-            k_idx = k_idx - layout.n_local  # rows of the gathered buffer
-        lq = np.array([vl.cu_seqlens_q[i + 1] - vl.cu_seqlens_q[i] for i in segs])
-        lk = np.array([vl.cu_seqlens_k[i + 1] - vl.cu_seqlens_k[i] for i in segs])
-        cu_q = np.concatenate([[0], np.cumsum(lq)])
-        cu_k = np.concatenate([[0], np.cumsum(lk)])
-        as_t = lambda a, dt=torch.long: torch.as_tensor(np.asarray(a, dtype=np.int64), device=device).to(dt)  # noqa: E731
-        parts.append((as_t(q_idx), as_t(k_idx), as_t(cu_q, torch.int32), as_t(cu_k, torch.int32),
-                      int(lq.max()), int(lk.max())))
-    order = np.concatenate([p[0].cpu().numpy() for p in parts if p is not None] or [np.zeros(0, np.int64)])
-    inv = None
-    if not np.array_equal(order, np.arange(len(order))):
-        inv_np = np.empty_like(order)
-        inv_np[order] = np.arange(len(order))
-        inv = torch.as_tensor(inv_np, device=device)
-    cache[key] = (parts, inv)
-    return cache[key]
-
-
-def _varlen_backend(kernel: Callable) -> Callable:
-    def backend(q_HSD, k_HSD, v_HSD, layout: LocalLayout, cache: dict, wait: Wait | None, *,
-                scaling: float, window: int | None) -> torch.Tensor:
-        (local, gathered), inv = _varlen_tables(layout, window, q_HSD.device, cache)
-        q_SHD, k_SKD, v_SKD = q_HSD.transpose(0, 1), k_HSD.transpose(0, 1), v_HSD.transpose(0, 1)
-        outs = []
-        for part, is_gathered in ((local, False), (gathered, True)):
-            if part is None:
-                continue
-            q_idx, k_idx, cu_q, cu_k, max_q, max_k = part
-            if is_gathered:
-                assert wait is not None, "a gathered segment without a gather"
-                k_src, v_src = wait()
-            else:
-                k_src, v_src = k_SKD, v_SKD
-            outs.append(kernel(q_SHD.index_select(0, q_idx), k_src.index_select(0, k_idx),
-                               v_src.index_select(0, k_idx), cu_q, cu_k, max_q, max_k, scaling, window))
-        if not outs:
-            return q_HSD.new_zeros(0, q_HSD.shape[0], v_HSD.shape[-1])
-        out = torch.cat(outs, dim=0)
-        return out if inv is None else out.index_select(0, inv)
-
-    return backend
-
-
-def _reference_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scaling, window):
-    return varlen_attention_reference(q, k, v, cu_q, cu_k, causal=True, window=window, scaling=scaling)
-
-
-def _flash_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scaling, window):
-    try:
-        from flash_attn import flash_attn_varlen_func
-    except ImportError as e:
-        raise ImportError(
-            "backend='flash' needs flash-attn (CUDA only): `pip install atac-hf[flash]`, "
-            "or use backend='sdpa'"
-        ) from e
-    return flash_attn_varlen_func(
-        q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, softmax_scale=scaling, causal=True,
-        window_size=(-1, -1) if window is None else (int(window) - 1, 0),
-    )
-
-
 # ---------------------------------------------------------------------------- flex
 _COMPILED_FLEX: dict = {}
 
@@ -386,13 +256,28 @@ def flex_backend(q_HSD, k_HSD, v_HSD, layout: LocalLayout, cache: dict, wait: Wa
 
 BACKENDS: dict[str, Callable] = {
     "sdpa": sdpa_backend,
-    "flash": _varlen_backend(_flash_kernel),
+    "flash": make_varlen_backend(VARLEN_KERNELS["flash"]),
     "flex": flex_backend,
-    "varlen_reference": _varlen_backend(_reference_kernel),
+    "varlen": make_varlen_backend(VARLEN_KERNELS["varlen"]),
+    "varlen_reference": make_varlen_backend(VARLEN_KERNELS["varlen_reference"]),
 }
 
 
-SEGMENT_BACKENDS = ("sdpa", "flash", "varlen_reference")
+SEGMENT_BACKENDS = ("sdpa", "flash", "varlen", "varlen_reference")
+
+
+def resolve_backend(name: str, device: torch.device | str) -> str:
+    """``name``, or for ``"auto"`` the backend :func:`auto_backend` picks on ``device``.
+
+    Raises:
+        ValueError: ``name`` neither ``"auto"`` nor a key of :data:`BACKENDS`.
+    """
+    if name == "auto":
+        return auto_backend(device)
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; legal values: {sorted(BACKENDS) + ['auto']} "
+                         "(set attention_backend=)")
+    return name
 
 
 def attend_segment(backend: str, q_HLD: torch.Tensor, k_KLD: torch.Tensor, v_KLD: torch.Tensor, ds: int, de: int,
@@ -408,13 +293,12 @@ def attend_segment(backend: str, q_HLD: torch.Tensor, k_KLD: torch.Tensor, v_KLD
     scale = q_HLD.shape[-1] ** -0.5 if scaling is None else float(scaling)
     if backend == "sdpa":
         return _attend(q_HLD, k_KLD, v_KLD, ds, de, lo, window, scale)
-    kernels = {"flash": _flash_kernel, "varlen_reference": _reference_kernel}
-    if backend not in kernels:
+    if backend not in VARLEN_KERNELS:
         raise ValueError(f"backend {backend!r} has no per-segment kernel; legal values: {list(SEGMENT_BACKENDS)}")
     dev = q_HLD.device
     cu_q = torch.tensor([0, de - ds], dtype=torch.int32, device=dev)
     cu_k = torch.tensor([0, de - lo], dtype=torch.int32, device=dev)
-    out = kernels[backend](q_HLD.transpose(0, 1), k_KLD.transpose(0, 1), v_KLD.transpose(0, 1), cu_q, cu_k,
+    out = VARLEN_KERNELS[backend](q_HLD.transpose(0, 1), k_KLD.transpose(0, 1), v_KLD.transpose(0, 1), cu_q, cu_k,
                            de - ds, de - lo, scale, window)
     return out.transpose(0, 1)
 

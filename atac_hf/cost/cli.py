@@ -32,7 +32,7 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tp-size", type=int, default=1, help="tensor-parallel degree the profile is for")
     p.add_argument("--quick", action="store_true", help="a small grid (seconds), e.g. for tests")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default 1, timed by the process clock)")
-    p.add_argument("--backend", choices=["sdpa", "flash", "varlen_reference"], default="sdpa",
+    p.add_argument("--backend", choices=["sdpa", "flash", "varlen", "varlen_reference"], default="sdpa",
                    help="attention backend the profile is for: the ATACConfig attention_backend of the run "
                         "(default sdpa; use sdpa for flex)")
     p.add_argument("--max-len", type=parse_tokens, default=None,
