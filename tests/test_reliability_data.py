@@ -44,19 +44,19 @@ def _report_counts():
 
 @st.composite
 def runs(draw):
-    cap = draw(st.sampled_from([8, 32, 100]))
+    cap = draw(st.sampled_from([1, 2, 3, 8, 16, 32, 100]))
     n = draw(st.integers(1, 150))
-    lengths = draw(st.lists(st.one_of(st.just(0), st.just(1), st.integers(2, cap), st.integers(cap, 6 * cap)),
+    lengths = draw(st.lists(st.one_of(st.just(0), st.just(1), st.integers(min(2, cap), cap), st.integers(cap, 6 * cap)),
                             min_size=n, max_size=n))
     if not any(lengths):
         lengths[0] = 1
-    replicas = draw(st.integers(1, 3))
+    replicas = draw(st.integers(1, 4))
     grad_accum = draw(st.integers(1, 3))
     config = PackingConfig(
         max_tokens=cap,
         packs_per_window=replicas * grad_accum,  # one window per optimizer step
         strategy=draw(st.sampled_from(["wfap", "wfap", "sequential", "bfd", "wlb"])),
-        overlength=draw(st.sampled_from(["split", "split", "truncate"])),
+        overlength=draw(st.sampled_from(["split", "split", "truncate", "truncate"])),
         max_defer=draw(st.sampled_from([0, 1, 3, 16])),
         reference_doc_tokens=draw(st.sampled_from([1, 16])),  # 1: many samples count as heavy (deferred)
     )
@@ -73,6 +73,19 @@ def _dataset(lengths, with_labels: bool):
         ids = list(range(int(starts[i]), int(starts[i]) + n))
         rows.append({"input_ids": ids, "labels": [t + 1 for t in ids]} if with_labels else {"input_ids": ids})
     return rows, starts
+
+
+def _dealable(lengths, config, replicas: int) -> bool:
+    """A pass can be dealt to ``replicas`` in equal batch counts, every token once, iff it has
+    at least ``replicas`` kept tokens (and, with one token per pack, a multiple of them)."""
+    cap = config.max_tokens
+    kept = sum(min(n, cap) if config.overlength == "truncate" else n for n in lengths)
+    return replicas == 1 or (kept >= replicas and (cap > 1 or kept % replicas == 0))
+
+
+def _no_even_batches_warning(caught) -> None:
+    msgs = [str(w.message) for w in caught if "even_batches" in str(w.message)]
+    assert not msgs, f"a pass was left uneven (Accelerate would repeat batches): {msgs}"
 
 
 def _expected_tokens(lengths, starts, config) -> Counter:
@@ -127,13 +140,19 @@ def test_exactly_once_sampler_dp_shard_grad_accum_kill_resume(run):
             samplers.append(sampler)
         return out, samplers
 
+    if not _dealable(lengths, config, R):  # cannot be dealt exactly once: refused up front, never repeated
+        with pytest.raises(ValueError, match=f"cannot be dealt to num_replicas={R}"):
+            WFAPBatchSampler(lengths, config, **kwargs)
+        count("exactly_once.undealable_passes_refused")
+        return
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         iters, samplers = loaders()
         num_batches = len(samplers[0])
-    uneven = any("even_batches" in str(w.message) for w in caught)
-    steps_per_epoch = -(-(num_batches // R) // GA) if num_batches % R == 0 else None
-    kill = min(int(run["kill"] * ((steps_per_epoch or 1) + 1)), steps_per_epoch or 1)  # the end included
+    _no_even_batches_warning(caught)
+    assert num_batches % R == 0
+    steps_per_epoch = -(-(num_batches // R) // GA)
+    kill = min(int(run["kill"] * (steps_per_epoch + 1)), steps_per_epoch)  # the end included
     seen: Counter = Counter()
     for k, step in enumerate(_steps(iters, GA)):
         if k == kill:
@@ -151,12 +170,6 @@ def test_exactly_once_sampler_dp_shard_grad_accum_kill_resume(run):
     count("exactly_once.sampler_runs")
     count("exactly_once.samples", sum(1 for n in lengths if n))
     count("exactly_once.tokens", sum(want.values()))
-    if uneven:  # documented: the last packs could be neither split nor merged, Accelerate repeats batches
-        assert num_batches % R != 0
-        assert not (want - seen), "even then no token is lost"
-        count("exactly_once.uneven_epochs_warned")
-        return
-    assert num_batches % R == 0
     assert seen == want, f"lost {sum((want - seen).values())} tokens, repeated {sum((seen - want).values())}"
 
 
@@ -186,6 +199,12 @@ def test_exactly_once_streaming_dp_shard_kill_resume(run):
             datasets.append(ds)
         return out, datasets
 
+    if not _dealable(lengths, config, R):  # a stream learns it at its end: the pass raises, never repeats
+        ds = PackedIterableDataset(rows, config, **kwargs)
+        with pytest.raises(ValueError, match=f"cannot be dealt to num_replicas={R}"):
+            list(ds)
+        count("exactly_once.undealable_passes_refused")
+        return
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         iters, datasets = shards()
@@ -199,23 +218,18 @@ def test_exactly_once_streaming_dp_shard_kill_resume(run):
         killed = k == run["stop"]
         # killed mid-stream, or after the last step (a state saved at the end must resume with nothing left)
         state = datasets[0].state_dict(num_rows=k * GA * R) if killed else datasets[0].state_dict()
-        if True:
-            state = json.loads(json.dumps(state))
-            del iters, datasets
-            iters, _ = shards(state)
-            for step in _steps(iters, GA):
-                for batch in (b for rep in step for b in rep):
-                    seen.update(_check_row(batch, run["labels"]))
-    uneven = any("even_batches" in str(w.message) for w in caught)
+        state = json.loads(json.dumps(state))
+        del iters, datasets
+        iters, _ = shards(state)
+        for step in _steps(iters, GA):
+            for batch in (b for rep in step for b in rep):
+                seen.update(_check_row(batch, run["labels"]))
+    _no_even_batches_warning(caught)
     want = _expected_tokens(lengths, starts, config)
     count("exactly_once.stream_runs")
     count("exactly_once.samples", sum(1 for n in lengths if n))
     count("exactly_once.tokens", sum(want.values()))
     count("exactly_once.stream_resumes", int(killed))
-    if uneven:
-        assert not (want - seen)
-        count("exactly_once.uneven_epochs_warned")
-        return
     assert seen == want, f"lost {sum((want - seen).values())} tokens, repeated {sum((seen - want).values())}"
 
 
@@ -235,7 +249,7 @@ def test_even_batches_cuts_below_min_fragment_rather_than_repeat_batches():
         assert (len(offsets) - 1) % replicas == 0
         covered = Counter((int(i), t) for i, s, e in spans.tolist() for t in range(s, e))
         assert max(covered.values()) == 1 and len(covered) == tokens
-    with pytest.warns(UserWarning, match="fewer|neither split nor merged"):
+    with pytest.raises(ValueError, match=r"num_replicas=2 .*fewer tokens \(1\) than replicas"):
         plan_packs([1], PackingConfig(max_tokens=8, packs_per_window=2), num_replicas=2)  # 1 token, 2 replicas
     count("exactly_once.even_out_regressions", len(cases))
 
@@ -302,3 +316,111 @@ def test_truncated_or_edited_states_raise_valueerror_and_change_nothing():
                                                                                             "pool": pool})
         bad += 1
     count("state.corrupt_states_refused", bad)
+
+
+# ---------------------------------------------------------------------------- exactly-once, the planner alone
+@st.composite
+def passes(draw):
+    cap = draw(st.sampled_from([1, 2, 3, 5, 8, 16, 32]))
+    n = draw(st.integers(1, 40))
+    lengths = draw(st.lists(st.one_of(st.just(0), st.just(1), st.integers(1, cap), st.integers(cap, 4 * cap)),
+                            min_size=n, max_size=n))
+    if not any(lengths):
+        lengths[0] = 1
+    replicas, grad_accum = draw(st.integers(1, 5)), draw(st.integers(1, 3))
+    config = PackingConfig(
+        max_tokens=cap, packs_per_window=replicas * grad_accum,
+        strategy=draw(st.sampled_from(["wfap", "sequential", "bfd", "wlb"])),
+        overlength=draw(st.sampled_from(["split", "truncate"])),
+        max_defer=draw(st.sampled_from([0, 1, 3])),
+        reference_doc_tokens=draw(st.sampled_from([1, 16])),
+        balance_split=draw(st.booleans()),
+    )
+    return dict(lengths=lengths, config=config, replicas=replicas,
+                window_size=draw(st.sampled_from([None, 1, 2, 3, 7])))
+
+
+def _assert_dealt_exactly_once(packs, lengths, config, replicas):
+    assert len(packs) % replicas == 0, f"{len(packs)} packs for {replicas} replicas: Accelerate would repeat some"
+    covered: Counter = Counter()
+    for pack in packs:
+        assert pack and sum(e - s for _, s, e in pack) <= config.max_tokens
+        covered.update((int(i), t) for i, s, e in pack for t in range(s, e))
+    keep = [min(n, config.max_tokens) if config.overlength == "truncate" else n for n in lengths]
+    want = Counter((i, t) for i, n in enumerate(keep) for t in range(n))
+    assert covered == want, f"lost {sum((want - covered).values())}, repeated {sum((covered - want).values())}"
+
+
+@settings(max_examples=400, **FAST)
+@given(passes())
+def test_every_dealable_pass_is_dealt_exactly_once_and_every_other_raises(run):
+    """Random lengths x strategies x overlength policies x caps (1 included) x replicas x GA x
+    window sizes: the pass is dealt to the replicas in equal batch counts with every kept token
+    exactly once, or (fewer tokens than replicas; with max_tokens=1 a count that does not divide)
+    it raises ValueError - never a warning and a repeated batch."""
+    from atac_hf.packing.data.window_planner import plan_packs
+
+    lengths, config, R = run["lengths"], run["config"], run["replicas"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if not _dealable(lengths, config, R):
+            with pytest.raises(ValueError, match=f"cannot be dealt to num_replicas={R}"):
+                plan_packs(lengths, config, num_replicas=R, cost_model=COST, window_size=run["window_size"])
+            count("exactly_once.planner_passes_refused")
+            return
+        spans, offsets = plan_packs(lengths, config, num_replicas=R, cost_model=COST, window_size=run["window_size"])
+    _no_even_batches_warning(caught)
+    packs = [[tuple(x) for x in spans[offsets[b]:offsets[b + 1]].tolist()] for b in range(len(offsets) - 1)]
+    _assert_dealt_exactly_once(packs, lengths, config, R)
+    count("exactly_once.planner_passes")
+
+
+@settings(max_examples=120, **FAST)
+@given(passes())
+def test_every_dealable_stream_is_dealt_exactly_once(run):
+    """The same for PackedIterableDataset (which learns that the pass ends only when its
+    source does): the rows it yields are the pass's packs."""
+    lengths, config, R = run["lengths"], run["config"], run["replicas"]
+    rows, _ = _dataset(lengths, False)
+    ds = PackedIterableDataset(rows, config, num_replicas=R, cost_model=COST, window_size=run["window_size"])
+    if not _dealable(lengths, config, R):
+        with pytest.raises(ValueError, match=f"cannot be dealt to num_replicas={R}"):
+            list(ds)
+        count("exactly_once.stream_passes_refused")
+        return
+    packs = [[tuple(sp) for sp in row["spans"]] for row in ds]
+    _assert_dealt_exactly_once(packs, lengths, config, R)
+    count("exactly_once.stream_passes")
+
+
+def test_campaign_cases_of_issue_13_are_dealt_exactly_once_or_refused():
+    """Regressions (issue 13, item 1): a tiny last window after full ones (the last window alone
+    cannot make the count a multiple of the replicas: its reserve of earlier packs is re-cut with
+    it); truncation + wlb at cap 16 with 3 replicas; cap 1 with 3 tokens and 2 replicas (cannot be
+    dealt: raises, before anything was yielded for the sampler)."""
+    from atac_hf.packing.data.window_planner import plan_packs
+
+    cases = [([33, 33, 1, 32, 32, 1, 2], PackingConfig(max_tokens=32, packs_per_window=6, overlength="truncate",
+                                                       max_defer=3), 3, 3),
+             ([1, 3, 3, 2, 1, 2, 2, 3, 2, 2, 2, 1], PackingConfig(max_tokens=1, packs_per_window=6, strategy="wlb",
+                                                                  overlength="truncate"), 3, 3),
+             ([20, 5, 17, 40, 3, 9, 16, 1, 13], PackingConfig(max_tokens=16, packs_per_window=3, strategy="wlb",
+                                                              overlength="truncate"), 3, None),
+             ([2, 2], PackingConfig(max_tokens=2, packs_per_window=3), 3, None)]
+    for lengths, config, R, window in cases:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            spans, offsets = plan_packs(lengths, config, num_replicas=R, window_size=window)
+        packs = [[tuple(x) for x in spans[offsets[b]:offsets[b + 1]].tolist()] for b in range(len(offsets) - 1)]
+        _assert_dealt_exactly_once(packs, lengths, config, R)
+        stream = [[tuple(sp) for sp in row["spans"]]
+                  for row in PackedIterableDataset([{"input_ids": [1] * n} for n in lengths], config,
+                                                   num_replicas=R, window_size=window)]
+        _assert_dealt_exactly_once(stream, lengths, config, R)
+    one = PackingConfig(max_tokens=1, packs_per_window=2)
+    for make in (lambda: plan_packs([3], one, num_replicas=2), lambda: WFAPBatchSampler([3], one, num_replicas=2),
+                 lambda: list(PackedIterableDataset([{"input_ids": [1, 2, 3]}], one, num_replicas=2))):
+        with pytest.raises(ValueError, match=r"cannot be dealt to num_replicas=2 .*3 tokens.*max_tokens=1"):
+            make()
+    assert len(plan_packs([3], one, num_replicas=2, even_batches=False)[1]) - 1 == 3  # opted out: as planned
+    count("exactly_once.campaign_regressions", len(cases) + 3)

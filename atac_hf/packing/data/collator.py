@@ -46,6 +46,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..validate import check_token_ids
+
 __all__ = ["CollatorStats", "PackedDataCollator"]
 
 _RETURN_TENSORS = ("pt", "np")
@@ -111,10 +113,13 @@ class PackedDataCollator:
             a dict with the keys and shapes in the module docstring.
 
         Raises:
-            TypeError: ``features`` is not a list of mappings.
+            TypeError: ``features`` is not a list of mappings, or a token field that is not
+                a 1-D sequence of ints (text, floats, bools, nested lists; an
+                :class:`~atac_hf.packing.validate.InputTypeError`, also a ``ValueError``).
             ValueError: a feature without ``input_ids`` (the message lists its keys), labels
                 or ``seq_lengths`` that disagree with ``input_ids`` (names the feature),
-                negative lengths, or a batch in which every document is empty.
+                negative ``input_ids`` or lengths, values beyond int64, or a batch in which
+                every document is empty.
         """
         rt = self.return_tensors if return_tensors is None else return_tensors
         if rt not in _RETURN_TENSORS:
@@ -205,19 +210,7 @@ class PackedDataCollator:
 
 
 def _as_1d_ints(value: Any, row: int, key: str) -> np.ndarray:
-    """A feature's token/length field as a 1-D int64 array (lists, numpy, torch; (1, n) is flattened)."""
-    if hasattr(value, "detach"):  # torch tensor, without importing torch
-        value = value.detach().cpu().numpy()
-    try:
-        arr = np.asarray(value)
-    except ValueError:  # ragged nesting: numpy's own message would not name the feature
-        raise ValueError(f"feature {row}: {key} must be a 1-D sequence of ints, got a ragged nested sequence") from None
-    if arr.ndim == 2 and arr.shape[0] == 1:
-        arr = arr[0]
-    if arr.ndim != 1:
-        raise ValueError(f"feature {row}: {key} must be a 1-D sequence of ints, got shape {tuple(arr.shape)}")
-    if arr.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    if not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"feature {row}: {key} must hold ints, got dtype {arr.dtype}")
-    return arr.astype(np.int64, copy=False)
+    """A feature's token/length field as a 1-D int64 array (lists, numpy, torch; (1, n) is
+    flattened), checked by the one token-ids validator
+    (:func:`~atac_hf.packing.validate.check_token_ids`)."""
+    return check_token_ids(value, where=f"feature {row}", field=key)

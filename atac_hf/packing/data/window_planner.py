@@ -429,7 +429,8 @@ def _check_common(config: PackingConfig, window_size: int | None, num_replicas: 
                          f"{MAX_PACKS_PER_WINDOW})")
 
 
-def parse_planner_state(state: Any, num_replicas: int, max_tokens: int) -> tuple[bool, int, list[float], list[list[Span]]]:
+def parse_planner_state(state: Any, num_replicas: int,
+                        max_tokens: int) -> tuple[bool, int, list[float], list[list[Span]]]:
     """Check a :meth:`WindowPlanner.state_dict` (all but the packer's own state, which
     :meth:`StreamPacker.load_state_dict` checks); ``ValueError`` naming the field."""
     what = "window planner"
