@@ -26,7 +26,8 @@ def check_dataset_columns(dataset: Any, *, name: str = "dataset") -> None:
     ``input_ids`` column of token ids; ``labels`` is optional (default: the tokens).
 
     Raises:
-        ValueError: an iterable dataset, or a missing ``input_ids`` column (lists the columns found).
+        ValueError: an iterable dataset, pre-packed rows (a ``seq_lengths`` column: their documents
+            would attend to each other), or a missing ``input_ids`` column (lists the columns found).
     """
     if isinstance(dataset, IterableDataset) or (hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")):
         raise ValueError(f"{name} is an iterable dataset: the WFAP sampler needs a map-style dataset whose sample "
@@ -37,6 +38,13 @@ def check_dataset_columns(dataset: Any, *, name: str = "dataset") -> None:
             raise ValueError(f"{name} is empty")
         first = dataset[0]
         names = list(first) if hasattr(first, "keys") else [type(first).__name__]
+    if "seq_lengths" in names:
+        raise ValueError(
+            f"{name} holds pre-packed rows (a 'seq_lengths' column, e.g. from TRL's or atac-hf's pack_dataset): "
+            "ATACTrainer packs samples itself and would treat each row as one document, so the documents of a row "
+            "would attend to each other. Pass the unpacked tokenized dataset, or train the packed rows with "
+            "transformers.Trainer(args=TrainingArguments(..., remove_unused_columns=False), "
+            "data_collator=atac_hf.PackedDataCollator())")
     missing = [c for c in REQUIRED_COLUMNS if c not in names]
     if missing:
         raise ValueError(

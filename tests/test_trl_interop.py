@@ -1,0 +1,79 @@
+"""Interop with TRL 1.16 (skipped without trl; the dev extra installs it): TRL's own bfd
+cases reproduced by our bfd, TRL-packed rows in PackedDataCollator equal to TRL's
+padding-free collator, and TRL-packed rows refused by ATACTrainer's feeder with a clear
+error (its WFAP sampler would treat each row as one document)."""
+
+from __future__ import annotations
+
+import datasets
+import numpy as np
+import pytest
+
+trl_data = pytest.importorskip("trl.data_utils")
+
+from atac_hf.integrations.data import check_dataset_columns  # noqa: E402
+from atac_hf.packing import PackedDataCollator  # noqa: E402
+from atac_hf.packing.data.dataset import pack_dataset  # noqa: E402
+
+datasets.disable_progress_bars()
+
+EXAMPLES = {  # TRL's pack_dataset docstring example
+    "input_ids": [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10], [11]],
+    "attention_mask": [[1, 1, 1, 0, 0], [1, 0], [1, 1, 0], [1]],
+}
+
+
+@pytest.mark.parametrize("trl_strategy,overlength", [("bfd", "truncate"), ("bfd_split", "split")])
+def test_trl_bfd_cases_reproduced(trl_strategy, overlength):
+    ds = datasets.Dataset.from_dict(EXAMPLES)
+    theirs = trl_data.pack_dataset(ds, 4, strategy=trl_strategy)[:]
+    ours = pack_dataset(ds, max_tokens=4, packs_per_window=8, strategy="bfd", overlength=overlength,
+                        min_fragment=1, progress=False)[:]
+    def docs(rows):  # each pack as its set of documents (ids, mask): our rows keep data order inside a pack
+        out = []
+        for ids, mask, lens in zip(rows["input_ids"], rows["attention_mask"], rows["seq_lengths"]):
+            cuts = np.cumsum([0] + lens)
+            out.append(sorted((tuple(ids[a:b]), tuple(mask[a:b])) for a, b in zip(cuts[:-1], cuts[1:])))
+        return out
+
+    assert len(ours["input_ids"]) == len(theirs["input_ids"]) == 3
+    assert docs(ours) == docs(theirs)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_trl_bfd_random_cases_same_pack_count(seed):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 64, size=300)
+    ds = datasets.Dataset.from_dict({"input_ids": [[1] * int(n) for n in lengths]})
+    theirs = trl_data.pack_dataset(ds, 64, strategy="bfd")
+    ours = pack_dataset(ds, max_tokens=64, packs_per_window=1000, strategy="bfd", progress=False)
+    # one window holds the whole pool, as TRL's 1000-sample map batch does: same rule, same bins
+    assert len(ours) == len(theirs)
+    assert sorted(map(sum, ours["seq_lengths"])) == sorted(map(sum, theirs["seq_lengths"]))
+
+
+def test_trl_rows_in_packed_collator_match_trl_collator():
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    rng = np.random.default_rng(0)
+    ds = datasets.Dataset.from_dict({"input_ids": [rng.integers(1, 50, size=int(n)).tolist()
+                                                   for n in rng.integers(1, 30, size=60)]})
+    rows = trl_data.pack_dataset(ds, 64, strategy="bfd")
+    theirs = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)
+    ours = PackedDataCollator()
+    assert len(rows) > 5
+    for row in rows:
+        a, b = ours([row]), theirs([row])
+        assert a["input_ids"].tolist() == b["input_ids"].tolist()
+        assert a["position_ids"].tolist() == b["position_ids"].tolist()
+        assert len(row["seq_lengths"]) > 0 and a["seq_lengths"].tolist() == row["seq_lengths"]
+
+
+def test_packed_rows_are_refused_by_the_atac_trainer_feeder():
+    rows = trl_data.pack_dataset(datasets.Dataset.from_dict(EXAMPLES), 4, strategy="bfd")
+    with pytest.raises(ValueError, match=r"train_dataset holds pre-packed rows \(a 'seq_lengths' column.*"
+                                         r"remove_unused_columns=False"):
+        check_dataset_columns(rows, name="train_dataset")
+    ours = pack_dataset(datasets.Dataset.from_dict(EXAMPLES), max_tokens=4, progress=False)
+    with pytest.raises(ValueError, match="pre-packed rows"):
+        check_dataset_columns(ours)
