@@ -144,3 +144,154 @@ def test_the_package_never_unpickles_or_evaluates():
             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if banned.search(line)]
     assert not hits, hits
     count("security.files_scanned", len(list(PACKAGE.rglob("*.py"))))
+
+
+# ---------------------------------------------------------------------------- bounded loading (issue 13, item 2)
+def _laughs(levels: int = 9) -> str:
+    """Billion laughs: 9 levels of 9 aliases each stand for 9**9 (387M) strings in ~400 bytes."""
+    lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, levels):
+        lines.append(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]")
+    lines.append(f"cost_preset: [{', '.join([f'*l{levels - 1}'] * 9)}]")
+    return "\n".join(lines) + "\n"
+
+
+def _hostile_configs(tmp_path) -> list[tuple[Path, str]]:
+    from atac_hf.integrations.config import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH
+
+    cases = [
+        ("laughs.yaml", _laughs(), "YAML aliases are not allowed"),
+        ("one_alias.yaml", "packing_options: &o {overlength: split}\natac_extra: *o\n", "aliases are not allowed"),
+        ("comments.yaml", "# " + "x" * 1000 + "\n", None),  # written below at over the cap
+        ("deep_block.yaml", "".join("  " * i + f"k{i}:\n" for i in range(MAX_CONFIG_DEPTH + 4)) + "  " * 30 + "x: 1\n",
+         "nesting deeper than"),
+        ("deep_flow.yaml", "cp_size: " + "[" * 5000 + "]" * 5000 + "\n", "not valid YAML"),
+        ("deep.json", '{"cp_size": ' + "[" * 5000 + "]" * 5000 + "}", "nests 5001 levels deep|nesting 5001 levels"),
+        ("mixed_keys.yaml", "cp_size: 2\n1: 3\n", r"non-string keys \[1\]"),
+        ("nested_keys.yaml", "packing_options: {1: 2, max_defer: 3}\n", r"non-string keys \[1\]"),
+        ("bool_key.yaml", "true: 1\n", r"non-string keys \[True\]"),
+        ("null_key.yaml", "~: 1\n", r"non-string keys \[None\]"),
+    ]
+    out = []
+    for name, text, match in cases:
+        path = tmp_path / name
+        if name == "comments.yaml":  # the 200 MB file of comments, cut to just over the cap
+            text = text * (MAX_CONFIG_BYTES // len(text) + 1)
+            match = f"more than {MAX_CONFIG_BYTES}"
+        path.write_text(text)
+        out.append((path, match))
+    return out
+
+
+def test_hostile_config_files_are_refused_without_expanding_them(tmp_path):
+    """Aliases (billion laughs), files over the size cap, deep nesting, non-string keys: each a
+    ValueError naming the file, from every entry point, with a short message."""
+    for path, match in _hostile_configs(tmp_path):
+        for load in (lambda: ATACConfig.from_yaml(path), lambda: ATACConfig.from_sources(path, environ={}),
+                     lambda: ATACConfig.from_sources(environ={"ATAC_CONFIG": str(path)})):
+            with pytest.raises(ValueError, match=match) as info:
+                load()
+            assert str(path) in str(info.value) and len(str(info.value)) < 1000, (path.name, str(info.value)[:300])
+            count("security.hostile_config_refused")
+
+
+def test_devices_pipes_and_directories_are_never_read_as_configs(tmp_path):
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)  # opening it would block until a writer came
+    for bad in ("/dev/zero", "/dev/urandom", str(fifo), str(tmp_path)):
+        with pytest.raises(ValueError, match="does not exist or is not a file"):
+            ATACConfig.from_yaml(bad)
+        with pytest.raises(ValueError, match="does not exist or is not a file"):
+            ATACConfig(cost_profile=bad)
+        count("security.paths_checked", 2)
+    for bad in ("/dev/zero", str(fifo)):  # the JSON loaders (profiles, lengths) refuse them too
+        with pytest.raises(ValueError, match="not a regular file"):
+            CostModel.from_profile(bad)
+        with pytest.raises(ValueError, match="not a regular file"):
+            load_lengths(bad)
+        count("security.paths_checked", 2)
+
+
+def test_error_messages_never_print_huge_values(tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_text("cost_preset: [" + ", ".join(["1"] * 10_000) + "]\n")  # 30 KB: under the size cap
+    with pytest.raises(ValueError, match=r"unknown cost_preset \[1, 1, 1, 1, 1, 1, 1, 1, \.\.\.\]") as info:
+        ATACConfig.from_yaml(big)
+    assert len(str(info.value)) < 400
+    cases = [
+        (dict(cost_preset="x" * 10**6), r"unknown cost_preset 'x+\.\.\.x+'"),
+        (dict(sharding_strategy=["ring"] * 10**5), r"unknown sharding_strategy \['ring', .*\.\.\.\]"),
+        (dict(sharding_strategy={"a": 1}), r"unknown sharding_strategy \{'a': 1\}"),  # unhashable: no TypeError
+        (dict(cp_size=10**5000), r"cp_size=<int> must be an int >= 1"),  # no 4300-digit repr error either
+        (dict(packing_options={1: 2, "a": 3}), r"packing_options keys must be strings"),
+    ]
+    for kwargs, match in cases:
+        with pytest.raises(ValueError, match=match) as info:
+            ATACConfig(**kwargs)
+        assert len(str(info.value)) < 400, str(info.value)[:400]
+        count("security.settings_checked")
+    env = [({"ATAC_CP_SIZE": "9" * 5000}, "ATAC_CP_SIZE='9+\\.\\.\\.9+' is not an integer"),
+           ({"ATAC_PACKING_OPTIONS": "[" * 100_000}, "ATAC_PACKING_OPTIONS must be a JSON object"),
+           ({"ATAC_DEBUG": "y" * 10**5}, "ATAC_DEBUG='y+\\.\\.\\.y+' is not a boolean")]
+    for environ, match in env:
+        with pytest.raises(ValueError, match=match) as info:
+            ATACConfig.from_env(environ)
+        assert len(str(info.value)) < 400
+        count("security.settings_checked")
+
+
+def test_numbers_out_of_range_are_refused():
+    from atac_hf.sharding import MAX_CP_SIZE
+
+    for bad in (2**70, MAX_CP_SIZE + 1, 10**7, 0, True, 2.0):
+        with pytest.raises(ValueError, match="cp_size=.* must be an int >= 1 and <= 4096"):
+            ATACConfig(cp_size=bad)
+    assert ATACConfig(cp_size=MAX_CP_SIZE).cp_size == MAX_CP_SIZE
+    import numpy as np
+
+    cfg = ATACConfig(cp_size=np.int64(2), max_tokens=np.int32(64), collective_timeout_s=np.float32(5.0))
+    assert (type(cfg.cp_size), type(cfg.max_tokens), type(cfg.collective_timeout_s)) == (int, int, float)
+    for bad in (1e300, 1e-320, 0.5, 86_401, 2**70):
+        with pytest.raises(ValueError, match=r"collective_timeout_s=.* must be None or a number of seconds > 0, "
+                                             r"from 1 to 86400"):
+            ATACConfig(collective_timeout_s=bad)
+    for raw in ("1e-320", "1e300", "1e400", "0.001"):
+        with pytest.raises(ValueError, match="collective_timeout_s=.* from 1 to 86400"):
+            ATACConfig.from_env({"ATAC_COLLECTIVE_TIMEOUT_S": raw})
+    assert ATACConfig(collective_timeout_s=1).collective_timeout_s == 1.0
+    assert ATACConfig(collective_timeout_s=86_400).collective_timeout_s == 86_400.0
+    for name in ("max_tokens_per_rank", "min_chunk", "window_size"):
+        with pytest.raises(ValueError, match=f"{name}=.* must be None or an int >= 1 and <= 2\\*\\*62"):
+            ATACConfig(**{name: 2**70})
+    for name in ("shuffle", "debug"):
+        with pytest.raises(TypeError, match=f"{name}=1 must be True or False"):
+            ATACConfig(**{name: 1})
+    count("security.settings_checked", 24)
+
+
+def test_cost_models_refuse_bools_absurd_prices_and_zero_profiles(tmp_path):
+    good = default_cost_model()
+    for field in ("linear_s_per_token", "attn_s_per_pair", "segment_overhead_s", "kv_bytes_per_token",
+                  "link_latency_s", "link_bandwidth", "tile", "mask_block", "sliding_window",
+                  "masked_attn_s_per_pair", "masked_segment_overhead_s"):
+        for bad in (True, np_bool(), float("inf"), 1e300, -1, "1"):
+            with pytest.raises(ValueError, match=f"CostModel.{field} must be"):
+                good.replace(**{field: bad})
+            count("security.settings_checked")
+    zero = good.replace(linear_s_per_token=0.0, attn_s_per_pair=0.0, segment_overhead_s=0.0)
+    assert not zero.prices_compute  # allowed as an object (costing communication alone) ...
+    path = tmp_path / "zero.json"
+    zero.save(path)
+    with pytest.raises(ValueError, match="prices all work at 0 s"):  # ... but never loaded as a profile
+        CostModel.from_profile(path)
+    from atac_hf.sharding import plan_shards
+
+    with pytest.raises(ValueError, match="prices all work at 0 s"):  # ... nor planned with
+        plan_shards([100, 8], 2, cost_model=zero)
+    count("security.settings_checked", 2)
+
+
+def np_bool():
+    import numpy as np
+
+    return np.bool_(True)
