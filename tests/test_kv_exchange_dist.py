@@ -67,7 +67,10 @@ def equivalence_worker(rank: int, world: int, out_path: str, models: tuple, num_
                 ref = _dist.reference_run(model, batch) if rank == 0 else None
                 lengths = doc_lengths_from_batch(batch)
                 for plan_name, plan in _plans(lengths, world):
-                    assert plan.kv_exchange == "all_to_all" and len(plan.gathered_docs), plan_name
+                    if not len(plan.gathered_docs):  # nothing to exchange (atp kept every document whole)
+                        continue
+                    assert plan.kv_exchange == "all_to_all", plan_name
+                    stats["plans"] += 1
                     owners = [sum(int(d in s[:, 0]) for s in plan.segments) for d in plan.sharded_docs]
                     stats["subgroup_docs"] += sum(1 for n in owners if 2 <= n < world)
                     backends = ["sdpa"] + (["varlen_reference"] if dtype == torch.float64 else [])
@@ -89,8 +92,8 @@ def test_all_to_all_cp_training_equals_single_device(world, models, num_packs, t
     _dist.spawn(equivalence_worker, world, str(out), models, num_packs, timeout_s=900)
     stats = json.loads(out.read_text())
     print(f"\nworld={world}: " + json.dumps(stats, sort_keys=True))
-    plans = 3 + (world > 2)
-    assert stats["cases"] == len(models) * num_packs * plans * 3  # fp64: 2 backends, fp32: 1
+    # fp64: 2 backends, fp32: 1; at least per_doc, zigzag (and the sub-group plan) exchange K/V
+    assert stats["cases"] == stats["plans"] * 3 // 2 >= len(models) * num_packs * (2 + (world > 2)) * 3
     if world > 2:
         assert stats["subgroup_docs"] > 0, "no document was split over a sub-group of ranks"
 

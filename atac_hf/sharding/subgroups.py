@@ -28,8 +28,6 @@ all-to-all, whichever is estimated faster) beats the flat anchor-tail plan. Pure
 
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 
 from ..cost import CostModel
@@ -44,7 +42,7 @@ ANCHOR_SHARES = (1.0, 0.5, 0.25)
 
 
 def plan_subgroups(lengths, C: int, cm: CostModel, *, anchor_share: float = 1.0, max_tokens_per_rank=None,
-                   min_chunk: int = 1, strategy: str = "atp") -> ShardPlan | None:
+                   min_chunk: int = 1, strategy: str = "atp", two_way: bool = True) -> ShardPlan | None:
     """The hierarchical anchor-tail plan of one pack (see the module docstring).
 
     Args:
@@ -55,6 +53,11 @@ def plan_subgroups(lengths, C: int, cm: CostModel, *, anchor_share: float = 1.0,
         max_tokens_per_rank: token cap per rank (None: no cap).
         min_chunk: an anchor has at least ``4 * min_chunk`` tokens.
         strategy: the name the plan carries.
+        two_way: level the ranks under the cost model with attention priced at 0.5x, 1x and
+            2x at once (robust to its error in the price ratio of attention and token-wise
+            work): an anchor's size on the slot line is the largest of its three shares, and
+            a tail goes to the rank whose worst of the three loads stays lowest; False: slots
+            and tails in estimated cost under ``cm`` alone.
 
     Returns:
         The plan (K/V exchange chosen by estimated time), or None when the cap cannot be kept,
@@ -69,19 +72,25 @@ def plan_subgroups(lengths, C: int, cm: CostModel, *, anchor_share: float = 1.0,
     if C < 2 or total <= 0:
         return None
     slot = total / C
+    models = [cm] + ([_scaled(cm, 0.5), _scaled(cm, 2.0)] if two_way else [])
+    costs = np.stack([whole] + [m.doc_cost(L) for m in models[1:]])  # (M, D)
+    slots = costs.sum(axis=1) / C
+    share = costs / slots[:, None]  # (M, D) in rank shares
+    worst = share.max(axis=0)
+    size = worst / (worst.sum() / C)  # the slot line: worst shares, C slots hold every document
     order = np.argsort(-whole, kind="stable")
     is_anchor = np.zeros(D, dtype=bool)
-    is_anchor[order[(whole[order] > anchor_share * slot) & (L[order] >= 4 * min_chunk)]] = True
-    load = np.zeros(C)
+    is_anchor[order[(worst[order] > anchor_share) & (L[order] >= 4 * min_chunk)]] = True
+    load = np.zeros((len(models), C))
     tok = np.zeros(C, dtype=np.int64)
     segs: list[list[tuple[int, int, int]]] = [[] for _ in range(C)]
     pos = 0.0
     groups = []  # the (rank, tokens) pieces of each split anchor
     whole_docs = []  # anchors whose interval lies in one slot: placed whole there
     for d in order[is_anchor[order]].tolist():
-        start, end = pos, pos + float(whole[d])
+        start, end = pos, pos + float(size[d])
         pos = end
-        pieces = _pieces(start, end, slot, C, int(L[d]), min_chunk)
+        pieces = _pieces(start, end, 1.0, C, int(L[d]), min_chunk)
         if len(pieces) == 1:
             whole_docs.append((d, pieces[0][0]))
             continue
@@ -89,15 +98,15 @@ def plan_subgroups(lengths, C: int, cm: CostModel, *, anchor_share: float = 1.0,
         groups.append(pieces)
         for r, n in pieces:
             tok[r] += n
-            load[r] += float(whole[d]) * n / int(L[d])
+            load[:, r] += costs[:, d] * n / int(L[d])
     for d, r in whole_docs:
         segs[r].append((d, 0, int(L[d])))
         tok[r] += int(L[d])
-        load[r] += float(whole[d])
+        load[:, r] += costs[:, d]
     if tok.max(initial=0) > cap:
         return None
     tails = order[~is_anchor[order]]
-    if not _place_tails(tails, whole, L, load, tok, cap, segs):
+    if not _place_tails(tails, costs / slots[:, None], L, load / slots[:, None], tok, cap, segs):
         return None
     if tok.min() == 0 and L.sum() >= C:  # every rank gets a token (transformers cannot run on none)
         return None
@@ -146,23 +155,24 @@ def _nest(d: int, n: int, pieces: list[tuple[int, int]], segs: list) -> None:
         H, E = H + h, E - (k - h)
 
 
-def _place_tails(tails, whole, L, load, tok, cap, segs) -> bool:
-    """Whole documents, most expensive first, to the least-loaded rank with token room."""
-    C = len(load)
-    heap = [(float(load[r]), r) for r in range(C)]
-    heapq.heapify(heap)
+def _scaled(cm: CostModel, k: float) -> CostModel:
+    """``cm`` with every attention pair price times ``k``."""
+    m = cm.masked_attn_s_per_pair
+    return cm.replace(attn_s_per_pair=cm.attn_s_per_pair * k, masked_attn_s_per_pair=None if m is None else m * k)
+
+
+def _place_tails(tails, share, L, load, tok, cap, segs) -> bool:
+    """Whole documents, most expensive first, each to the rank with token room whose worst
+    load over the cost models (``share``: (M, D) document costs, ``load``: (M, C) rank loads,
+    both in rank shares) stays lowest; ties to the lower rank."""
     for d in tails.tolist():
-        n, c = int(L[d]), float(whole[d])
-        skipped = []
-        while heap and tok[heap[0][1]] + n > cap:
-            skipped.append(heapq.heappop(heap))
-        if not heap:
+        n = int(L[d])
+        worst = (load + share[:, d:d + 1]).max(axis=0)
+        worst[tok + n > cap] = np.inf
+        r = int(np.argmin(worst))
+        if not np.isfinite(worst[r]):
             return False
-        l, r = heapq.heappop(heap)
-        load[r] = l + c
+        load[:, r] += share[:, d]
         tok[r] += n
         segs[r].append((d, 0, n))
-        heapq.heappush(heap, (load[r], r))
-        for item in skipped:
-            heapq.heappush(heap, item)
     return True
