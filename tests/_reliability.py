@@ -15,8 +15,10 @@ from hypothesis import HealthCheck
 
 from atac_hf.cost import CostModel
 
-# hypothesis settings and a small exact-ish cost model shared by the reliability tests
-FAST = dict(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+# hypothesis settings and a small exact-ish cost model shared by the reliability tests. Not
+# derandomized: each run draws new examples, reproducible from the printed blob (tests/conftest.py)
+FAST = dict(deadline=None, print_blob=True,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 COST = CostModel(linear_s_per_token=1.0, attn_s_per_pair=0.05, tile=4, segment_overhead_s=0.5)
 
 COUNTS: Counter = Counter()

@@ -106,7 +106,7 @@ def test_sampler_epoch_covers_every_token_once(strategy, overlength):
 
 
 @pytest.mark.filterwarnings("ignore:even_batches")  # tiny passes may not split evenly
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lengths=st.lists(st.integers(0, 3 * CAP), min_size=1, max_size=60).filter(any),
        ppw=st.integers(1, 5), window=st.one_of(st.none(), st.integers(1, 20)), replicas=st.integers(1, 3),
        seed=st.integers(0, 1000))
@@ -409,7 +409,7 @@ def test_streaming_errors(monkeypatch):
 
 
 # ---------------------------------------------------------------------------- pack_dataset
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lengths=st.lists(st.integers(0, 2 * CAP), min_size=1, max_size=40).filter(any), seed=st.integers(0, 99))
 def test_pack_dataset_covers_every_token_once(lengths, seed):
     rng = np.random.default_rng(seed)

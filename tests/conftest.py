@@ -1,0 +1,18 @@
+"""Hypothesis profiles for the whole suite (docs/TESTING.md, "Property tests").
+
+* ``atac`` (default): every run draws new examples (no ``derandomize``), so CI explores more
+  of the input space over time. A failure stays reproducible: Hypothesis prints the shrunk
+  falsifying example and, with ``print_blob``, a ``@reproduce_failure(...)`` line that
+  replays it exactly; the local example database (``.hypothesis/``) replays it first on the
+  next run.
+* ``fixed``: the same examples on every run (``derandomize=True``), for bisecting a
+  failure: ``pytest --hypothesis-profile=fixed`` (or pin one run with ``--hypothesis-seed=N``).
+
+Settings given in a test's ``@settings(...)`` (example counts, deadlines) override these.
+"""
+
+from hypothesis import settings
+
+settings.register_profile("atac", print_blob=True)
+settings.register_profile("fixed", print_blob=True, derandomize=True)
+settings.load_profile("atac")
