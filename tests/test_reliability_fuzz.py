@@ -104,6 +104,8 @@ def test_planner_fuzz_every_token_once_and_caps(case):
     _check_segments(plan, lengths)
     if cap is not None:
         assert int(plan.rank_num_tokens().max()) <= cap
+    if sum(lengths) >= cp:  # every rank a token, whatever the strategy (issue 13, item 10)
+        assert int(plan.rank_num_tokens().min()) >= 1, f"{strategy} left a rank empty"
     again = plan_shards(lengths, cp, strategy, max_tokens_per_rank=cap, min_chunk=min_chunk, max_anchors=max_anchors)
     assert again.digest == plan.digest, "planners must be deterministic (every rank plans alone)"
     if sum(lengths) <= 20_000:  # per-token views: the runtime's bookkeeping for every rank
@@ -161,6 +163,20 @@ CHUNK_MSG = r"min_chunk must be >= 1 \(an int\)"
     (dict(doc_lengths=[3], cp_size=True), ValueError, "cp_size must be an int >= 1"),
     (dict(doc_lengths=[3], cp_size=2, strategy=None), ValueError, "unknown sharding strategy"),
     (dict(doc_lengths=[3], cp_size=2, strategy="ring"), ValueError, "unknown sharding strategy"),
+    # issue 13: bools are not lengths, cp_size and caps have upper bounds, zero-price models
+    (dict(doc_lengths=[True, 2], cp_size=2), ValueError, r"doc_lengths\[0\] is the bool True"),
+    (dict(doc_lengths=(3, np.True_), cp_size=2), ValueError, r"doc_lengths\[1\] is the bool (np\.)?True"),
+    (dict(doc_lengths=np.array([True, False]), cp_size=2), ValueError, "bool array"),
+    (dict(doc_lengths=[2**70], cp_size=2), ValueError, "must be integers"),
+    (dict(doc_lengths=np.array([2**64 - 1], dtype=np.uint64), cp_size=2), ValueError, "more than 2\\*\\*62"),
+    (dict(doc_lengths=[3], cp_size=10**7), ValueError, r"cp_size must be an int >= 1 and <= 4096"),
+    (dict(doc_lengths=[3], cp_size=2**70), ValueError, r"cp_size must be an int >= 1 and <= 4096"),
+    (dict(doc_lengths=[3], cp_size=np.bool_(True)), ValueError, "cp_size must be an int >= 1"),
+    (dict(doc_lengths=[3], cp_size=2, max_tokens_per_rank=2**70), ValueError, CAP_MSG),
+    (dict(doc_lengths=[3], cp_size=2, min_chunk=2**70), ValueError, CHUNK_MSG),
+    (dict(doc_lengths=[3, 4], cp_size=2, cost_model=COST.replace(linear_s_per_token=0.0, attn_s_per_pair=0.0,
+                                                                 segment_overhead_s=0.0)),
+     ValueError, "prices all work at 0 s"),
 ])
 def test_planner_hostile_arguments(kwargs, exc, match):
     count("planner.hostile")
@@ -543,6 +559,67 @@ def test_shard_batch_cp1_needs_no_group_and_cp2_needs_one():
     with pytest.raises(ValueError, match="attention_mask has padding"):
         shard_batch({**batch, "attention_mask": torch.tensor([[1, 1, 0]])}, plan_shards([2, 1], 1), 0)
     count("shard_batch.hostile", 5)
+
+
+@settings(max_examples=300, **FAST)
+@given(st.lists(st.integers(1, 12), min_size=1, max_size=6), st.sampled_from([2, 3, 4, 5, 8, 16, 33]),
+       st.sampled_from(sorted(STRATEGIES)), st.sampled_from([1, 2, 4, 128]), st.booleans())
+def test_every_rank_gets_a_token_when_the_pack_has_enough(lengths, cp, strategy, min_chunk, tight_cap):
+    """Issue 13, item 10: a pack of at least cp_size tokens gives every rank a token, for every
+    strategy, inside the planner (short documents that atp keeps whole, per_doc's one-token
+    documents on rank 0, ...); a smaller pack leaves the plan as it is and shard_batch refuses
+    it on every rank alike. Caps stay respected; every token once."""
+    count("planner.fill_cases")
+    n = sum(lengths)
+    cap = math.ceil(n / cp) + 1 if tight_cap else None
+    try:
+        plan = plan_shards(lengths, cp, strategy, COST, max_tokens_per_rank=cap, min_chunk=min_chunk)
+    except ValueError as e:
+        assert strategy != "atp" and "max_tokens_per_rank" in str(e), e
+        return
+    _check_segments(plan, lengths)
+    plan.validate()
+    held = plan.rank_num_tokens()
+    if n >= cp:
+        assert int(held.min()) >= 1, (strategy, lengths, cp, held.tolist())
+        count("planner.filled_plans")
+    if cap is not None:
+        assert int(held.max()) <= cap
+    assert plan.strategy == strategy
+    for r in range(cp):
+        plan.local_layout(r)
+
+
+def test_filled_plans_are_hand_checked():
+    """``plan_shards([3], 2, "atp")`` left rank 1 empty; each empty rank now takes the second
+    half of the fullest rank's tokens (a cut document is gathered)."""
+    plan = plan_shards([3], 2, "atp", COST)
+    assert [s.tolist() for s in plan.segments] == [[[0, 0, 2]], [[0, 2, 3]]]
+    assert plan.gathered_docs.tolist() == [0]
+    plan = plan_shards([1, 1, 1], 3, "per_doc", COST)  # all on rank 0 before: whole documents move
+    assert plan.rank_num_tokens().tolist() == [1, 1, 1]
+    assert sorted(int(s[0, 0]) for s in plan.segments) == [0, 1, 2]
+    plan = plan_shards([1], 2, "atp", COST)  # fewer tokens than ranks: unchanged, shard_batch refuses
+    assert plan.rank_num_tokens().tolist() == [1, 0]
+    count("planner.hand_checked", 3)
+
+
+def test_shard_batch_refuses_wrong_types_with_clear_errors():
+    batch = {"input_ids": torch.tensor([[5, 6, 7]]), "position_ids": torch.tensor([[0, 1, 0]]),
+             "labels": torch.tensor([[5, 6, 7]])}
+    plan = plan_shards([2, 1], 1)
+    for bad in ({"cp_size": 1}, "plan", None, plan.segments):
+        with pytest.raises(TypeError, match="plan must be a ShardPlan"):
+            shard_batch(batch, bad, 0)
+    with pytest.raises(TypeError, match="batch must be a mapping"):
+        shard_batch([batch], plan, 0)
+    for key, value in (("labels", torch.tensor([[5, 6]])), ("labels", torch.tensor([[5, 6, 7, 8]])),
+                       ("shift_labels", torch.tensor([[5]])), ("labels", torch.tensor([[5], [6], [7]]))):
+        with pytest.raises(ValueError, match=rf"'{key}' has shape .* but input_ids has shape \(1, 3\) \(3 tokens\)"):
+            shard_batch({**batch, key: value}, plan, 0)
+    with pytest.raises(TypeError, match="'labels' must be a tensor"):
+        shard_batch({**batch, "labels": [[5, 6, 7]]}, plan, 0)
+    count("shard_batch.hostile", 10)
 
 
 @settings(max_examples=40, **FAST)
