@@ -7,6 +7,7 @@ test_integration_trainer.py and test_integration_examples.py.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import sys
@@ -33,8 +34,9 @@ def test_defaults_and_derived_objects():
                                                                                              "truncate", 2)
     assert cfg.resolved_min_chunk("cuda") == 128 and cfg.resolved_min_chunk("cpu") == 1
     assert ATACConfig.from_dict(cfg.to_dict()) == cfg
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'cp_size'"):
         cfg.cp_size = 4  # frozen
+    assert cfg.cp_size == 2
 
 
 @pytest.mark.parametrize("kwargs, match", [
