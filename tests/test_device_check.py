@@ -3,6 +3,7 @@ and reports ok, so the script cannot rot between GPU runs."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -31,4 +32,28 @@ def test_device_check_cpu_smoke(tmp_path):
     assert {c["strategy"] for c in a["cases"]} == {"contiguous", "zigzag", "per_doc", "wlb_adaptive", "atp"}
     rows = res["parts"]["b_per_rank_time"]["rows"]
     assert rows and all(len(st["rank_ms"]) == r["cp"] for r in rows for st in r["strategies"].values())
-    assert res["parts"]["c_cp1_overhead"]["rows"]
+    c_rows = res["parts"]["c_cp1_overhead"]["rows"]
+    assert {r["baseline"] for r in c_rows} >= {"hf_sdpa"}  # transformers' own packed-row path ran
+    # fp32 cases are judged by the plain-attention rule (atac_hf.attention.tolerance), fp64 by 1e-10
+    fp32 = [e for c in a["cases"] if c["dtype"] == "float32" for e in c["errors"]]
+    assert fp32 and all({"plain_err", "bound", "ratio"} <= set(e) and e["ok"] for e in fp32)
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("device_check", ROOT / "scripts" / "device_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_device_check_gpu_settings_include_varlen_and_quick_halves_the_work():
+    from atac_hf.attention.compat import torch_varlen_attn
+
+    dc = _script()
+    full, quick = dc.settings(dc.parse_args([])), dc.settings(dc.parse_args(["--quick"]))
+    if torch_varlen_attn() is not None:
+        for s in (full, quick):
+            assert s["exact_backends"][0] == s["timing_backends"][0] == s["overhead_backends"][0] == "varlen"
+    assert full["timing_tokens"] == [32768, 65536, 131072] and full["timing_cp"] == [4, 8]
+    assert quick["timing_tokens"] == [32768, 131072] and quick["timing_kv_heads"] == [8] and quick["packs"] == 1
+    assert quick["exact_cp"] == [2, 8] and quick["budget_s"] < full["budget_s"] and quick["quick"]
