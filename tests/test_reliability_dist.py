@@ -131,6 +131,21 @@ def _same_plan(rank: int, world: int, stats: dict) -> None:
     # the group is still usable after a detected mismatch (the check is one small all-gather)
     BatchSharder(cfg, cp_rank=rank)(same)
     stats["mismatches_caught"] = caught
+    # same document lengths, other data (issue 13, item 9): other ids, or the same ids with other labels
+    relabelled = {**same, "labels": same["labels"].clone()}
+    relabelled["labels"][0, 5] = (int(relabelled["labels"][0, 5]) + 1) % _dist.VOCAB
+    content_caught = 0
+    for name, batch in (("input_ids", _dist.make_batch([[150, 30, 1, 2, 20, 1, 7]], seed=1)), ("labels", relabelled)):
+        try:
+            BatchSharder(cfg, cp_rank=rank)(batch if rank == 1 else same)
+        except RuntimeError as e:
+            msg = str(e)
+            assert "different batches with the same document lengths" in msg and "rank 1: " in msg, msg
+            content_caught += 1
+        else:
+            raise AssertionError(f"debug mode missed ranks holding different {name}")
+    BatchSharder(cfg, cp_rank=rank)(same)  # still usable
+    stats["content_mismatches_caught"] = content_caught
 
 
 def _shard_fuzz(rank: int, world: int, stats: dict, num: int = 150) -> None:
@@ -218,6 +233,13 @@ def test_cp2_equals_one_process_over_20_adamw_steps(group_stats):
 def test_debug_digest_catches_plan_mismatch_through_the_integration(group_stats):
     assert group_stats["mismatches_caught"] == 2
     count("same_plan.mismatches_caught", 2)
+
+
+def test_debug_mode_catches_ranks_holding_different_data_with_the_same_lengths(group_stats):
+    """2 gloo ranks, one fed other input_ids (then other labels) with the same document lengths:
+    the plan digests agree, the batch digest (all-gathered with them) does not: both raise."""
+    assert group_stats["content_mismatches_caught"] == 2
+    count("same_plan.content_mismatches_caught", 2)
     count("same_plan.digest_checks", STEPS + group_stats["shard_fuzz_ok"])
 
 
