@@ -29,6 +29,10 @@ def test_fit_coefficients_recovers_a_linear_law():
 
 
 def test_calibrate_quick_writes_a_loadable_profile(tmp_path, capsys):
+    """The quick run end to end: structure, finiteness and non-negativity of what it measured
+    and fitted, the profile's round trip, and that the planners and the simulator accept it.
+    Real timings on a shared machine are noisy, so nothing here asserts on the fitted values
+    (test_calibration_recovers_a_synthetic_law checks the fit on deterministic timings)."""
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="command", required=True)
     add_parser(sub)
@@ -37,23 +41,91 @@ def test_calibrate_quick_writes_a_loadable_profile(tmp_path, capsys):
     assert args.func(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["model"]["hidden_size"] == 256 and report["tp_size"] == 1
-    assert len(report["heldout"]) >= 3
-    assert report["heldout_max_rel_err"] < 1.0  # sanity only: the 15% target is for the full run
-
     assert report["backend"] == "sdpa" and {h["kind"] for h in report["heldout"]} == {"pack", "shard"}
+    assert len(report["heldout"]) >= 3
+    for h in report["heldout"]:
+        assert h["measured_s"] > 0 and np.isfinite(h["predicted_s"]) and h["predicted_s"] >= 0
+        assert h["rel_err"] == pytest.approx((h["predicted_s"] - h["measured_s"]) / h["measured_s"])
+    assert report["heldout_max_rel_err"] == pytest.approx(max(abs(h["rel_err"]) for h in report["heldout"]))
+
     cm = CostModel.from_profile(out)
-    assert cm.tile == 1 and cm.linear_s_per_token > 0 and cm.attn_s_per_pair > 0
+    assert cm.tile == 1
+    fitted = [cm.linear_s_per_token, cm.attn_s_per_pair, cm.segment_overhead_s, cm.masked_segment_overhead_s]
+    assert all(np.isfinite(c) and c >= 0 for c in fitted)
+    assert cm.linear_s_per_token + cm.attn_s_per_pair > 0, "a profile that prices nothing"
     # the grid measured chunks: on CPU the sdpa backend runs big ones as an unmasked prefix
     # kernel merged with a causal one (the same price per pair, no row blocks), with their own
     # price per call
     assert cm.masked_segment_overhead_s is not None and cm.masked_attn_s_per_pair is None and cm.mask_block == 0
+    # round trip: saving the loaded profile and loading it again gives the same model
+    again = tmp_path / "again.json"
+    cm.save(again)
+    assert CostModel.from_profile(again).to_dict() == cm.to_dict()
     # the planners and the simulator accept it
     plan = plan_shards([300, 1200, 90], 2, "atp", cm)
-    assert plan.block_time_s > 0
+    assert np.isfinite(plan.block_time_s) and plan.block_time_s > 0
+    assert plan.rank_num_tokens().sum() == 1590
     cl = ClusterConfig(model="tiny", profile=str(out), max_tokens=2048, cp_size=2, dp_size=2)
     assert cl.cost_model().attn_s_per_pair == cm.attn_s_per_pair
     with pytest.raises(ValueError, match="measured for another model"):
         ClusterConfig(model="8b", profile=str(out), max_tokens=2048)
+
+
+def test_calibration_recovers_a_synthetic_law(monkeypatch):
+    """The measure-and-fit pipeline on the quick grid, with every kernel replaced by a fake
+    that advances a fake clock by a known law: the fitted profile is that law."""
+    from atac_hf.cost import calibrate as cal
+    from atac_hf.cost.calibration_grid import measurement_grid
+
+    law = CostModel(linear_s_per_token=3e-6, attn_s_per_pair=2e-9, segment_overhead_s=4e-5,
+                    masked_segment_overhead_s=7e-5, tile=1)
+    attn_tok = 5e-7  # attention's per-query-token part: the fit folds it into the linear price
+    now = [0.0]
+
+    def attention_s(segments):
+        s, e = np.array([x[1] for x in segments]), np.array([x[2] for x in segments])
+        return float(law.attention_cost(s, e).sum() + attn_tok * (e - s).sum())
+
+    class Tick:
+        def __init__(self, seconds):
+            self.seconds = seconds
+
+        def float(self):
+            return self
+
+        def sum(self):
+            return self
+
+        def backward(self):
+            now[0] += self.seconds
+
+    class FakeBlock:
+        kv_heads = 2
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def input(self, n):
+            return n
+
+        def layer(self, n, lengths):
+            tokens = law.linear_s_per_token * n
+            return Tick(tokens if lengths is None else tokens + attention_s([(int(L), 0, int(L)) for L in lengths]))
+
+        def attention_only(self, segments):
+            return lambda: Tick(attention_s(segments)).backward()
+
+    monkeypatch.setattr(cal, "_Block", FakeBlock)
+    monkeypatch.setattr(cal, "probe_rates", lambda *a: (1e-6, 1e-9))
+    res = cal._measure_and_fit(cal._resolve_dims("tiny"), 1, "cpu", False, lambda: now[0],
+                               lambda ml: measurement_grid(True, False, ml), None, None, 0, "sdpa", None)
+    cm = res.cost_model
+    assert now[0] > 0 and len(res.attention) >= 4 and any(s > 0 for segs, _ in res.attention for _, s, _ in segs)
+    assert cm.linear_s_per_token == pytest.approx(law.linear_s_per_token + attn_tok, rel=1e-6)
+    assert cm.attn_s_per_pair == pytest.approx(law.attn_s_per_pair, rel=1e-6)
+    assert cm.segment_overhead_s == pytest.approx(law.segment_overhead_s, rel=1e-6)
+    assert cm.masked_segment_overhead_s == pytest.approx(law.masked_segment_overhead_s, rel=1e-6)
+    assert res.heldout and max(abs(h["rel_err"]) for h in res.heldout) < 1e-6
 
 
 def test_calibrate_native_varlen_backend_fits_one_pair_price():
