@@ -285,3 +285,31 @@ def test_rank_load_plot_data_holds_kv_traffic_per_strategy():
     assert set(sp["kv_bytes"]) == set(sp["rank_s"]) == set(sp["block_s"])
     assert all(np.isfinite(v) and v >= 0 for v in sp["kv_bytes"].values())
     assert sp["kv_bytes"]["atp"] <= sp["kv_bytes"]["per_doc"], "ATP never moves more K/V than per-document"
+
+
+# ---------------------------------------------------------------------------- item 7: calibrate in bounded time
+def test_fit_to_budget_halves_max_len_until_the_estimate_fits():
+    from atac_hf.cost.calibration_grid import estimate_seconds, fit_to_budget, measurement_grid
+
+    make = lambda ml: measurement_grid(False, False, ml)  # noqa: E731
+    rates = (2e-6, 8e-8)  # s per linear token, s per attention pair: a CPU core
+    full = estimate_seconds(make(65536), *rates)
+    assert full > 3600 > estimate_seconds(make(16384), *rates), "64K documents: over an hour on one core"
+    got, grid, est = fit_to_budget(make, 65536, 600.0, *rates)
+    assert got == 16384 and est <= 600 and est == estimate_seconds(grid, *rates)
+    assert max(c[0] for ch in grid["chunks"] for c in ch) == 16384
+    assert fit_to_budget(make, 65536, None, *rates)[0] == 65536 == fit_to_budget(make, 65536, 0, *rates)[0]
+    assert fit_to_budget(make, 65536, 1e-3, *rates)[0] is None, "not even the base grid fits: base grid"
+
+
+def test_calibrate_says_its_estimate_and_keeps_to_the_budget(tmp_path):
+    pytest.importorskip("torch")
+    from atac_hf.cost.calibrate import calibrate
+
+    said = []
+    res = calibrate("tiny", device="cpu", quick=True, grid={"repeats": 1}, max_len=8192, budget_s=0.5,
+                    progress=said.append)
+    assert any("max_len=8192 would take about" in m and "budget of 0.5 s" in m for m in said), said
+    assert any("measurements x 2 rounds: estimated" in m for m in said), said
+    assert res.capped_from == 8192 and res.longest_document == 2048
+    assert res.metadata()["max_len_capped_from"] == 8192 and "capped at 2048 tokens" in res.summary()

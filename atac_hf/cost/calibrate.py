@@ -42,12 +42,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .calibration_grid import estimate_seconds, fit_to_budget, job_seconds, probe_rates, progress_bar
+from .calibration_grid import measurement_grid as _grid
 from .model import CostModel
 from .presets import MODEL_PRESETS, ModelDims
 
@@ -68,6 +71,7 @@ class CalibrationResult:
         heldout: rows ``{"kind", "segments", "measured_s", "predicted_s", "rel_err"}``;
             kind ``"pack"`` is the whole block on whole documents, ``"shard"`` attention only.
         seconds: wall time of the calibration.
+        capped_from: the ``max_len`` asked for when the time budget cut it (else None).
     """
 
     cost_model: CostModel
@@ -79,6 +83,7 @@ class CalibrationResult:
     attention: list[tuple[list[tuple[int, int, int]], float]] = field(default_factory=list)
     heldout: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    capped_from: int | None = None
 
     @property
     def max_rel_err(self) -> float:
@@ -104,6 +109,7 @@ class CalibrationResult:
             "heldout_mean_rel_err": self.mean_rel_err,
             "num_measurements": len(self.linear) + len(self.attention) + len(self.heldout),
             "longest_document": self.longest_document,
+            "max_len_capped_from": self.capped_from,
             "seconds": self.seconds,
             "tool": "atac-hf calibrate",
         }
@@ -124,6 +130,9 @@ class CalibrationResult:
             f"held out: mean |error| {100 * self.mean_rel_err:.1f}%, max |error| {100 * self.max_rel_err:.1f}% "
             f"over {len(self.heldout)} cases",
         ]
+        if self.capped_from:
+            lines.insert(1, f"max_len {self.capped_from} was capped at {self.longest_document} tokens by the time "
+                            "budget: prices of longer documents are extrapolated")
         for h in self.heldout:
             lines.append(f"  {h['kind']:<5} {_describe(h['segments']):<34} measured {1e3 * h['measured_s']:8.2f} ms  "
                          f"predicted {1e3 * h['predicted_s']:8.2f} ms  ({100 * h['rel_err']:+.1f}%)")
@@ -162,63 +171,19 @@ def fit_coefficients(X: np.ndarray, y: np.ndarray, *, relative: bool = True) -> 
 
 
 # ---------------------------------------------------------------------------- measuring
-def _grid(quick: bool, cuda: bool, max_len: int | None = None) -> dict[str, Any]:
-    """Measurement grid: whole-document packs (lengths), sets of chunks ``(document length,
-    start, end)`` (one big chunk, or many small ones as head-tail splits of short documents
-    give) and held-out cases (packs for the whole block, shards of segments for attention).
-
-    ``max_len`` (tokens) extends the grid with documents, chunks and shards of up to that
-    length, doubling from the grid's longest document (see :func:`calibrate`)."""
-    s = 8 if cuda else 1  # GPUs need far longer rows before times stop being launch-bound
-    if quick:
-        lin = [256, 512, 1024, 2048]
-        attn = [[256], [512], [1024], [1536], [128] * 8, [32] * 32, [512] * 2, [64] * 8]
-        chunks = [[(1024, 512, 1024)], [(2048, 1024, 2048)], [(2048, 512, 1536)], [(1536, 1280, 1536)],
-                  [(1024, 128, 384)], [(2048, 1920, 2048)], [(64, 32, 64)] * 32, [(256, 64, 192)] * 8]
-        held = [[768, 256], [1024, 128, 128, 64], [96] * 12]
-        shards = [[(2048, 0, 512), (2048, 1536, 2048), (300, 0, 300)], [(1536, 384, 1152), (200, 0, 200), (90, 0, 90)]]
-        repeats = 3
-    else:
-        lin = [256, 512, 1024, 1536, 2048]
-        attn = [[256], [512], [1024], [1536], [2048], [256] * 8, [128] * 16, [64] * 16, [32] * 32, [16] * 64,
-                [1024, 512, 256], [768] * 2, [128] * 4, [512] * 4]
-        chunks = [[(1024, 512, 1024)], [(2048, 1024, 2048)], [(2048, 512, 1536)], [(1536, 1280, 1536)],
-                  [(1024, 128, 384)], [(2048, 1920, 2048)], [(3072, 2048, 3072)], [(3072, 768, 2304)],
-                  [(512, 256, 512)], [(2048, 1000, 1100)], [(4096, 3584, 4096)], [(768, 100, 700)],
-                  [(64, 32, 64)] * 32, [(32, 8, 24)] * 64, [(256, 64, 192)] * 8, [(128, 96, 128)] * 16,
-                  [(512, 128, 384)] * 4]
-        held = [[1536, 512], [1024, 256, 128, 128], [96] * 16, [1792], [700, 300, 600, 40] + [20] * 10]
-        shards = [[(2048, 0, 512), (2048, 1536, 2048), (300, 0, 300)], [(1536, 384, 1152), (200, 0, 200), (90, 0, 90)],
-                  [(3072, 1024, 2048), (1024, 0, 1024)], [(2560, 0, 640), (2560, 1920, 2560)] + [(40, 0, 40)] * 8]
-        repeats = 8  # many short rounds: the minimum finds the machine's quiet moments
-    scale_seg = lambda seg: tuple(x * s for x in seg)
-    g = dict(linear=[n * s for n in lin], attention=[[x * s for x in p] for p in attn],
-             chunks=[[scale_seg(c) for c in ch] for ch in chunks], heldout=[[x * s for x in p] for p in held],
-             heldout_shards=[[scale_seg(c) for c in sh] for sh in shards], repeats=repeats)
-    longest = max(c[0] for ch in g["chunks"] for c in ch)
-    lengths = []
-    while max_len and longest < max_len:  # long documents: what the run's packs hold
-        longest = min(2 * longest, int(max_len))
-        lengths.append(longest)
-    for L in lengths:  # a whole document, a tail chunk, a middle chunk (head-tail sharding's two kinds)
-        g["attention"].append([L])
-        g["chunks"] += [[(L, L // 2, L)], [(L, L // 4, 3 * L // 4)]]
-    if lengths:  # held out: a rank's head-tail pair of the longest document, with a short whole one
-        L = lengths[-1]
-        g["heldout_shards"].append([(L, 0, L // 4), (L, 3 * L // 4, L), (L // 8, 0, L // 8)])
-    return g
-
-
 def _interleaved_min_times(fns: Sequence[Callable[[], None]], repeats: int, sync: Callable[[], None],
-                           clock: Callable[[], float], seed: int, say: Callable[[str], None]) -> list[float]:
+                           clock: Callable[[], float], seed: int, say: Callable[[str], None],
+                           bar: Any = None, weights: Sequence[float] | None = None) -> list[float]:
     """Minimum time of each closure over ``repeats`` rounds after a warm-up round.
 
     Rounds visit the closures in a fresh shuffled order, so that load from other
     processes (which only ever adds time) spreads over all measurements instead of
-    biasing the ones that happened to run during it.
+    biasing the ones that happened to run during it. ``bar`` (tqdm-like) advances by each
+    closure's ``weights`` entry (its estimated seconds) as it finishes.
     """
     rng = np.random.default_rng(seed)
     best = [math.inf] * len(fns)
+    t_first = time.perf_counter()
     for rnd in range(repeats + 1):
         for i in rng.permutation(len(fns)):
             t0 = clock()
@@ -226,7 +191,16 @@ def _interleaved_min_times(fns: Sequence[Callable[[], None]], repeats: int, sync
             sync()
             if rnd:
                 best[i] = min(best[i], clock() - t0)
-        say(f"round {rnd}/{repeats} done" if rnd else "warm-up round done")
+            if bar is not None:
+                bar.update(weights[i] if weights is not None else 1)
+        if bar is not None:
+            bar.set_postfix_str(f"round {rnd + 1}/{repeats + 1} done")
+        if not rnd:
+            took = time.perf_counter() - t_first
+            msg = f"warm-up round done in {took:.0f} s: about {repeats * took / 60:.1f} min to go"
+            bar.write(msg, file=sys.stderr) if bar is not None else say(msg)
+        elif bar is None:
+            say(f"round {rnd}/{repeats} done")
     return best
 
 
@@ -328,7 +302,7 @@ def _resolve_dims(model: Any) -> ModelDims:
 def calibrate(model: Any = "tiny", *, device: str | None = None, quick: bool = False, tp_size: int = 1,
               seed: int = 0, threads: int | None = None, backend: str | None = None,
               progress: Callable[[str], None] | None = None, grid: dict[str, Any] | None = None,
-              max_len: int | None = None) -> CalibrationResult:
+              max_len: int | None = None, budget_s: float | None = None) -> CalibrationResult:
     """Measure the block on ``device`` and fit a :class:`CostModel`.
 
     Args:
@@ -342,7 +316,8 @@ def calibrate(model: Any = "tiny", *, device: str | None = None, quick: bool = F
             wall clock, which picks up other processes' load).
         backend: the attention backend the profile is for (the ``attention_backend`` the run
             uses): ``sdpa``, ``flash`` or ``varlen_reference``; default ``sdpa``.
-        progress: called with a short message per measurement.
+        progress: called with short messages (the time estimate, a cap on ``max_len``, each
+            round); when given, a tqdm bar on stderr also follows the measurements.
         grid: override the measurement grid (keys ``linear``, ``attention``, ``chunks``,
             ``heldout``, ``heldout_shards``, ``repeats``; see ``_grid``).
         max_len: the longest document the profile must price, e.g. the run's ``max_tokens``.
@@ -350,7 +325,11 @@ def calibrate(model: Any = "tiny", *, device: str | None = None, quick: bool = F
             ``max_len`` adds whole documents and chunks of doubling lengths up to it, so the
             fitted prices hold where the run's long documents are (per-pair cost keeps
             falling with length on CPU kernels). Long rows take time: a 16K-token document
-            is about 8 s per round on one CPU core.
+            is about 8 s per round on one CPU core, a 64K one about 2 min.
+        budget_s: wall-time budget. Two probe measurements price the grid first; when the
+            estimate is over the budget, ``max_len`` is halved until it fits (said through
+            ``progress``, recorded as :attr:`CalibrationResult.capped_from`; longer documents
+            are then extrapolated). ``None`` or ``<= 0``: no budget.
 
     Returns:
         The :class:`CalibrationResult` (``.save(path)`` writes the profile JSON).
@@ -383,24 +362,37 @@ def calibrate(model: Any = "tiny", *, device: str | None = None, quick: bool = F
         torch.set_num_threads(int(threads or 1))
         if (threads or 1) == 1:
             clock = time.process_time
+    make_grid = lambda ml: dict(_grid(quick, cuda, ml), **(grid or {}))  # noqa: E731
     try:
-        return _measure_and_fit(dims, tp_size, dev, cuda, clock, dict(_grid(quick, cuda, max_len), **(grid or {})), seed,
-                                backend, progress or (lambda msg: None))
+        return _measure_and_fit(dims, tp_size, dev, cuda, clock, make_grid, max_len, budget_s, seed, backend,
+                                progress)
     finally:
         torch.set_num_threads(old_threads)
 
 
 def _measure_and_fit(dims: ModelDims, tp_size: int, dev: str, cuda: bool, clock: Callable[[], float],
-                     g: dict[str, Any], seed: int, backend: str, say: Callable[[str], None]) -> CalibrationResult:
+                     make_grid: Callable[[int | None], dict[str, Any]], max_len: int | None, budget_s: float | None,
+                     seed: int, backend: str, progress: Callable[[str], None] | None) -> CalibrationResult:
     import torch
 
     from ..attention.backends import QUERY_BLOCK, prefix_merge_available
 
+    say = progress or (lambda msg: None)
     dtype = torch.bfloat16 if cuda else torch.float32
     tile = 128 if cuda else 1
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     t_start = time.perf_counter()
     blk = _Block(dims, tp_size, dev, dtype, seed, backend)
+    s_tok, s_pair = probe_rates(blk, cuda, sync)
+    got, g, est = fit_to_budget(make_grid, max_len, budget_s, s_tok, s_pair)
+    capped_from = max_len if got != max_len else None
+    if capped_from is not None:
+        say(f"max_len={max_len} would take about {estimate_seconds(make_grid(max_len), s_tok, s_pair) / 60:.0f} min "
+            f"here (estimated); measuring documents up to {got or 'the base grid'} instead to stay within the "
+            f"budget of {budget_s:g} s (longer documents are extrapolated; raise the budget, e.g. --budget-s 0 "
+            "for none, to measure them)")
+    say(f"{sum(len(g.get(k, [])) for k in ('linear', 'attention', 'chunks', 'heldout', 'heldout_shards'))} "
+        f"measurements x {g['repeats'] + 1} rounds: estimated {est / 60:.1f} min")
 
     def whole(lengths: Sequence[int] | None, n: int) -> Callable[[], None]:
         x = blk.input(n)
@@ -413,7 +405,13 @@ def _measure_and_fit(dims: ModelDims, tp_size: int, dev: str, cuda: bool, clock:
             + [("attention", segs(ch), blk.attention_only(segs(ch))) for ch in g.get("chunks", [])]
             + [("pack", docs(ls), whole(ls, int(sum(ls)))) for ls in g["heldout"]]
             + [("shard", segs(sh), blk.attention_only(segs(sh))) for sh in g.get("heldout_shards", [])])
-    times = _interleaved_min_times([fn for _, _, fn in jobs], g["repeats"], sync, clock, seed, say)
+    weights = [job_seconds(k, key, s_tok, s_pair) for k, key, _ in jobs]
+    bar = progress_bar(sum(weights) * (g["repeats"] + 1)) if progress is not None else None
+    try:
+        times = _interleaved_min_times([fn for _, _, fn in jobs], g["repeats"], sync, clock, seed, say, bar, weights)
+    finally:
+        if bar is not None:
+            bar.close()
     rows = {kind: [(key, t) for (k, key, _), t in zip(jobs, times) if k == kind]
             for kind in ("linear", "attention", "pack", "shard")}
     del jobs
@@ -471,7 +469,8 @@ def _measure_and_fit(dims: ModelDims, tp_size: int, dev: str, cuda: bool, clock:
                          "rel_err": (pred - meas) / meas})
     return CalibrationResult(cost_model=cm, device=_device_name(dev), dims=dims, tp_size=tp_size, backend=backend,
                              linear=rows["linear"], attention=rows["attention"], heldout=held,
-                             seconds=time.perf_counter() - t_start)
+                             seconds=time.perf_counter() - t_start, capped_from=capped_from)
+
 
 
 def _device_name(dev: str) -> str:

@@ -38,6 +38,9 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-len", type=parse_tokens, default=None,
                    help="longest document to price, e.g. the run's max_tokens (16K): extends the grid up to it "
                         "(default: documents up to 4K on CPU, 32K on CUDA)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help=f"time budget in seconds: the grid is priced first and --max-len halved until it fits "
+                        f"(default {CPU_BUDGET_S:.0f} on CPU, none on CUDA; 0: no budget)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the profile metadata as JSON")
     p.set_defaults(func=run_calibrate)
@@ -60,6 +63,9 @@ def _check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"{name}={value if abs(value) < 10**30 else '<huge>'} must be from {low} to {high}")
 
 
+CPU_BUDGET_S = 600.0  # a 64K-token document alone takes minutes per round on one CPU core
+
+
 def run_calibrate(args: argparse.Namespace) -> int:
     from .calibrate import calibrate
 
@@ -70,9 +76,17 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
         model = "1b" if (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda") \
             else "tiny"
-    say = None if args.json else (lambda msg: print(msg, file=sys.stderr))
+    import torch
+
+    cuda = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+    budget = args.budget_s if args.budget_s is not None else (None if cuda else CPU_BUDGET_S)
+    say = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if say:
+        say(f"calibrating model {args.model or model} on {'cuda' if cuda else 'cpu'} (backend {args.backend}, "
+            f"max_len {args.max_len or 'default'}, budget {f'{budget:.0f} s' if budget else 'none'}): probing...")
     res = calibrate(model, device=args.device, quick=args.quick, tp_size=args.tp_size, seed=args.seed,
-                    threads=args.threads, backend=args.backend, progress=say, max_len=args.max_len)
+                    threads=args.threads, backend=args.backend, progress=say, max_len=args.max_len,
+                    budget_s=budget)
     res.save(args.output)
     if args.json:
         print(json.dumps({"profile": args.output, **res.metadata(), "heldout": res.heldout}, default=float))
