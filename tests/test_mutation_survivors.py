@@ -123,6 +123,24 @@ def _user_label_batch(rows, labels_from_ids: bool, seed: int) -> dict:
     return {**b, "labels": labels}
 
 
+def test_user_labels_shift_within_documents_cp1():
+    """In one process (what a mutation run sees): shard_batch at cp_size 1 and
+    build_shift_labels itself, on user labels without -100 at document starts."""
+    from atac_hf.attention import build_shift_labels, shard_batch
+    from atac_hf.sharding import plan_shards
+
+    batch = _user_label_batch(SHIFT_ROWS, labels_from_ids=False, seed=0)
+    labels_flat = batch["labels"].reshape(-1).tolist()
+    want = _expected_shift(SHIFT_ROWS, labels_flat)
+    # by hand for row 0 (documents 7, 1, 5, 3; labels 1..16): 2..7, -100 | -100 | 10..13, -100 | 15, 16, -100
+    assert want[:16] == [2, 3, 4, 5, 6, 7, -100, -100, 10, 11, 12, 13, -100, 15, 16, -100]
+    lengths = np.array([n for r in SHIFT_ROWS for n in r])
+    assert build_shift_labels(batch["labels"], lengths).reshape(-1).tolist() == want
+    local = shard_batch(batch, plan_shards(lengths, 1), 0)
+    assert local["shift_labels"][0].tolist() == want
+    assert local["num_items_in_batch"] == 32 - 7
+
+
 def _per_document_reference(model, batch, rows):
     """Single-device loss (sum over documents of the next-token loss inside the document,
     over the number of targets) and its gradients, each document run on its own."""
