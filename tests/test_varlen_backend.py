@@ -208,18 +208,46 @@ def test_cp1_whole_documents_need_no_row_gather():
 
 
 # ---------------------------------------------------------------------------- auto
-def test_auto_backend(monkeypatch):
+@pytest.fixture
+def _flash_cache():
+    varlen.flash_attn_installed.cache_clear()
+    yield
+    varlen.flash_attn_installed.cache_clear()
+
+
+def test_auto_backend(monkeypatch, _flash_cache):
     assert backends.auto_backend("cpu") == "sdpa" and backends.resolve_backend("auto", "cpu") == "sdpa"
     monkeypatch.setitem(sys.modules, "flash_attn", None)  # flash-attn absent
     for gen, want in (("2.13", "varlen"), ("2.10", "varlen"), ("2.9", "sdpa")):
         _use(monkeypatch, gen)
         assert backends.auto_backend("cuda") == want, gen
+        assert backends.auto_backend("cuda", torch.bfloat16) == want
+        assert backends.auto_backend("cuda", torch.float32) == "sdpa"  # the flash kernels take no fp32
     monkeypatch.setattr(varlen, "torch_varlen_attn", lambda: None)  # torch < 2.9
     assert backends.auto_backend("cuda") == "sdpa"
+    varlen.flash_attn_installed.cache_clear()
     monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
-    assert backends.auto_backend("cuda") == "flash"
-    with pytest.raises(ValueError, match=r"unknown attention backend 'nope'; legal values: .*'varlen'.*'auto'"):
+    assert backends.auto_backend("cuda", torch.float16) == "flash"
+    assert backends.resolve_backend("auto", "cuda", torch.float32) == "sdpa"
+    with pytest.raises(ValueError, match=r"unknown attention backend 'nope'; legal values: \['auto', .*'varlen'"):
         backends.resolve_backend("nope", "cpu")
+
+
+def test_auto_dispatches_per_call(monkeypatch):
+    """``auto`` decides per call from the inputs' device and dtype (so autocast's bf16 inputs
+    would run the flash kernels); on CPU it is the sdpa backend, exactly."""
+    lens = [150, 30, 1, 2, 20, 1, 7]
+    q, k, v = _qkv(lens)
+    plan = plan_shards(lens, 3, "atp")
+    caches = [{} for _ in range(3)]
+    out = emulate_cp_attention(q, k, v, plan, backend="auto", window=5, caches=caches)
+    ref = emulate_cp_attention(q, k, v, plan, backend="sdpa", window=5)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    assert all(c[("auto", "cpu", torch.float64)] == "sdpa" for c in caches)
+    seen = []
+    monkeypatch.setattr(backends, "auto_backend", lambda dev, dt: seen.append((str(dev), dt)) or "varlen_reference")
+    out = emulate_cp_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), plan, backend="auto")
+    assert seen and all(s == ("cpu", torch.bfloat16) for s in seen) and out.dtype == torch.bfloat16
 
 
 def test_config_default_is_auto_and_varlen_checks(monkeypatch):

@@ -17,7 +17,7 @@ square merged by log-sum-exp, and otherwise as masked blocks of query rows), ``f
 :mod:`atac_hf.attention.varlen`: ``flash`` (``flash_attn_varlen_func``, CUDA), ``varlen``
 (torch's own ``varlen_attn``, CUDA, torch >= 2.9) and ``varlen_reference`` (the same
 bookkeeping fed to a pure-torch varlen kernel: slow, for tests and debugging).
-``attention_backend="auto"`` picks one per device (:func:`auto_backend`).
+``auto`` picks one per call from the inputs' device and dtype (:func:`auto_backend`).
 
 Shape legend: H query heads, K key/value heads, S local tokens, R gathered rows
 (``C * max_send``), D head dim.
@@ -254,30 +254,41 @@ def flex_backend(q_HSD, k_HSD, v_HSD, layout: LocalLayout, cache: dict, wait: Wa
     return out[0].transpose(0, 1)
 
 
+def auto(q_HSD, k_HSD, v_HSD, layout: LocalLayout, cache: dict, wait: Wait | None, *,
+         scaling: float, window: int | None) -> torch.Tensor:
+    """``attention_backend='auto'``: the backend :func:`auto_backend` picks for this call's device
+    and dtype (decided per call, so that autocast's bf16 inputs run the flash kernels and fp32
+    ones ``sdpa``). Returns (S, H, D)."""
+    key = ("auto", str(q_HSD.device), q_HSD.dtype)
+    if key not in cache:
+        cache[key] = auto_backend(q_HSD.device, q_HSD.dtype)
+    return BACKENDS[cache[key]](q_HSD, k_HSD, v_HSD, layout, cache, wait, scaling=scaling, window=window)
+
+
 BACKENDS: dict[str, Callable] = {
     "sdpa": sdpa_backend,
     "flash": make_varlen_backend(VARLEN_KERNELS["flash"]),
     "flex": flex_backend,
     "varlen": make_varlen_backend(VARLEN_KERNELS["varlen"]),
     "varlen_reference": make_varlen_backend(VARLEN_KERNELS["varlen_reference"]),
+    "auto": auto,
 }
 
 
 SEGMENT_BACKENDS = ("sdpa", "flash", "varlen", "varlen_reference")
 
 
-def resolve_backend(name: str, device: torch.device | str) -> str:
-    """``name``, or for ``"auto"`` the backend :func:`auto_backend` picks on ``device``.
+def resolve_backend(name: str, device: torch.device | str, dtype: torch.dtype | None = None) -> str:
+    """``name``, or for ``"auto"`` the backend :func:`auto_backend` picks on ``device`` (for
+    ``dtype`` inputs).
 
     Raises:
-        ValueError: ``name`` neither ``"auto"`` nor a key of :data:`BACKENDS`.
+        ValueError: ``name`` not a key of :data:`BACKENDS`.
     """
-    if name == "auto":
-        return auto_backend(device)
     if name not in BACKENDS:
-        raise ValueError(f"unknown attention backend {name!r}; legal values: {sorted(BACKENDS) + ['auto']} "
+        raise ValueError(f"unknown attention backend {name!r}; legal values: {sorted(BACKENDS)} "
                          "(set attention_backend=)")
-    return name
+    return auto_backend(device, dtype) if name == "auto" else name
 
 
 def attend_segment(backend: str, q_HLD: torch.Tensor, k_KLD: torch.Tensor, v_KLD: torch.Tensor, ds: int, de: int,

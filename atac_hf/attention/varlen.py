@@ -24,6 +24,7 @@ Shape legend: H query heads, K key/value heads, S local tokens, T varlen rows, D
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import numpy as np
@@ -32,8 +33,8 @@ import torch
 from ..sharding.plan import LocalLayout
 from .compat import VarlenAttn, torch_varlen_attn
 
-__all__ = ["VARLEN_KERNELS", "auto_backend", "make_varlen_backend", "varlen_attention_reference",
-           "varlen_kernel_source"]
+__all__ = ["VARLEN_KERNELS", "auto_backend", "flash_attn_installed", "make_varlen_backend",
+           "varlen_attention_reference", "varlen_kernel_source"]
 
 Wait = Callable[[], "tuple[torch.Tensor, torch.Tensor]"]  # -> (k_RKD, v_RKD)
 
@@ -135,17 +136,29 @@ VARLEN_KERNELS: dict[str, Callable] = {
 }
 
 
-def auto_backend(device: torch.device | str) -> str:
-    """The backend ``attention_backend='auto'`` runs on ``device``: on CUDA ``flash`` when
-    flash-attn is installed, else ``varlen`` when torch's ``varlen_attn`` takes ``scale`` and
-    ``window_size`` (torch >= 2.10), else ``sdpa``; ``sdpa`` everywhere else."""
-    if torch.device(device).type != "cuda":
-        return "sdpa"
+@functools.lru_cache(maxsize=1)
+def flash_attn_installed() -> bool:
+    """Whether ``import flash_attn`` works (cached: a failed import is not, and would scan the
+    path on every layer)."""
     try:
         import flash_attn  # noqa: F401
     except ImportError:
-        pass
-    else:
+        return False
+    return True
+
+
+_FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def auto_backend(device: torch.device | str, dtype: torch.dtype | None = None) -> str:
+    """The backend ``attention_backend='auto'`` runs for attention inputs on ``device`` in
+    ``dtype``: on CUDA with float16/bfloat16 inputs (or ``dtype`` None: the usual training
+    dtypes) ``flash`` when flash-attn is installed, else ``varlen`` when torch's
+    ``varlen_attn`` takes ``scale`` and ``window_size`` (torch >= 2.10); ``sdpa`` otherwise
+    (CPU, float32 inputs: the flash kernels take none)."""
+    if torch.device(device).type != "cuda" or (dtype is not None and dtype not in _FLASH_DTYPES):
+        return "sdpa"
+    if flash_attn_installed():
         return "flash"
     fn = torch_varlen_attn()
     if fn is not None and fn.takes_scale and fn.takes_window:
@@ -198,7 +211,11 @@ def _varlen_tables(layout: LocalLayout, window: int | None, device, cache: dict)
 
 
 def _rows(x: torch.Tensor, idx: torch.Tensor | None) -> torch.Tensor:
-    return x if idx is None else x.index_select(0, idx)
+    """Rows ``idx`` of ``x`` (all of them for None) with a unit-stride last dim, which the
+    flash kernels need (flash-attn's ``maybe_contiguous``): (S, H, D) views of the model's
+    (H, S, D) tensors already have one, so the common case copies nothing."""
+    x = x if idx is None else x.index_select(0, idx)
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def make_varlen_backend(kernel: Callable) -> Callable:
@@ -220,10 +237,8 @@ def make_varlen_backend(kernel: Callable) -> Callable:
                 k_src, v_src = wait()
             else:
                 k_src, v_src = k_SKD, v_SKD
-            # the kernels need a contiguous last dim: rows of (S, H, D) views of (H, S, D) are not
-            q_T = _rows(q_SHD, q_idx).contiguous()
-            k_T, v_T = _rows(k_src, k_idx).contiguous(), _rows(v_src, k_idx).contiguous()
-            outs.append(kernel(q_T, k_T, v_T, cu_q, cu_k, max_q, max_k, scaling, window))
+            outs.append(kernel(_rows(q_SHD, q_idx), _rows(k_src, k_idx), _rows(v_src, k_idx), cu_q, cu_k, max_q,
+                               max_k, scaling, window))
         if not outs:
             return q_HSD.new_zeros(0, q_HSD.shape[0], v_HSD.shape[-1])
         out = torch.cat(outs, dim=0) if len(outs) > 1 else outs[0]

@@ -95,9 +95,10 @@ class ATACConfig:
         shuffle: shuffle the sample order each epoch (seeded by the run's ``data_seed``/``seed``).
         sharding_strategy: how a pack is split over the CP group: ``atp`` (anchor-tail, default)
             or a baseline (``contiguous``, ``zigzag``, ``per_doc``, ``wlb_adaptive``).
-        attention_backend: kernel of the ``atac_cp`` attention: ``auto`` (default: on CUDA
-            ``flash`` when flash-attn is installed, else ``varlen`` where torch's varlen_attn
-            takes a scale and a window (torch >= 2.10), else ``sdpa``; ``sdpa`` elsewhere),
+        attention_backend: kernel of the ``atac_cp`` attention: ``auto`` (default; decided per
+            call: on CUDA with bf16/fp16 inputs ``flash`` when flash-attn is installed, else
+            ``varlen`` where torch's varlen_attn takes a scale and a window (torch >= 2.10);
+            ``sdpa`` otherwise, fp32 and CPU included),
             ``sdpa`` (CPU and GPU), ``flash`` (flash-attn, CUDA), ``varlen`` (torch's own
             flash kernels, ``torch.nn.attention.varlen``, CUDA, bf16/fp16), ``flex``
             (flex_attention, CUDA for training), ``varlen_reference`` (slow, for debugging).
@@ -229,7 +230,8 @@ class ATACConfig:
         return 128 if device_type == "cuda" else 1
 
     def resolved_attention_backend(self, device_type: str) -> str:
-        """``attention_backend`` with ``auto`` resolved for ``device_type`` (the kernel that runs)."""
+        """``attention_backend`` with ``auto`` resolved for ``device_type`` and bf16/fp16 inputs
+        (the kernel a bf16 run uses; ``auto`` itself decides per call, fp32 inputs run ``sdpa``)."""
         if self.attention_backend != "auto":
             return self.attention_backend
         from ..attention.backends import auto_backend

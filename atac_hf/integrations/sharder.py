@@ -198,7 +198,6 @@ class BatchSharder:
         self.cost_model = cost_model if cost_model is not None else default_cost_model()
         self.kv_bytes_per_token = float(kv_bytes_per_token)
         self.min_chunk = config.resolved_min_chunk(device_type)
-        self.attention_backend = config.resolved_attention_backend(device_type)  # "auto" -> the kernel that runs
         self.strategy = strategy or config.sharding_strategy
         self.history: list[ShardStats] = []
         self.last_plan = None
@@ -245,7 +244,7 @@ class BatchSharder:
         plan, stats = self.plan(batch)
         if num_items_in_batch is not None:
             batch = {**batch, "num_items_in_batch": num_items_in_batch}
-        local = shard_batch(batch, plan, self.cp_rank, self.cp_group, backend=self.attention_backend,
+        local = shard_batch(batch, plan, self.cp_rank, self.cp_group, backend=self.config.attention_backend,
                             debug=self.config.debug)
         if record:
             self.history.append(stats)
