@@ -11,7 +11,7 @@ Your own model and data (hub name, local folder, or JSON lines with a "text" col
 
     accelerate launch --config_file configs/gpu_fsdp2_cp4.yaml examples/finetune_long_context.py \\
         --model_name_or_path meta-llama/Llama-3.2-1B --dataset data.jsonl --max_tokens 32768 \\
-        --peft lora --bf16 --gradient_checkpointing --atac_config configs/atac.yaml
+        --peft lora --bf16 --gradient_checkpointing --atac_config configs/atac_gpu.yaml
 
 Prints, per optimizer step (main process): loss, grad norm, the plan's estimated imbalance
 (max/mean per-rank compute), K/V MB one rank receives, planner ms, and step wall time. With
