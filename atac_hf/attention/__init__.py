@@ -1,7 +1,8 @@
 """Exact context-parallel attention for Transformers models (``attn_implementation="atac_cp"``).
 
 Importing this package registers ``atac_cp`` in ``transformers.AttentionInterface``
-(idempotent; no built-in name is touched). Per batch::
+(idempotent; no built-in name is touched); ``import atac_hf`` alone does it too, as soon as
+transformers' model code is loaded (:mod:`atac_hf._attention_hook`). Per batch::
 
     local = shard_batch(batch, plan, rank, group)   # on every CP rank
     loss = model(**local).loss                      # local sum / global target count
