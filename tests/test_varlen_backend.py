@@ -257,6 +257,6 @@ def test_config_default_is_auto_and_varlen_checks(monkeypatch):
     assert ATACConfig(attention_backend="sdpa").resolved_attention_backend("cuda") == "sdpa"
     with pytest.raises(ValueError, match=r"attention_backend='varlen' runs on CUDA only.*'cpu'.*'sdpa'"):
         ATACConfig(attention_backend="varlen").check_runtime("cpu")
-    monkeypatch.setattr("atac_hf.attention.compat.torch_varlen_attn", lambda: None)
+    monkeypatch.setattr(varlen, "torch_varlen_attn", lambda: None)
     with pytest.raises(ValueError, match=r"'varlen' needs torch.nn.attention.varlen.varlen_attn \(torch >= 2.9\)"):
         ATACConfig(attention_backend="varlen").check_runtime("cuda")

@@ -33,7 +33,7 @@ import torch
 from ..sharding.plan import LocalLayout
 from .compat import VarlenAttn, torch_varlen_attn
 
-__all__ = ["VARLEN_KERNELS", "auto_backend", "flash_attn_installed", "make_varlen_backend",
+__all__ = ["VARLEN_KERNELS", "auto_backend", "check_varlen_runtime", "flash_attn_installed", "make_varlen_backend",
            "varlen_attention_reference", "varlen_kernel_source"]
 
 Wait = Callable[[], "tuple[torch.Tensor, torch.Tensor]"]  # -> (k_RKD, v_RKD)
@@ -123,6 +123,20 @@ def varlen_kernel_source() -> VarlenAttn:
             f"backend='varlen' needs torch.nn.attention.varlen.varlen_attn (torch >= 2.9), not in torch "
             f"{torch.__version__}; upgrade torch, or use backend='sdpa' (or 'flash' with flash-attn)")
     return fn
+
+
+def check_varlen_runtime(device_type: str) -> None:
+    """Fail early (``ATACConfig.check_runtime``) where backend ``varlen`` cannot run.
+
+    Raises:
+        ValueError: torch without ``varlen_attn`` (< 2.9), or a device other than CUDA.
+    """
+    if torch_varlen_attn() is None:
+        raise ValueError(f"attention_backend='varlen' needs torch.nn.attention.varlen.varlen_attn (torch >= 2.9), "
+                         f"not in torch {torch.__version__}: upgrade torch, or set attention_backend='sdpa'")
+    if device_type != "cuda":
+        raise ValueError(f"attention_backend='varlen' runs on CUDA only, this run is on {device_type!r}; "
+                         "set attention_backend='sdpa' (or 'auto')")
 
 
 def _torch_varlen_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scaling, window):

@@ -247,17 +247,9 @@ class ATACConfig:
         """
         backend = self.resolved_attention_backend(device_type)
         if backend == "varlen":
-            from ..attention.compat import torch_varlen_attn
+            from ..attention.varlen import check_varlen_runtime
 
-            if torch_varlen_attn() is None:
-                import torch
-
-                raise ValueError(f"attention_backend='varlen' needs torch.nn.attention.varlen.varlen_attn (torch >= "
-                                 f"2.9), not in torch {torch.__version__}: upgrade torch, or set "
-                                 "attention_backend='sdpa'")
-            if device_type != "cuda":
-                raise ValueError(f"attention_backend='varlen' runs on CUDA only, this run is on {device_type!r}; "
-                                 "set attention_backend='sdpa' (or 'auto')")
+            check_varlen_runtime(device_type)
         if backend == "flash":
             try:
                 import flash_attn  # noqa: F401
