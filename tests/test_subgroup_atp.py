@@ -276,3 +276,45 @@ def test_kv_all_to_all_waits_once_checks_counts_and_is_differentiable(one_rank_g
         a.wait()
     (out * 3).sum().backward()
     torch.testing.assert_close(x.grad, torch.full_like(x, 6.0))
+
+
+def test_pair_counts_and_topology_pricing():
+    from atac_hf.sharding.exchange import a2a_pair_counts
+    from atac_hf.sim import ClusterConfig
+
+    lens = [150, 30, 20, 60, 7]
+    plan = plan_shards(lens, 4, "per_doc", kv_exchange="all_to_all")
+    m = a2a_pair_counts(plan.segments, plan._gathered_mask())
+    assert np.array_equal(m, np.stack([plan.local_layout(r).send_counts for r in range(4)]))
+    assert np.array_equal(m.sum(axis=0), plan.kv_recv_tokens) and np.array_equal(m.sum(axis=1),
+                                                                                  plan.a2a_token_counts[1])
+    # rows[s, r]; ranks {0, 1} and {2, 3} share nodes: intra rows at 10 B/s, inter at 1 B/s
+    cm = CostModel(linear_s_per_token=1.0, attn_s_per_pair=0.0, kv_bytes_per_token=1.0, link_bandwidth=1.0,
+                   link_latency_s=0.0, node_size=2, intra_node_bandwidth=10.0)
+    rows = np.zeros((4, 4))
+    rows[0, 1] = 50  # intra: 5 s
+    rows[0, 2] = 3  # inter: 3 s; rank 0 sends both at once: 5 s
+    assert cm.a2a_pair_cost(rows) == pytest.approx(2 * 5.0)
+    rows[3, 2] = 40  # rank 2 receives 3 inter (3 s) and 40 intra (4 s)
+    assert cm.a2a_pair_cost(rows) == pytest.approx(2 * 5.0)
+    rows[1, 2] = 4  # rank 2: 7 inter rows: 7 s
+    assert cm.a2a_pair_cost(rows) == pytest.approx(2 * 7.0)
+    flat = cm.replace(node_size=None)
+    assert flat.a2a_pair_cost(rows) == pytest.approx(float(flat.a2a_comm_cost(53, 4)))
+    assert cm.a2a_pair_cost(np.zeros((4, 4))) == 0.0
+    # a CP group over two nodes: rows inside a node priced at NVLink
+    two = ClusterConfig(cp_size=16, max_tokens=65536, model="8b", gpus_per_node=8).cost_model()
+    one = ClusterConfig(cp_size=8, max_tokens=65536, model="8b", gpus_per_node=8).cost_model()
+    assert two.node_size == 8 and two.intra_node_bandwidth == one.link_bandwidth > two.link_bandwidth
+    assert one.node_size is None
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("node_size", 0, r"CostModel.node_size must be None or an int >= 1 \(CP ranks per node\), got 0"),
+    ("node_size", 2.5, r"CostModel.node_size must be None or an int >= 1"),
+    ("intra_node_bandwidth", 0.0, r"CostModel.intra_node_bandwidth must be None or > 0 bytes/s"),
+    ("intra_node_bandwidth", True, r"CostModel.intra_node_bandwidth must be None or > 0 bytes/s"),
+])
+def test_topology_fields_refused(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        CostModel(linear_s_per_token=1.0, attn_s_per_pair=1.0, **{field: value})

@@ -89,6 +89,13 @@ class CostModel:
             segment of ``n`` rows computes about ``n * (mask_block - 1) / 2`` pairs beyond
             the causal ones, and pays the per-call overhead once per block. 0: masked
             segments are one call and compute only their causal pairs.
+        node_size: CP ranks per node (ranks ``[k * node_size, (k + 1) * node_size)`` share
+            node ``k``), or None: one link for the whole group. With it, the all-to-all K/V
+            exchange prices rows between ranks of one node at ``intra_node_bandwidth`` and the
+            others at ``link_bandwidth`` (the all-gather ring is priced at ``link_bandwidth``,
+            its slowest hop, either way).
+        intra_node_bandwidth: bytes/s one rank receives from a rank of its own node (None:
+            ``link_bandwidth``).
     """
 
     linear_s_per_token: float
@@ -103,6 +110,8 @@ class CostModel:
     masked_attn_s_per_pair: float | None = None
     masked_segment_overhead_s: float | None = None
     mask_block: int = 0
+    node_size: int | None = None
+    intra_node_bandwidth: float | None = None
 
     def __post_init__(self) -> None:
         # Bounds keep every cost finite: at most 2**62 tokens (pairs < 2**124) times a price of
@@ -130,6 +139,13 @@ class CostModel:
         if self.sliding_window is not None and (not _is_int(self.sliding_window)
                                                 or not 1 <= self.sliding_window <= 2**62):
             raise ValueError(f"CostModel.sliding_window must be None or an int >= 1, got {_short(self.sliding_window)}")
+        if self.node_size is not None and (not _is_int(self.node_size) or not 1 <= self.node_size <= 2**20):
+            raise ValueError(f"CostModel.node_size must be None or an int >= 1 (CP ranks per node), "
+                             f"got {_short(self.node_size)}")
+        if self.intra_node_bandwidth is not None and (not _is_real(self.intra_node_bandwidth)
+                                                      or not 1.0 <= self.intra_node_bandwidth <= 1e18):
+            raise ValueError(f"CostModel.intra_node_bandwidth must be None or > 0 bytes/s (from 1 to 1e18), "
+                             f"got {_short(self.intra_node_bandwidth)}")
         if not isinstance(self.name, str):
             raise TypeError(f"CostModel.name must be a str, got {type(self.name).__name__}")
 
@@ -344,6 +360,28 @@ class CostModel:
         one_way = np.where(kv > 0, self.link_latency_s * (cp_size - 1) + kv * self.kv_bytes_per_token
                            / self.link_bandwidth, 0.0)
         return 2.0 * one_way
+
+    def a2a_pair_cost(self, rows: Any) -> float:
+        """Seconds of the all-to-all K/V exchange (forward + backward) given ``rows[s, r]``, the
+        K/V rows rank ``s`` sends rank ``r`` ((C, C)). Each rank's time is that of its busiest
+        link, receiving or sending: rows within its node at ``intra_node_bandwidth``, the rest at
+        ``link_bandwidth`` (the two links run at once); the slowest rank sets the time. Without
+        ``node_size`` this is :meth:`a2a_comm_cost` of the most rows a rank receives or sends.
+        """
+        m = np.asarray(rows, dtype=np.float64)
+        C = m.shape[0]
+        if C <= 1 or not m.any():
+            return 0.0
+        if self.node_size is None:
+            return float(self.a2a_comm_cost(max(m.sum(axis=0).max(), m.sum(axis=1).max()), C))
+        node = np.arange(C) // int(self.node_size)
+        same = node[:, None] == node[None, :]
+        intra_bw = self.link_bandwidth if self.intra_node_bandwidth is None else self.intra_node_bandwidth
+        busiest = 0.0
+        for mat in (m, m.T):  # sending (rows), receiving (columns)
+            t = np.maximum((mat * same).sum(axis=1) / intra_bw, (mat * ~same).sum(axis=1) / self.link_bandwidth)
+            busiest = max(busiest, float(t.max()))
+        return 2.0 * (self.link_latency_s * (C - 1) + busiest * self.kv_bytes_per_token)
 
 
 def default_cost_model() -> CostModel:

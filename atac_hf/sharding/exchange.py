@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["EXCHANGES", "a2a_rows", "a2a_token_counts"]
+__all__ = ["EXCHANGES", "a2a_pair_counts", "a2a_rows", "a2a_token_counts"]
 
 #: The K/V exchanges the runtime implements: ``all_gather`` (every rank gets every gathered
 #: document) and ``all_to_all`` (every rank gets the key prefixes its chunks attend to).
@@ -68,6 +68,29 @@ def a2a_token_counts(segments, gathered: np.ndarray) -> tuple[np.ndarray, np.nda
     part[rank_of, np.arange(len(allseg))] = 0
     send = np.bincount(rank_of, weights=part.sum(axis=0), minlength=C).astype(np.int64)
     return recv.astype(np.int64), send
+
+
+def a2a_pair_counts(segments, gathered: np.ndarray) -> np.ndarray:
+    """(C, C) int64: ``out[s, r]`` K/V rows rank ``s`` sends rank ``r`` per layer in the
+    only-needed exchange (row sums: what each rank sends; column sums: what it receives)."""
+    C = len(segments)
+    out = np.zeros((C, C), dtype=np.int64)
+    if C < 2 or not gathered.any():
+        return out
+    rank_of = np.repeat(np.arange(C), [len(s) for s in segments])
+    allseg = np.concatenate(segments)
+    keep = gathered[allseg[:, 0]]
+    allseg, rank_of = allseg[keep], rank_of[keep]
+    if not len(allseg):
+        return out
+    docs, col = np.unique(allseg[:, 0], return_inverse=True)
+    need = np.zeros((C, len(docs)), dtype=np.int64)
+    np.maximum.at(need, (rank_of, col), allseg[:, 2])
+    part = np.clip(np.minimum(allseg[None, :, 2], need[:, col]) - allseg[None, :, 1], 0, None)  # (C dst, S)
+    part[rank_of, np.arange(len(allseg))] = 0
+    for s in range(C):
+        out[s] = part[:, rank_of == s].sum(axis=1)
+    return out
 
 
 def a2a_rows(segments, gathered: np.ndarray, src: int, dst: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -15,7 +15,7 @@ import heapq
 import numpy as np
 
 from ..cost import CostModel
-from .exchange import a2a_token_counts
+from .exchange import a2a_pair_counts
 from .plan import ShardPlan
 
 __all__ = ["causal_pairs", "check_doc_lengths", "fill_empty_ranks", "finish_plan", "head_tail_bounds", "head_tail_segments",
@@ -143,8 +143,8 @@ def finish_plan(lengths, C, strategy, segments, gathered_docs, cm: CostModel, ex
     gathered-doc compute + max(local-doc attention, K/V exchange) + local linear).
     ``gathered_docs=None`` gathers exactly the documents held by several ranks.
     ``exchange``: ``"all_gather"``, ``"all_to_all"`` (only the needed K/V rows, priced by
-    the most rows a rank receives or sends), or ``"auto"``: the one estimated faster
-    (all-gather on ties)."""
+    :meth:`~atac_hf.cost.CostModel.a2a_pair_cost`: the busiest rank's links), or ``"auto"``:
+    the one estimated faster (all-gather on ties)."""
     # cost what the ranks will run: touching chunks of one document are one kernel call
     segments = [merge_adjacent(s) for s in segments]
     gathered = np.zeros(len(lengths), dtype=bool)
@@ -159,8 +159,7 @@ def finish_plan(lengths, C, strategy, segments, gathered_docs, cm: CostModel, ex
     comm = float(cm.comm_cost(int(lengths[gdocs].sum()), C)) if C > 1 else 0.0
     kind = "all_gather"
     if exchange != "all_gather" and C > 1 and len(gdocs):
-        recv, send = a2a_token_counts(segments, gathered)
-        a2a = float(cm.a2a_comm_cost(int(max(recv.max(), send.max())), C))
+        a2a = cm.a2a_pair_cost(a2a_pair_counts(segments, gathered))
         if exchange == "all_to_all" or a2a < comm:
             kind, comm = "all_to_all", a2a
     allseg = np.concatenate(segments)

@@ -151,13 +151,17 @@ class ClusterConfig:
             ValueError: a profile that cannot be read or does not match ``model``/``tp_size``.
         """
         inter = self.tp_size * self.cp_size > self.gpus_per_node
+        # a CP group over several nodes: the all-to-all K/V exchange prices rows inside a node
+        # at NVLink speed (CP ranks are consecutive GPUs, TP innermost)
+        nodes = dict(node_size=max(1, self.gpus_per_node // self.tp_size),
+                     intra_node_bandwidth=self.hw.intra_node_bw) if inter else {}
         if self.profile is None:
             return CostModel.from_model(self.dims, self.hw, efficiency=self.efficiency, tp_size=self.tp_size,
-                                        inter_node=inter)
+                                        inter_node=inter).replace(**nodes)
         cm = CostModel.from_profile(self.profile)
         self._check_profile(cm)
         return cm.replace(link_bandwidth=self._bandwidth(self.tp_size * self.cp_size),
-                          link_latency_s=self.hw.link_latency_s)
+                          link_latency_s=self.hw.link_latency_s, **nodes)
 
     def _check_profile(self, cm: CostModel) -> None:
         with open(self.profile, encoding="utf-8") as f:
