@@ -77,3 +77,37 @@ def test_packed_rows_are_refused_by_the_atac_trainer_feeder():
     ours = pack_dataset(datasets.Dataset.from_dict(EXAMPLES), max_tokens=4, progress=False)
     with pytest.raises(ValueError, match="pre-packed rows"):
         check_dataset_columns(ours)
+
+
+@pytest.mark.slow
+def test_atac_rows_train_in_sft_trainer_padding_free(tmp_path):
+    import torch
+    from tokenizers import Tokenizer, models
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    from trl import SFTConfig, SFTTrainer
+
+    from atac_hf.integrations.demo import tiny_llama_config
+
+    V = 64
+    vocab = {str(i): i for i in range(V)} | {"<pad>": V, "<eos>": V + 1}
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="0")),
+                                  pad_token="<pad>", eos_token="<eos>")
+    rng = np.random.default_rng(0)
+    src = datasets.Dataset.from_dict({"input_ids": [rng.integers(0, V, size=int(n)).tolist()
+                                                    for n in rng.integers(5, 60, size=40)]})
+    rows = pack_dataset(src, max_tokens=128, packs_per_window=2, progress=False)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(
+        tiny_llama_config(hidden_size=32, num_layers=1, vocab_size=V + 2, max_position_embeddings=256),
+        dtype=torch.float32)
+    args = SFTConfig(output_dir=str(tmp_path), max_length=None, max_steps=2, packing=False, padding_free=True,
+                     per_device_train_batch_size=1, use_cpu=True, report_to=[], disable_tqdm=True,
+                     dataset_kwargs={"skip_prepare_dataset": True}, save_strategy="no")
+    trainer = SFTTrainer(model=model, args=args, train_dataset=rows, processing_class=tok)
+    lens = rows[0]["seq_lengths"]
+    assert len(lens) > 1
+    batch = trainer.data_collator([rows[0]])  # TRL's collator sees our documents
+    assert batch["position_ids"][0].tolist() == [p for n in lens for p in range(n)]
+    assert batch["cu_seq_lens_q"].tolist() == np.concatenate([[0], np.cumsum(lens)]).tolist()
+    out = trainer.train()
+    assert trainer.state.global_step == 2 and np.isfinite(out.training_loss)
