@@ -20,7 +20,7 @@ OVERLENGTH_POLICIES = ("split", "truncate", "error")
 # Bounds that keep every count an exact int64 and every loop finite (a window plans
 # packs_per_window packs at once; 2**40 tokens is ~10^12, far beyond any sample or cap).
 MAX_LENGTH = 2**40  # max_tokens, sample lengths, wlb thresholds, reference_doc_tokens
-MAX_PACKS_PER_WINDOW = 2**20  # DP replicas x micro-batches of one window
+MAX_PACKS_PER_WINDOW = 2**16  # DP replicas x micro-batches of one window (a window plans them all at once)
 MAX_DEFER = 2**31  # windows a sample may wait
 
 
@@ -110,7 +110,7 @@ class PackingConfig:
         if not _is_int(self.packs_per_window) or not 1 <= self.packs_per_window <= MAX_PACKS_PER_WINDOW:
             raise ValueError(
                 f"packs_per_window={self.packs_per_window!r} is invalid: it must be an int >= 1 and "
-                f"<= {MAX_PACKS_PER_WINDOW} (2**20; e.g. DP replicas x gradient-accumulation steps; set "
+                f"<= {MAX_PACKS_PER_WINDOW} (2**16; e.g. DP replicas x gradient-accumulation steps; set "
                 "packs_per_window / --packs-per-window)"
             )
         object.__setattr__(self, "packs_per_window", int(self.packs_per_window))

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import heapq
 import json
 import math
 from typing import Any, Iterable, Mapping, Sequence
@@ -39,6 +40,7 @@ import numpy as np
 
 from ...cost import CostModel, default_cost_model
 from ..config import MAX_LENGTH, MAX_PACKS_PER_WINDOW, PackingConfig
+from ..metrics import pack_costs
 from ..stream import StreamPacker
 from ..validate import _is_int, _short, check_dealable, check_lengths, check_overlength, state_bool
 from ..validate import state_int, state_list, state_spans
@@ -72,14 +74,21 @@ def replica_order(costs: Sequence[float], num_replicas: int, *, first_slot: int 
         return list(range(n))
     prior = [0.0] * num_replicas if prior_loads is None else [float(x) for x in prior_loads]
     replica_of_slot = [(first_slot + k) % num_replicas for k in range(n)]
-    free = [replica_of_slot.count(r) for r in range(num_replicas)]
+    free = [0] * num_replicas
+    for r in replica_of_slot:
+        free[r] += 1
     load = [0.0] * num_replicas
     mine: list[list[int]] = [[] for _ in range(num_replicas)]
+    # the replica with a free slot and the least (load, prior, index): a heap keyed the same way
+    heap = [(0.0, prior[r], r) for r in range(num_replicas) if free[r]]
+    heapq.heapify(heap)
     for p in sorted(range(n), key=lambda i: (-float(costs[i]), i)):
-        r = min((r for r in range(num_replicas) if free[r]), key=lambda r: (load[r], prior[r], r))
+        _load, _prior, r = heapq.heappop(heap)
         mine[r].append(p)
         load[r] += float(costs[p])
         free[r] -= 1
+        if free[r]:
+            heapq.heappush(heap, (load[r], prior[r], r))
     taken = [0] * num_replicas
     perm = []
     for r in replica_of_slot:
@@ -198,20 +207,24 @@ class WindowPlanner:
         packs and the reserve."""
         R = self.num_replicas
         prior = list(self.loads)
-        for k, p in enumerate(self.reserve):
-            prior[(self.num_batches + k) % R] += self.pack_cost(p)
-        costs = [self.pack_cost(p) for p in packs]
+        for k, c in enumerate(self.pack_costs(self.reserve)):
+            prior[(self.num_batches + k) % R] += c
+        costs = self.pack_costs(packs)
         perm = replica_order(costs, R, first_slot=self.num_batches + len(self.reserve), prior_loads=prior)
         return [packs[i] for i in perm]
 
     def _release(self, packs: list[list[Span]]) -> list[list[Span]]:
-        for k, p in enumerate(packs):
-            self.loads[(self.num_batches + k) % self.num_replicas] += self.pack_cost(p)
+        for k, c in enumerate(self.pack_costs(packs)):
+            self.loads[(self.num_batches + k) % self.num_replicas] += c
         self.num_batches += len(packs)
         return packs
 
     def pack_cost(self, pack: Sequence[Span]) -> float:
         return float(self.cost_model.doc_cost([e - s for _, s, e in pack]).sum())
+
+    def pack_costs(self, packs: Sequence[Sequence[Span]]) -> list[float]:
+        """:meth:`pack_cost` of each pack, in one vectorised call."""
+        return pack_costs(packs, self.cost_model).tolist() if packs else []
 
     def _even_out(self, packs: list[list[Span]]) -> list[list[Span]]:
         """Re-cut the pass's last packs (reserve + last window) so that the pass's pack
@@ -259,46 +272,68 @@ class WindowPlanner:
         return out
 
     def _split_to(self, packs: list[list[Span]], n: int, *, clean: bool) -> list[list[Span]] | None:
-        """Split packs until there are ``n``; ``None`` when that needs a cut ``clean`` forbids."""
+        """Split packs until there are ``n``; ``None`` when that needs a cut ``clean`` forbids.
+
+        The costliest pack with several documents is halved at a document boundary (its
+        documents dealt largest first to the lighter half); when none is left, the longest
+        single document is cut in two (``clean``: only under ``overlength="split"`` and into
+        fragments >= ``min_fragment``). Heaps keep it O((packs + n) log packs)."""
         packs = list(packs)
-        min_fragment = max(1, int(getattr(self.config, "min_fragment", 1) or 1))
+        least = 2 * max(1, int(self.config.min_fragment or 1)) if clean else 2
+        cut_docs = not clean or self.config.overlength == "split"
+        multi = [(-c, i) for i, (c, p) in enumerate(zip(self.pack_costs(packs), packs)) if len(p) >= 2]
+        long = [(-(p[0][2] - p[0][1]), i) for i, p in enumerate(packs) if len(p) == 1]
+        heapq.heapify(multi)
+        heapq.heapify(long)
+
+        def push(i: int) -> None:
+            p = packs[i]
+            if len(p) >= 2:
+                heapq.heappush(multi, (-self.pack_cost(p), i))
+            else:
+                heapq.heappush(long, (-(p[0][2] - p[0][1]), i))
+
         while len(packs) < n:
-            multi = [i for i, p in enumerate(packs) if len(p) >= 2]
             if multi:
-                i = max(multi, key=lambda i: (self.pack_cost(packs[i]), -i))
+                _c, i = heapq.heappop(multi)
                 halves: list[list[Span]] = [[], []]
                 load = [0.0, 0.0]
                 for span in sorted(packs[i], key=lambda s: (s[1] - s[2], s)):
                     h = 0 if load[0] <= load[1] else 1
                     halves[h].append(span)
                     load[h] += self.pack_cost([span])
-                packs[i:i + 1] = halves
-                continue
-            # every pack holds one document here
-            least = 2 * min_fragment if clean else 2
-            if clean and self.config.overlength != "split":
-                return None
-            long = [i for i, p in enumerate(packs) if p[0][2] - p[0][1] >= least]
-            if not long:
-                return None
-            i = max(long, key=lambda i: (packs[i][0][2] - packs[i][0][1], -i))
-            sid, start, end = packs[i][0]
-            mid = start + (end - start) // 2
-            packs[i:i + 1] = [[(sid, start, mid)], [(sid, mid, end)]]
+            else:  # every pack holds one document here
+                if not cut_docs or not long or -long[0][0] < least:
+                    return None
+                _c, i = heapq.heappop(long)
+                sid, start, end = packs[i][0]
+                mid = start + (end - start) // 2
+                halves = [[(sid, start, mid)], [(sid, mid, end)]]
+            packs[i] = halves[0]
+            packs.append(halves[1])
+            push(i)
+            push(len(packs) - 1)
         return packs
 
     def _merge_to(self, packs: list[list[Span]], n: int) -> list[list[Span]] | None:
         """Merge the two packs with the fewest tokens while they fit the cap, until there are
-        ``n``; ``None`` if that cannot finish."""
+        ``n`` (the merged pack takes the first one's place); ``None`` if that cannot finish."""
         packs = list(packs)
-        while len(packs) > n:
-            order = sorted(range(len(packs)), key=lambda i: (_tokens(packs[i]), i))
-            if len(order) < 2 or _tokens(packs[order[0]]) + _tokens(packs[order[1]]) > self.config.max_tokens:
+        alive = len(packs)
+        heap = [(_tokens(p), i) for i, p in enumerate(packs)]
+        heapq.heapify(heap)
+        while alive > n:
+            if len(heap) < 2:
                 return None
-            a, b = sorted(order[:2])
+            (ta, a), (tb, b) = heapq.heappop(heap), heapq.heappop(heap)
+            if ta + tb > self.config.max_tokens:
+                return None
+            a, b = min(a, b), max(a, b)
             packs[a] = _coalesce(packs[a] + packs[b])
-            del packs[b]
-        return packs
+            packs[b] = []
+            heapq.heappush(heap, (ta + tb, a))
+            alive -= 1
+        return [p for p in packs if p]
 
     def state_dict(self) -> dict[str, Any]:
         return {"packer": self.packer.state_dict(), "prev_empty": self.prev_empty, "num_batches": self.num_batches,
