@@ -144,7 +144,8 @@ def finish_plan(lengths, C, strategy, segments, gathered_docs, cm: CostModel, ex
     ``gathered_docs=None`` gathers exactly the documents held by several ranks.
     ``exchange``: ``"all_gather"``, ``"all_to_all"`` (only the needed K/V rows, priced by
     :meth:`~atac_hf.cost.CostModel.a2a_pair_cost`: the busiest rank's links), or ``"auto"``:
-    the one estimated faster (all-gather on ties)."""
+    the one with the lower estimated block time (all-gather on ties: where it is hidden
+    behind every rank's local attention, the all-to-all is not even costed)."""
     # cost what the ranks will run: touching chunks of one document are one kernel call
     segments = [merge_adjacent(s) for s in segments]
     gathered = np.zeros(len(lengths), dtype=bool)
@@ -157,11 +158,6 @@ def finish_plan(lengths, C, strategy, segments, gathered_docs, cm: CostModel, ex
         gathered[gathered_docs] = True
     gdocs = np.flatnonzero(gathered).astype(np.int64)
     comm = float(cm.comm_cost(int(lengths[gdocs].sum()), C)) if C > 1 else 0.0
-    kind = "all_gather"
-    if exchange != "all_gather" and C > 1 and len(gdocs):
-        a2a = cm.a2a_pair_cost(a2a_pair_counts(segments, gathered))
-        if exchange == "all_to_all" or a2a < comm:
-            kind, comm = "all_to_all", a2a
     allseg = np.concatenate(segments)
     rank_of = np.repeat(np.arange(C), [len(x) for x in segments])
     cost = cm.segment_cost(allseg[:, 1], allseg[:, 2])
@@ -169,6 +165,12 @@ def finish_plan(lengths, C, strategy, segments, gathered_docs, cm: CostModel, ex
     local_attn = np.bincount(rank_of[local], weights=cm.attention_cost(allseg[local, 1], allseg[local, 2]),
                              minlength=C)
     compute = np.bincount(rank_of, weights=cost, minlength=C)
+    kind = "all_gather"
+    # the all-to-all can only be faster where the all-gather is not hidden behind local attention
+    if exchange != "all_gather" and C > 1 and len(gdocs) and (exchange == "all_to_all" or comm > local_attn.min()):
+        a2a = cm.a2a_pair_cost(a2a_pair_counts(segments, gathered))
+        if exchange == "all_to_all" or a2a < comm:
+            kind, comm = "all_to_all", a2a
     # while the gather runs, each rank computes attention of its local documents
     exposed = np.maximum(local_attn, comm) if len(gdocs) else local_attn
     block = float(np.max(compute - local_attn + exposed))
