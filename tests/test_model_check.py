@@ -254,17 +254,26 @@ def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
-def test_cli_user_errors(tmp_path):
-    r = _cli("--model-type", "no_such_family")
-    assert r.returncode == 2
-    assert r.stderr.strip().splitlines()[-1].startswith("atac-hf check-model: error: --model-type 'no_such_family' "
-                                                        "is not a causal-LM family")
+def test_cli_user_errors(tmp_path, capsys):
+    from atac_hf.cli import main
+
+    def error(*args: str) -> str:
+        assert main(["check-model", *args]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1, lines  # one clean line, no traceback
+        return lines[0]
+
+    assert error("--model-type", "no_such_family").startswith(
+        "atac-hf check-model: error: --model-type 'no_such_family' is not a causal-LM family")
+    assert "(did you mean ['qwen3'" in error("--model-type", "wen3")
     bad = tmp_path / "config.json"
     bad.write_text(json.dumps({"hidden_size": 8}))
-    r = _cli("--config", str(bad))
-    assert r.returncode == 2 and "has no 'model_type'" in r.stderr
-    r = _cli("--config", str(tmp_path / "missing.json"))
-    assert r.returncode == 2 and "is not a file" in r.stderr
+    assert "has no 'model_type': pass a transformers config.json" in error("--config", str(bad))
+    bad.write_text("{not json")
+    assert "is not valid JSON" in error("--config", str(bad))
+    assert "is not a file" in error("--config", str(tmp_path / "missing.json"))
+    assert "--world-size must be >= 1" in error("--model-type", "llama", "--world-size", "0")
+    assert "--timeout must be > 0" in error("--model-type", "llama", "--timeout", "0")
 
 
 def test_cli_parser_imports_no_torch():

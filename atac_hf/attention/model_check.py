@@ -286,17 +286,20 @@ class _Guard:
         if not isinstance(ctx, ShardContext):
             return None
         reached = {id(m) for m in ctx.reached_modules()}
-        expected = [(n, m) for n, m in module.named_modules() if type(m).__name__ in self.classes]
-        missing = [n for n, m in expected if id(m) not in reached]
+        # attention modules: the probe's classes (also under wrappers that subclass them, e.g. FSDP2's)
+        attn = [(n, m) for n, m in module.named_modules() if any(c.__name__ in self.classes for c in type(m).__mro__)]
+        missing = [n for n, m in attn if id(m) not in reached]
+        layers = _num_layers(module)
+        expected = max(1, min(layers, len(attn)) if layers else len(attn))
         if not reached:
             impl = getattr(getattr(module, "config", None), "_attn_implementation", None)
             raise ValueError(
                 f"{self.name} ran under a shard context ({SHARD_KWARG}=) but no layer ran the {ATTN_IMPLEMENTATION!r} "
                 f"attention (attn_implementation is {impl!r}): its outputs would be wrong; select it with "
                 f"model.set_attn_implementation({ATTN_IMPLEMENTATION!r}) or atac_hf.integrations.prepare_model(model)")
-        if missing:
+        if len(reached) < expected:
             raise RuntimeError(
-                f"{self.name}: only {len(expected) - len(missing)} of its {len(expected)} attention layers ran "
+                f"{self.name}: only {len(reached)} of its {expected} attention layers ran "
                 f"{ATTN_IMPLEMENTATION!r} in this forward (not: {missing[:4]}{' ...' if len(missing) > 4 else ''}); "
                 "a layer with another attention implementation or its own code mixes the documents of the packed row "
                 f"and the outputs would be wrong; select {ATTN_IMPLEMENTATION!r} on every layer")
@@ -305,6 +308,13 @@ class _Guard:
     def remove(self) -> None:
         self.pre.remove()
         self.post.remove()
+
+
+def _num_layers(model: torch.nn.Module) -> int:
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    n = getattr(text, "num_hidden_layers", 0)
+    return int(n) if isinstance(n, int) else 0
 
 
 def _install_guard(base: torch.nn.Module, verdict: ModelVerdict) -> None:

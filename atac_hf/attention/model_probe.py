@@ -130,7 +130,7 @@ def _shrink_dict(config: Any, window: int) -> dict:
             put("num_key_value_heads", 1 if kv == 1 else (4 if kv >= heads else 2))
         elif kv is None and "num_key_value_heads" in std:
             put("num_key_value_heads", 4)  # unset means one K/V head per query head
-    if d.get("head_dim") is not None:
+    if "head_dim" in d:  # also when None: some models read it without a fallback
         d["head_dim"] = d["qk_rope_head_dim"] if isinstance(d.get("qk_rope_head_dim"), int) else 16
     if isinstance(d.get("qk_head_dim"), int) and "qk_nope_head_dim" in d and "qk_rope_head_dim" in d:
         d["qk_head_dim"] = d["qk_nope_head_dim"] + d["qk_rope_head_dim"]  # derived, stored stale

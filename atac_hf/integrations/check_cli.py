@@ -35,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     what.add_argument("--config", metavar="PATH", help="a config.json (checked as given: dropout etc. count)")
     what.add_argument("--all", action="store_true", help="every causal-LM family of the installed transformers")
     p.add_argument("--world-size", type=int, default=2, help="gloo ranks of the probe (default 2)")
-    p.add_argument("--timeout", type=float, default=180.0, help="seconds one family may take (default 180)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds one family may take (default 120)")
     p.add_argument("--output", metavar="PATH", help="also write the verdicts as a markdown table (docs/MODELS.md)")
     p.add_argument("--json", action="store_true", help="print one JSON object per family instead of text")
     p.set_defaults(func=run)
@@ -112,7 +112,7 @@ def _verdict(item: dict, rank: int, world: int) -> dict:
                     "ValueError", t0)
     results = []
     for label, cfg in variants:
-        cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(cfg))
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(cfg), None)
         if cls is None:
             return _row(item, None, False, None, f"has no causal-LM class for {type(cfg).__name__}", "ValueError", t0)
         results.append((label, check_architecture(cls, cfg, rank=rank, world=world, group=None)))
@@ -121,7 +121,11 @@ def _verdict(item: dict, rank: int, world: int) -> dict:
     first = results[0][1]
     if refused:
         label, v = refused[0]
-        where = "" if len(results) == 1 else f"[{label}] "
+        where = ""
+        if label not in ("default", "config"):
+            where = f"with {label}={_WINDOW_VARIANT}: "
+            if first.exact:  # the default config (no window) is exact: say so, the family is refused as a whole
+                where = f"exact without a sliding window (max error {first.max_error:.1e}), but " + where
         return _row(item, v.model_class, False, max(errs) if errs else None, where + v.reason,
                     (v.error or NotImplementedError).__name__, t0)
     labels = " and ".join(label for label, _ in results)
@@ -154,7 +158,11 @@ def _worker(rank: int, world: int, init_file: str, items: list[dict], queue: Any
         for i, item in enumerate(items):
             if rank == 0:
                 queue.put(("start", i, None))
-            row = _verdict(item, rank, world)
+            try:
+                row = _verdict(item, rank, world)
+            except Exception as e:  # noqa: BLE001 - this family's verdict, the loop goes on
+                row = _row(item, None, False, None, f"the check itself failed ({type(e).__name__}: {str(e)[:200]})",
+                           "NotImplementedError", time.perf_counter())
             if rank == 0:
                 queue.put(("done", i, row))
         dist.barrier()
