@@ -17,6 +17,7 @@ Wrong types raise :class:`InputTypeError`, a ``TypeError`` that is also a ``Valu
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -24,7 +25,7 @@ import numpy as np
 from .config import MAX_LENGTH, PackingConfig
 
 __all__ = ["InputTypeError", "MAX_LENGTH", "MAX_TOKEN_ID", "check_lengths", "check_overlength",
-           "check_dealable", "check_packer_pool", "check_seed", "check_token_ids", "check_window", "state_bool",
+           "check_dealable", "check_packer_pool", "check_planner_state", "check_seed", "check_token_ids", "check_window", "state_bool",
            "state_int", "state_list", "state_spans"]
 
 MAX_TOKEN_ID = 2**63 - 1  # token ids and labels are int64
@@ -361,3 +362,36 @@ def state_spans(value: Any, name: str, what: str) -> list[tuple[int, int, int]]:
                              "end] of ints with 0 <= start < end")
         out.append((int(sp[0]), int(sp[1]), int(sp[2])))
     return out
+
+
+def check_planner_state(state: Any, num_replicas: int,
+                        max_tokens: int) -> tuple[bool, int, list[float], list[list[tuple[int, int, int]]]]:
+    """Check a :meth:`WindowPlanner.state_dict` (all but the packer's own state, which
+    :meth:`StreamPacker.load_state_dict` checks); ``ValueError`` naming the field."""
+    what = "window planner"
+    if not isinstance(state, Mapping):
+        raise ValueError(f"malformed {what} state: expected a mapping, got {type(state).__name__}")
+    prev_empty = state_bool(state, "prev_empty", what)
+    num_batches = state_int(state, "num_batches", what, 0)
+    loads = state_list(state, "loads", what)
+    if len(loads) != num_replicas:
+        raise ValueError(f"window planner state has {len(loads)} replica loads, expected {num_replicas}")
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+               for x in loads):
+        raise ValueError(f"malformed {what} state: 'loads' = {_short(loads)} must be finite numbers >= 0")
+    reserve = [state_spans(p, f"'reserve'[{i}]", what) for i, p in enumerate(state_list(state, "reserve", what))]
+    for i, p in enumerate(reserve):
+        if sum(e - s for _, s, e in p) > max_tokens:
+            raise ValueError(f"malformed {what} state: 'reserve'[{i}] holds {sum(e - s for _, s, e in p)} tokens, more than "
+                             f"max_tokens={max_tokens}")
+    seen: dict[int, list[tuple[int, int]]] = {}
+    for p in reserve:
+        for sid, a, b in p:
+            seen.setdefault(sid, []).append((a, b))
+    for sid, sp in seen.items():
+        sp.sort()
+        if any(s1 < e0 for (_s0, e0), (s1, _e1) in zip(sp, sp[1:])):
+            raise ValueError(f"malformed {what} state: 'reserve' holds tokens of sample {sid} twice")
+    if not isinstance(state.get("packer"), Mapping):
+        raise ValueError(f"malformed {what} state: 'packer' must hold the packer state")
+    return prev_empty, num_batches, [float(x) for x in loads], reserve

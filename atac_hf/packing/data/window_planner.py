@@ -33,7 +33,6 @@ import dataclasses
 import hashlib
 import heapq
 import json
-import math
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -42,8 +41,7 @@ from ...cost import CostModel, default_cost_model
 from ..config import MAX_LENGTH, MAX_PACKS_PER_WINDOW, PackingConfig
 from ..metrics import pack_costs
 from ..stream import StreamPacker
-from ..validate import _is_int, _short, check_dealable, check_lengths, check_overlength, state_bool
-from ..validate import state_int, state_list, state_spans
+from ..validate import _is_int, _short, check_dealable, check_lengths, check_overlength, check_planner_state
 
 __all__ = ["Span", "WindowPlanner", "plan_packs", "replica_order"]
 
@@ -345,7 +343,7 @@ class WindowPlanner:
         Raises:
             ValueError: a malformed state (names the field), or a packer state the packer refuses.
         """
-        parsed = parse_planner_state(state, self.num_replicas, int(self.config.max_tokens))
+        parsed = check_planner_state(state, self.num_replicas, int(self.config.max_tokens))
         self.packer.load_state_dict(state["packer"])  # validates fully before changing the packer
         self.prev_empty, self.num_batches, self.loads, self.reserve = parsed
 
@@ -462,36 +460,3 @@ def _check_common(config: PackingConfig, window_size: int | None, num_replicas: 
     if not _is_int(num_replicas) or not 1 <= num_replicas <= MAX_PACKS_PER_WINDOW:
         raise ValueError(f"num_replicas={_short(num_replicas)}: must be an int >= 1 (the DP size, at most "
                          f"{MAX_PACKS_PER_WINDOW})")
-
-
-def parse_planner_state(state: Any, num_replicas: int,
-                        max_tokens: int) -> tuple[bool, int, list[float], list[list[Span]]]:
-    """Check a :meth:`WindowPlanner.state_dict` (all but the packer's own state, which
-    :meth:`StreamPacker.load_state_dict` checks); ``ValueError`` naming the field."""
-    what = "window planner"
-    if not isinstance(state, Mapping):
-        raise ValueError(f"malformed {what} state: expected a mapping, got {type(state).__name__}")
-    prev_empty = state_bool(state, "prev_empty", what)
-    num_batches = state_int(state, "num_batches", what, 0)
-    loads = state_list(state, "loads", what)
-    if len(loads) != num_replicas:
-        raise ValueError(f"window planner state has {len(loads)} replica loads, expected {num_replicas}")
-    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
-               for x in loads):
-        raise ValueError(f"malformed {what} state: 'loads' = {_short(loads)} must be finite numbers >= 0")
-    reserve = [state_spans(p, f"'reserve'[{i}]", what) for i, p in enumerate(state_list(state, "reserve", what))]
-    for i, p in enumerate(reserve):
-        if _tokens(p) > max_tokens:
-            raise ValueError(f"malformed {what} state: 'reserve'[{i}] holds {_tokens(p)} tokens, more than "
-                             f"max_tokens={max_tokens}")
-    seen: dict[int, list[tuple[int, int]]] = {}
-    for p in reserve:
-        for sid, a, b in p:
-            seen.setdefault(sid, []).append((a, b))
-    for sid, sp in seen.items():
-        sp.sort()
-        if any(s1 < e0 for (_s0, e0), (s1, _e1) in zip(sp, sp[1:])):
-            raise ValueError(f"malformed {what} state: 'reserve' holds tokens of sample {sid} twice")
-    if not isinstance(state.get("packer"), Mapping):
-        raise ValueError(f"malformed {what} state: 'packer' must hold the packer state")
-    return prev_empty, num_batches, [float(x) for x in loads], reserve
