@@ -129,6 +129,29 @@ def test_varlen_backend_equals_full_attention_fwd_bwd(generation, window, monkey
     assert all(c["scale"] == 0.25 for c in tv.CALLS)
 
 
+@pytest.mark.parametrize("exchange", ["all_gather", "all_to_all"])
+def test_varlen_backend_under_both_kv_exchanges(exchange, monkeypatch):
+    """The gathered part reads the exchange's buffer (all-gather or all-to-all layout)."""
+    _use(monkeypatch, "2.13")
+    seen = 0
+    for pi, lens in enumerate(_packs()[:2]):
+        q, k, v = _qkv(lens, seed=pi)
+        for window in (None, 5):
+            ref = _full_reference(q, k, v, lens, window, None)
+            gout = torch.randn_like(ref)
+            ref_grads = torch.autograd.grad(ref, (q, k, v), gout)
+            for C in (2, 4):
+                plan = plan_shards(lens, C, "atp", kv_exchange=exchange)
+                if len(plan.gathered_docs):
+                    assert plan.kv_exchange == exchange
+                    seen += 1
+                out = emulate_cp_attention(q, k, v, plan, backend="varlen", window=window)
+                torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+                for g, rg in zip(torch.autograd.grad(out, (q, k, v), gout), ref_grads):
+                    torch.testing.assert_close(g, rg, rtol=0, atol=1e-12)
+    assert seen >= 4
+
+
 def test_varlen_backend_bf16_matches_reference_backend(monkeypatch):
     """In bf16 (the dtype it runs in on GPU) the stand-in path and varlen_reference agree to rounding."""
     _use(monkeypatch, "2.13")
