@@ -106,8 +106,12 @@ def plan_subgroups(lengths, C: int, cm: CostModel, *, anchor_share: float = 1.0,
     if tok.max(initial=0) > cap:
         return None
     tails = order[~is_anchor[order]]
-    if not _place_tails(tails, costs / slots[:, None], L, load / slots[:, None], tok, cap, segs):
+    share = costs / slots[:, None]
+    owner = _place_tails(tails, share, L, load / slots[:, None], tok, cap)
+    if owner is None:
         return None
+    for d, r in zip(tails.tolist(), owner.tolist()):
+        segs[r].append((d, 0, int(L[d])))
     if tok.min() == 0 and L.sum() >= C:  # every rank gets a token (transformers cannot run on none)
         return None
     if not any(2 <= len(g) < C for g in groups):  # no anchor on a proper sub-group: the flat plan's job
@@ -161,18 +165,72 @@ def _scaled(cm: CostModel, k: float) -> CostModel:
     return cm.replace(attn_s_per_pair=cm.attn_s_per_pair * k, masked_attn_s_per_pair=None if m is None else m * k)
 
 
-def _place_tails(tails, share, L, load, tok, cap, segs) -> bool:
+def _place_tails(tails, share, L, load, tok, cap, max_rounds: int | None = None) -> np.ndarray | None:
     """Whole documents, most expensive first, each to the rank with token room whose worst
     load over the cost models (``share``: (M, D) document costs, ``load``: (M, C) rank loads,
-    both in rank shares) stays lowest; ties to the lower rank."""
-    for d in tails.tolist():
+    both in rank shares; updated) stays lowest, ties to the lower rank; then a local search
+    moves or swaps documents off the worst-loaded rank while that lowers its pair's worst load
+    (at most ``max_rounds``, default twice the number of documents). Returns the (T,) rank of
+    each document, or None if one fits nowhere under the cap."""
+    T = len(tails)
+    owner = np.zeros(T, dtype=np.int64)
+    for i, d in enumerate(tails.tolist()):
         n = int(L[d])
         worst = (load + share[:, d:d + 1]).max(axis=0)
         worst[tok + n > cap] = np.inf
         r = int(np.argmin(worst))
         if not np.isfinite(worst[r]):
-            return False
+            return None
         load[:, r] += share[:, d]
         tok[r] += n
-        segs[r].append((d, 0, n))
-    return True
+        owner[i] = r
+    if T == 0:
+        return owner
+    S = share[:, tails]  # (M, T)
+    n_t = L[tails].astype(np.int64)
+    for _ in range(2 * T if max_rounds is None else max_rounds):
+        worst = load.max(axis=0)
+        hi = int(np.argmax(worst))
+        mine = np.flatnonzero(owner == hi)
+        if not len(mine):
+            break
+        best, move = worst[hi] * (1 - 1e-9), None
+        # move document t of hi to rank q: (k, C)
+        hi_after = (load[:, hi:hi + 1] - S[:, mine]).max(axis=0)  # (k,)
+        q_after = (load[:, None, :] + S[:, mine, None]).max(axis=0)  # (k, C)
+        q_after[:, hi] = np.inf
+        q_after[tok[None, :] + n_t[mine, None] > cap] = np.inf
+        val = np.maximum(hi_after[:, None], q_after)
+        k, q = np.unravel_index(int(np.argmin(val)), val.shape)
+        if val[k, q] < best:
+            best, move = val[k, q], ("move", int(mine[k]), int(q))
+        # swap document t of hi with document u of another rank: (k, T)
+        other = owner != hi
+        if other.any():
+            delta = S[:, other][:, None, :] - S[:, mine][:, :, None]  # (M, k, U): hi gains u, loses t
+            hi_sw = (load[:, hi, None, None] + delta).max(axis=0)
+            ou = owner[other]
+            q_sw = (load[:, ou][:, None, :] - delta).max(axis=0)
+            dn = n_t[other][None, :] - n_t[mine][:, None]
+            q_sw[(tok[hi] + dn > cap) | (tok[ou][None, :] - dn > cap)] = np.inf
+            val = np.maximum(hi_sw, q_sw)
+            k, u = np.unravel_index(int(np.argmin(val)), val.shape)
+            if val[k, u] < best:
+                best, move = val[k, u], ("swap", int(mine[k]), int(np.flatnonzero(other)[u]))
+        if move is None:
+            break
+        kind, t, x = move
+        if kind == "move":
+            load[:, hi] -= S[:, t]
+            load[:, x] += S[:, t]
+            tok[hi] -= n_t[t]
+            tok[x] += n_t[t]
+            owner[t] = x
+        else:
+            q = int(owner[x])
+            load[:, hi] += S[:, x] - S[:, t]
+            load[:, q] += S[:, t] - S[:, x]
+            tok[hi] += n_t[x] - n_t[t]
+            tok[q] += n_t[t] - n_t[x]
+            owner[t], owner[x] = q, hi
+    return owner
