@@ -21,7 +21,8 @@ a. exactness: ``emulate_cp_attention`` (every rank in one process, the gather by
    passes when each tensor's error is at most 2x that of plain PyTorch attention in the same
    dtype (one SDPA call over the whole row with a dense document mask) plus a floor of 1/64
    ulp (``atac_hf.attention.tolerance``, the rule of the GPU tests); fp64 (smoke):
-   ``max|x - ref| / max(1, max|ref|) <= 1e-10``.
+   ``max|x - ref| / max(1, max|ref|) <= 1e-10``. The first pack runs once more in the first
+   dtype with a sliding window (256; smoke 5): the window translation of each kernel.
 b. per-rank kernel time (forward + backward, CUDA events, warm-up, median of repeats)
    of every strategy on long-tail WFAP packs of 32K/64K/128K tokens, 32 heads, 8 (then
    32) kv heads, head_dim 128, bf16, cp_size 4 and 8: each rank timed alone on its real
@@ -131,6 +132,7 @@ def settings(args) -> dict:
         exact_heads=(4, 2, 16) if smoke else (32, 8, 128),
         exact_packs=[[40, 1, 3, 17, 1, 9, 30]] if smoke else [HAND_PACK],
         exact_longtail_tokens=128 if smoke else 8192,
+        exact_window=5 if smoke else 256,  # one extra pass: the first pack with a sliding window
         exact_cp=[2, 4] if smoke else ([2, 8] if quick else [2, 4, 8]),
         exact_backends=["sdpa"] if smoke else gpu,
         dtypes=["float32", "float64"] if smoke else ["bfloat16", "float32"],
@@ -322,7 +324,7 @@ def _errors(got, ref) -> list[dict]:
     return rows
 
 
-def _plain_lowp_errors(q, k, v, lens, scale, gout, ref) -> tuple[list[dict], str]:
+def _plain_lowp_errors(q, k, v, lens, scale, gout, ref, window=None) -> tuple[list[dict], str]:
     """Errors of plain PyTorch attention in q's dtype (one SDPA call over the whole row, dense
     document mask) against ``ref``; a fused kernel when one takes the mask, else whatever
     SDPA picks (named in the second return value)."""
@@ -331,7 +333,7 @@ def _plain_lowp_errors(q, k, v, lens, scale, gout, ref) -> tuple[list[dict], str
 
     from atac_hf.attention.reference import doc_mask_dense, doc_masked_sdpa_dense
 
-    mask = doc_mask_dense(lens, q.device)
+    mask = doc_mask_dense(lens, q.device, window)
 
     def run_once():
         out = doc_masked_sdpa_dense(q, k, v, lens, scaling=scale, mask=mask)
@@ -373,25 +375,33 @@ def part_exactness(run: Run, s: dict) -> dict:
         backends.remove("flex")
         skipped.append("flex on CPU: flex_attention has no CPU backward")
     min_chunk = 128 if dev == "cuda" else 1
+    from atac_hf.attention.compat import torch_varlen_attn
+
+    varlen_fn = torch_varlen_attn()
     for pi, lens in enumerate(packs):
         N = int(sum(lens))
-        for dname in s["dtypes"]:
+        # every dtype without a window; the first pack once more in the first dtype with a sliding window
+        combos = [(d, None) for d in s["dtypes"]] + ([(s["dtypes"][0], s["exact_window"])]
+                                                      if pi == 0 and s.get("exact_window") else [])
+        for dname, window in combos:
+            wtag = "" if window is None else f" window {window}"
             if run.over("a"):
-                skipped.append(f"pack {pi} {dname}: time budget")
+                skipped.append(f"pack {pi} {dname}{wtag}: time budget")
                 continue
             dtype = getattr(torch, dname)
             try:
                 q, k, v = (t.requires_grad_() for t in _qkv(N, H, K, D, dtype, dev, s["seed"] + pi))
                 g = torch.Generator(device=dev).manual_seed(s["seed"] + 100 + pi)
                 gout = torch.randn(N, H, D, generator=g, device=dev).to(dtype)
-                ref_out, ref_grads = reference_attention(q, k, v, lens, scaling=scale, grad_out_NHD=gout)
+                ref_out, ref_grads = reference_attention(q, k, v, lens, scaling=scale, window=window,
+                                                         grad_out_NHD=gout)
                 ref = (ref_out, *ref_grads)
                 ref_max = [r.abs().max().item() for r in ref]
                 base = None
                 if dname != "float64":  # plain PyTorch attention in the same dtype
-                    base, plain_kernel = _plain_lowp_errors(q, k, v, lens, scale, gout, ref)
-                    plain_kernels[f"pack {pi} {dname}"] = plain_kernel
-                    run.say(f"  a: pack {pi} ({N} tok) {dname} plain whole-row SDPA ({plain_kernel}) errors: "
+                    base, plain_kernel = _plain_lowp_errors(q, k, v, lens, scale, gout, ref, window)
+                    plain_kernels[f"pack {pi} {dname}{wtag}"] = plain_kernel
+                    run.say(f"  a: pack {pi} ({N} tok) {dname}{wtag} plain whole-row SDPA ({plain_kernel}) errors: "
                             + ", ".join(f"{e['tensor']} {e['max_abs_err']:.2e}" for e in base))
             except Exception as e:  # noqa: BLE001 - recorded, the other dtypes/packs still run
                 errors.append({"pack": pi, "dtype": dname, "stage": "reference", "error": _err(e),
@@ -403,14 +413,17 @@ def part_exactness(run: Run, s: dict) -> dict:
                 if backend in ("varlen", "flash") and dname not in ("bfloat16", "float16"):
                     skipped.append(f"pack {pi} {dname} {backend}: the flash kernels take float16/bfloat16 only")
                     continue
+                if backend == "varlen" and window is not None and not (varlen_fn and varlen_fn.takes_window):
+                    skipped.append(f"pack {pi} {dname}{wtag} varlen: this torch's varlen_attn has no window_size")
+                    continue
                 for C in s["exact_cp"]:
                     for strategy in STRATEGIES:
-                        case = {"pack": pi, "tokens": N, "dtype": dname, "backend": backend, "cp": C,
-                                "strategy": strategy}
+                        case = {"pack": pi, "tokens": N, "dtype": dname, "window": window, "backend": backend,
+                                "cp": C, "strategy": strategy}
                         try:
                             plan = plan_shards(lens, C, strategy, cm, min_chunk=min_chunk)
                             case["gathered_docs"] = len(plan.gathered_docs)
-                            out = emulate_cp_attention(q, k, v, plan, backend=backend, scaling=scale)
+                            out = emulate_cp_attention(q, k, v, plan, backend=backend, scaling=scale, window=window)
                             got = (out, *torch.autograd.grad(out, (q, k, v), gout))
                             errs = _errors(got, ref)
                             if base is not None:  # the rule of atac_hf.attention.tolerance
@@ -431,9 +444,10 @@ def part_exactness(run: Run, s: dict) -> dict:
                             _free()
                         cases.append(case)
                     group = [c for c in cases if c["pack"] == pi and c["dtype"] == dname and c["backend"] == backend
-                             and c["cp"] == C]
+                             and c["cp"] == C and c["window"] == window]
                     n_ok = sum(c.get("ok", False) for c in group)
-                    run.say(f"  a: pack {pi} {dname} {backend} cp{C}: {n_ok}/{len(group)} strategies within tolerance"
+                    run.say(f"  a: pack {pi} {dname}{wtag} {backend} cp{C}: {n_ok}/{len(group)} strategies within "
+                            "tolerance"
                             + "".join(f"; {c['strategy']}: {c.get('error', 'err')}" for c in group
                                       if "error" in c))
             del q, k, v, ref, ref_out, ref_grads
@@ -441,7 +455,7 @@ def part_exactness(run: Run, s: dict) -> dict:
     status = "error" if errors and not cases else ("fail" if failures or errors else "ok")
     summary = {}
     for c in cases:
-        key = f"{c['dtype']}/{c['backend']}"
+        key = f"{c['dtype']}/{c['backend']}" + ("" if c["window"] is None else f"/window {c['window']}")
         d = summary.setdefault(key, {"cases": 0, "passed": 0, "worst_scaled_err": 0.0, "worst_ratio_to_plain": 0.0})
         d["cases"] += 1
         d["passed"] += bool(c.get("ok"))
