@@ -8,8 +8,9 @@ Accelerate's FSDP2 path does on GPU. Accelerate itself enables FSDP only on GPUs
 Compared step by step with one process training on the same two packs per step (one per DP
 replica): the loss, every parameter's full gradient (``DTensor.full_tensor()``) before each
 optimizer step, and the parameters after it (SGD with momentum), with an fp64 model; the
-reference runs every document on its own, so its document masking holds by construction. FSDP2 averages gradients over the 4 ranks; ``ATACAccelerator.shard`` scales each rank's
-loss by ``num_processes`` so that mean is the single-device gradient.
+reference runs every document on its own, so its document masking holds by construction.
+FSDP2 averages gradients over the 4 ranks; ``ATACAccelerator.shard`` scales each rank's loss
+by ``num_processes`` so that mean is the single-device gradient.
 """
 
 from __future__ import annotations
