@@ -11,7 +11,7 @@ packs) against what an all-gather of the same split documents moves; layer time 
 time, estimated) summed over the packs (the step time of one DP replica without pipeline,
 divided by the number of layers) and the speedup; per-rank balance of both plans under an
 independent cost model (attention priced at 2x and 0.5x, ``atac_hf.sim.robustness.
-scale_attention``); ATP planner time per pack (median). Also the hierarchical candidate
+scale_attention``); ATP planner CPU time per pack (median). Also the hierarchical candidate
 alone (:func:`~atac_hf.sharding.subgroups.plan_subgroups`, the best of its anchor shares),
 whichever plan ATP takes. Prints markdown and, with --output, (re)writes the
 "## Hierarchical ATP-CP (simulator estimate)" section of that file.
@@ -52,7 +52,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", default="wlbllm,longtail")
     p.add_argument("--packs", type=int, default=16, help="WFAP packs per scenario and workload")
-    p.add_argument("--model", default="8b")
+    p.add_argument("--models", default="8b,7b", help="model presets (8b: GQA, 8 K/V heads; 7b: 32 K/V heads)")
     p.add_argument("--hardware", default="H100")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default=None, help="markdown file whose section is (re)written")
@@ -81,8 +81,8 @@ def ag_rows(plan):
     return float(plan.doc_lengths[plan.sharded_docs].sum()) * (C - 1) / C
 
 
-def run(scenario, kw, workload, args):
-    cl = ClusterConfig(model=args.model, hardware=args.hardware, **kw)
+def run(scenario, kw, workload, model, args):
+    cl = ClusterConfig(model=model, hardware=args.hardware, **kw)
     cm = cl.cost_model()
     cap = cl.rank_token_cap()
     C = cl.cp_size
@@ -100,9 +100,9 @@ def run(scenario, kw, workload, args):
         flat = flat_atp(L, C, cm, cap)
         times = []
         for _ in range(3):
-            t0 = time.perf_counter()
+            t0 = time.process_time()  # CPU time: immune to other jobs on a shared machine
             hier = plan_shards(L, C, "atp", cm, max_tokens_per_rank=cap, min_chunk=128)
-            times.append(time.perf_counter() - t0)
+            times.append(time.process_time() - t0)
         cands = [p for p in (plan_subgroups(L, C, cm, anchor_share=s, max_tokens_per_rank=cap, min_chunk=128)
                              for s in ANCHOR_SHARES) if p is not None]
         cand = min(cands, key=lambda p: p.block_time_s) if cands else None
@@ -116,7 +116,8 @@ def run(scenario, kw, workload, args):
         rows["flat_imb"].append(max(imbalance(flat, m) for m in models.values()))
         rows["hier_imb"].append(max(imbalance(hier, m) for m in models.values()))
         rows["a2a"].append(hier.kv_exchange == "all_to_all")
-        rows["sub"].append(any(2 <= sum(int(d in s[:, 0]) for s in hier.segments) < C for d in hier.sharded_docs))
+        rows["sub"].append(any(len(a) != len(b) or not np.array_equal(a, b)  # the hierarchical plan taken
+                               for a, b in zip(hier.segments, flat.segments)))
         if cand is not None:
             rows["cand_recv_max"].append(float(cand.a2a_token_counts[0].max()))
             rows["cand_ag"].append(ag_rows(cand))
@@ -126,7 +127,7 @@ def run(scenario, kw, workload, args):
     mean = lambda k: float(np.mean(rows[k])) if rows[k] else float("nan")  # noqa: E731
     kvb = cm.kv_bytes_per_token / 2**20
     return {
-        "scenario": scenario, "workload": workload, "packs": n,
+        "scenario": scenario, "workload": workload, "model": model, "packs": n,
         "flat_recv_mb": mean("flat_recv") * kvb, "hier_recv_mb": mean("hier_recv_max") * kvb,
         "hier_recv_mean_mb": mean("hier_recv_mean") * kvb, "ag_same_mb": mean("hier_ag") * kvb,
         "speedup": sum(rows["flat_block"]) / sum(rows["hier_block"]),
@@ -146,26 +147,27 @@ def to_markdown(results, cmd):
            "ATP with anchors over sub-groups of ranks and the only-needed K/V exchange (`hier`: ATP as shipped, "
            "which picks per pack among flat and hierarchical plans and between the all-gather and the all-to-all "
            "by estimated block time) against all-gather ATP (`flat`: flat anchors, every gathered document to "
-           "every rank), 8B model on H100 presets, WFAP packs of 128K tokens (CP 8) or 256K tokens (CP 16). "
+           "every rank), on H100 presets (`8b`: Llama-3-8B-like, 8 K/V heads; `7b`: Llama-2-7B-like, 32 K/V "
+           "heads, 4x the K/V bytes per token), WFAP packs of 128K tokens (CP 8) or 256K tokens (CP 16). "
            "Estimates of the cost model the planners use (a 2-node CP group is priced at its inter-node link, "
            "50 GB/s against 450 GB/s NVLink); nothing here ran on a GPU.", "",
            f"Reproduce: `{cmd}`", "",
-           "| scenario | workload | packs | K/V recv / rank, flat AG (MB) | hier max (MB) | hier mean (MB) | "
+           "| scenario | model | workload | packs | K/V recv / rank, flat AG (MB) | hier max (MB) | hier mean (MB) | "
            "AG of hier's split docs (MB) | layer time summed, flat -> hier (ms x layers) | speedup | packs slower "
-           "| packs a2a / sub-group | max/mean at 0.5x,2x attn: flat, hier | ATP plan time (ms, median) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| packs a2a / hierarchical | max/mean at 0.5x,2x attn: flat, hier | ATP plan CPU time (ms, median) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        out.append(f"| {r['scenario']} | {r['workload']} | {r['packs']} | {r['flat_recv_mb']:.1f} | "
+        out.append(f"| {r['scenario']} | {r['model']} | {r['workload']} | {r['packs']} | {r['flat_recv_mb']:.1f} | "
                    f"{r['hier_recv_mb']:.1f} | {r['hier_recv_mean_mb']:.1f} | {r['ag_same_mb']:.1f} | "
                    f"{r['step_flat_ms']:.0f} -> {r['step_hier_ms']:.0f} | {r['speedup']:.3f}x | "
                    f"{r['slower_packs']} | {r['a2a_packs']} / {r['sub_packs']} | {r['flat_imb']:.3f}, "
                    f"{r['hier_imb']:.3f} | {r['plan_ms']:.1f} |")
     out += ["", "The hierarchical candidate alone (`plan_subgroups`, best anchor share by estimated block time), "
             "whether or not ATP takes it:", "",
-            "| scenario | workload | K/V recv max / AG of the same split docs | block time vs flat | "
-            "max/mean at 0.5x,2x attn |", "|---|---|---|---|---|"]
+            "| scenario | model | workload | K/V recv max / AG of the same split docs | block time vs flat | "
+            "max/mean at 0.5x,2x attn |", "|---|---|---|---|---|---|"]
     for r in results:
-        out.append(f"| {r['scenario']} | {r['workload']} | {r['cand_ratio']:.2f} | {r['cand_block']:.3f} | "
+        out.append(f"| {r['scenario']} | {r['model']} | {r['workload']} | {r['cand_ratio']:.2f} | {r['cand_block']:.3f} | "
                    f"{r['cand_imb']:.3f} |")
     return "\n".join(out) + "\n"
 
@@ -185,8 +187,9 @@ def write_section(path: Path, text: str) -> None:
 def main(argv=None):
     args = parse_args(argv)
     if args.quick:
-        args.packs, args.workloads = 4, "wlbllm"
-    results = [run(name, kw, w, args) for name, kw in SCENARIOS.items() for w in args.workloads.split(",")]
+        args.packs, args.workloads, args.models = 4, "wlbllm", "8b"
+    results = [run(name, kw, w, m, args) for name, kw in SCENARIOS.items() for m in args.models.split(",")
+               for w in args.workloads.split(",")]
     cmd = "python scripts/bench_hierarchical.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     text = to_markdown(results, cmd.strip())
     print(text)
