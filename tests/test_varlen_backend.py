@@ -246,6 +246,8 @@ def test_auto_backend(monkeypatch, _flash_cache):
         assert backends.auto_backend("cuda") == want, gen
         assert backends.auto_backend("cuda", torch.bfloat16) == want
         assert backends.auto_backend("cuda", torch.float32) == "sdpa"  # the flash kernels take no fp32
+        assert backends.auto_backend("cuda", torch.bfloat16, 128) == want
+        assert backends.auto_backend("cuda", torch.bfloat16, 60) == backends.auto_backend("cuda", None, 512) == "sdpa"
     monkeypatch.setattr(varlen, "torch_varlen_attn", lambda: None)  # torch < 2.9
     assert backends.auto_backend("cuda") == "sdpa"
     varlen.flash_attn_installed.cache_clear()
@@ -266,11 +268,12 @@ def test_auto_dispatches_per_call(monkeypatch):
     out = emulate_cp_attention(q, k, v, plan, backend="auto", window=5, caches=caches)
     ref = emulate_cp_attention(q, k, v, plan, backend="sdpa", window=5)
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
-    assert all(c[("auto", "cpu", torch.float64)] == "sdpa" for c in caches)
+    assert all(c[("auto", "cpu", torch.float64, 8)] == "sdpa" for c in caches)
     seen = []
-    monkeypatch.setattr(backends, "auto_backend", lambda dev, dt: seen.append((str(dev), dt)) or "varlen_reference")
+    monkeypatch.setattr(backends, "auto_backend",
+                        lambda dev, dt, hd: seen.append((str(dev), dt, hd)) or "varlen_reference")
     out = emulate_cp_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), plan, backend="auto")
-    assert seen and all(s == ("cpu", torch.bfloat16) for s in seen) and out.dtype == torch.bfloat16
+    assert seen and all(s == ("cpu", torch.bfloat16, 8) for s in seen) and out.dtype == torch.bfloat16
 
 
 def test_config_default_is_auto_and_varlen_checks(monkeypatch):

@@ -259,9 +259,9 @@ def auto(q_HSD, k_HSD, v_HSD, layout: LocalLayout, cache: dict, wait: Wait | Non
     """``attention_backend='auto'``: the backend :func:`auto_backend` picks for this call's device
     and dtype (decided per call, so that autocast's bf16 inputs run the flash kernels and fp32
     ones ``sdpa``). Returns (S, H, D)."""
-    key = ("auto", str(q_HSD.device), q_HSD.dtype)
+    key = ("auto", str(q_HSD.device), q_HSD.dtype, q_HSD.shape[-1])
     if key not in cache:
-        cache[key] = auto_backend(q_HSD.device, q_HSD.dtype)
+        cache[key] = auto_backend(q_HSD.device, q_HSD.dtype, q_HSD.shape[-1])
     return BACKENDS[cache[key]](q_HSD, k_HSD, v_HSD, layout, cache, wait, scaling=scaling, window=window)
 
 

@@ -164,13 +164,24 @@ def flash_attn_installed() -> bool:
 _FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def auto_backend(device: torch.device | str, dtype: torch.dtype | None = None) -> str:
+@functools.lru_cache(maxsize=16)
+def _ampere_or_newer(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def auto_backend(device: torch.device | str, dtype: torch.dtype | None = None, head_dim: int | None = None) -> str:
     """The backend ``attention_backend='auto'`` runs for attention inputs on ``device`` in
-    ``dtype``: on CUDA with float16/bfloat16 inputs (or ``dtype`` None: the usual training
-    dtypes) ``flash`` when flash-attn is installed, else ``varlen`` when torch's
-    ``varlen_attn`` takes ``scale`` and ``window_size`` (torch >= 2.10); ``sdpa`` otherwise
-    (CPU, float32 inputs: the flash kernels take none)."""
-    if torch.device(device).type != "cuda" or (dtype is not None and dtype not in _FLASH_DTYPES):
+    ``dtype`` with ``head_dim`` (None: not checked): where the flash kernels run (CUDA,
+    compute capability >= 8.0, float16/bfloat16 inputs, head_dim a multiple of 8 up to 256)
+    ``flash`` when flash-attn is installed, else ``varlen`` when torch's ``varlen_attn`` takes
+    ``scale`` and ``window_size`` (torch >= 2.10); ``sdpa`` otherwise (CPU and float32
+    included)."""
+    device = torch.device(device)
+    if device.type != "cuda" or (dtype is not None and dtype not in _FLASH_DTYPES):
+        return "sdpa"
+    if head_dim is not None and (head_dim % 8 or head_dim > 256):
+        return "sdpa"
+    if torch.cuda.is_available() and not _ampere_or_newer(device):
         return "sdpa"
     if flash_attn_installed():
         return "flash"
