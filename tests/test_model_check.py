@@ -158,6 +158,25 @@ def test_layers_that_skip_attention_are_refused_by_the_probe():
     assert "runs the 'atac_cp' attention in only 1 of its 2 layers" in verdict.reason
 
 
+def test_check_model_argument_types():
+    with pytest.raises(TypeError, match=r"check_model needs a torch.nn.Module .* got LlamaConfig"):
+        atac_hf.check_model(_config("llama"))
+    with pytest.raises(TypeError, match=r"guard must be True or False, got 'yes'"):
+        atac_hf.check_model(_tiny_model("llama"), guard="yes")
+    with pytest.raises(ValueError, match=r"Linear \(model_type '\?'\) has no transformers config"):
+        atac_hf.check_model(torch.nn.Linear(2, 2))
+
+
+def test_peft_wrapped_model_is_checked_through_the_wrapper():
+    peft = pytest.importorskip("peft")
+    model = _tiny_model("llama", attn="atac_cp")
+    wrapped = peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    assert atac_hf.check_model(wrapped).exact
+    assert hasattr(model, "_atac_cp_guard")  # on the transformers model under the wrapper
+    wrapped(**_local())
+    assert remove_guard(wrapped)
+
+
 def test_verdict_is_cached_and_rng_untouched():
     from atac_hf.attention import model_check
 
@@ -225,6 +244,17 @@ def test_model_that_drops_kwargs_says_so():
     model = _tiny_model("stablelm", attn="atac_cp")
     with pytest.raises(ValueError, match=r"kwarg 'atac_shard' is missing in StableLmAttention\).*if you did, this "
                                          r"model does not pass its forward's \*\*kwargs on to its attention layers"):
+        model(**_local())
+
+
+@pytest.mark.parametrize("family,overrides,match", [
+    ("llama4_text", {}, r"Llama4TextAttention \(model_type 'llama4_text'\) uses chunked attention"),
+    ("lfm2", {"layer_types": ["conv", "full_attention"] * 16}, r"Lfm2Attention .* mixes tokens outside attention"),
+])
+def test_low_level_path_refuses_config_rules_at_first_attention_call(family, overrides, match):
+    """Without check_model, the atac_cp attention still applies the config rules once per batch."""
+    model = _tiny_model(family, attn="atac_cp", **overrides)
+    with pytest.raises(NotImplementedError, match=match):
         model(**_local())
 
 

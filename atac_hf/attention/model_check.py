@@ -31,7 +31,7 @@ from .model_probe import PROBE_TOLERANCE, ProbeResult, run_probe, shrink_config
 from .runtime import ATTENTION_DROPOUT_FIELDS, ATTN_IMPLEMENTATION, SHARD_KWARG, check_model_supported
 from .shard import ShardContext
 
-__all__ = ["ModelVerdict", "check_architecture", "check_model", "remove_guard", "static_refusal"]
+__all__ = ["ModelVerdict", "check_architecture", "check_model", "config_refusal", "remove_guard", "static_refusal"]
 
 _NON_ATTENTION = ("conv", "mamba", "linear", "recurrent", "ssm", "rwkv", "deltanet", "mlstm", "hyena", "lightning",
                   "retention")
@@ -86,6 +86,29 @@ def static_refusal(model_cls: type, config: Any) -> tuple[type, str] | None:
     if getattr(config, "is_encoder_decoder", False):
         return ValueError, ("is an encoder-decoder model: ATP-CP shards the packed rows of decoder-only causal LMs "
                             "(AutoModelForCausalLM) only")
+    refused = config_refusal(config)
+    if refused is not None:
+        return refused
+    forward = getattr(model_cls, "forward", None)
+    if forward is not None:
+        params = inspect.signature(forward).parameters.values()
+        if not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params):
+            return ValueError, (
+                f"cannot be trained with ATP-CP: {model_cls.__name__}.forward takes no **kwargs: the per-batch shard "
+                "context and num_items_in_batch cannot reach its attention and loss; give its forward **kwargs and "
+                "pass them on to the base model")
+    for cfg in _configs(config):
+        for field_name in ATTENTION_DROPOUT_FIELDS:
+            value = getattr(cfg, field_name, None)
+            if isinstance(value, (int, float)) and float(value) > 0:
+                return ValueError, (f"has attention dropout: {field_name}={value} is not implemented by the "
+                                    f"'atac_cp' attention; set config.{field_name} = 0.0")
+    return None
+
+
+def config_refusal(config: Any) -> tuple[type, str] | None:
+    """The rules that read the config alone (also checked by the ``atac_cp`` attention at its first call):
+    non-attention layer types, Mamba patterns, chunked attention, soft-capping, position-dependent RoPE."""
     for cfg in _configs(config):
         for key in _LAYER_TYPE_KEYS:
             types = getattr(cfg, key, None)
@@ -106,20 +129,7 @@ def static_refusal(model_cls: type, config: Any) -> tuple[type, str] | None:
             return NotImplementedError, (
                 f"uses chunked attention (config.attention_chunk_size={chunk}), applied only through the attention "
                 "mask, which 'atac_cp' does not implement: its results would be silently wrong; " + _INSTEAD)
-    forward = getattr(model_cls, "forward", None)
-    if forward is not None:
-        params = inspect.signature(forward).parameters.values()
-        if not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params):
-            return ValueError, (
-                f"cannot be trained with ATP-CP: {model_cls.__name__}.forward takes no **kwargs: the per-batch shard "
-                "context and num_items_in_batch cannot reach its attention and loss; give its forward **kwargs and "
-                "pass them on to the base model")
     for cfg in _configs(config):
-        for field_name in ATTENTION_DROPOUT_FIELDS:
-            value = getattr(cfg, field_name, None)
-            if isinstance(value, (int, float)) and float(value) > 0:
-                return ValueError, (f"has attention dropout: {field_name}={value} is not implemented by the "
-                                    f"'atac_cp' attention; set config.{field_name} = 0.0")
         if getattr(cfg, "attn_logit_softcapping", None) is not None:
             return ValueError, (f"uses logit soft-capping: attention logit soft-capping (attn_logit_softcapping="
                                 f"{cfg.attn_logit_softcapping}) is not implemented by the 'atac_cp' attention; "
@@ -247,9 +257,14 @@ def check_model(model: torch.nn.Module, *, guard: bool = True) -> ModelVerdict:
     Raises:
         ValueError, NotImplementedError: naming the model class, the feature that breaks exactness
             and what to do instead.
+        TypeError: ``model`` is not a module, ``guard`` not a bool.
     """
     from ..integrations.sharder import unwrap_base_model
 
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"check_model needs a torch.nn.Module (a transformers model), got {type(model).__name__}")
+    if not isinstance(guard, bool):
+        raise TypeError(f"guard must be True or False, got {guard!r}")
     base = unwrap_base_model(model)
     config = getattr(base, "config", None)
     refused = static_refusal(type(base), config)

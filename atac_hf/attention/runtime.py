@@ -105,7 +105,7 @@ def _check_call(module: Any, ctx: ShardContext, query: torch.Tensor, key: torch.
         raise NotImplementedError(f"non-causal attention is not implemented by {ATTN_IMPLEMENTATION!r}")
     config = getattr(module, "config", None)
     if config is not None and ctx.cache.get("checked_config") is not config:
-        check_model_supported(config)
+        _check_config(module, config)
         ctx.cache["checked_config"] = config
     n = ctx.layout.n_local
     if query.shape[0] != 1 or query.shape[2] != n or key.shape[2] != n:
@@ -117,6 +117,17 @@ def _check_call(module: Any, ctx: ShardContext, query: torch.Tensor, key: torch.
     if window is not None and (isinstance(window, bool) or int(window) < 1):
         raise ValueError(f"sliding_window must be None or an int >= 1, got {window!r}")
     return None if window is None else int(window)
+
+
+def _check_config(module: Any, config: Any) -> None:
+    """Once per batch and config: the config-only rules of :func:`atac_hf.check_model`."""
+    from .model_check import config_refusal  # lazy: model_check imports this module
+
+    check_model_supported(config)
+    refused = config_refusal(config)
+    if refused is not None:
+        exc, reason = refused
+        raise exc(f"{type(module).__name__} (model_type {getattr(config, 'model_type', '?')!r}) {reason}")
 
 
 def _send_rows(k_KSD: torch.Tensor, v_KSD: torch.Tensor, send_index: torch.Tensor, max_send: int) -> torch.Tensor:
