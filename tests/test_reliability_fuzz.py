@@ -172,6 +172,8 @@ CHUNK_MSG = r"min_chunk must be >= 1 \(an int\)"
     (dict(doc_lengths=[3], cp_size=10**7), ValueError, r"cp_size must be an int >= 1 and <= 4096"),
     (dict(doc_lengths=[3], cp_size=2**70), ValueError, r"cp_size must be an int >= 1 and <= 4096"),
     (dict(doc_lengths=[3], cp_size=np.bool_(True)), ValueError, "cp_size must be an int >= 1"),
+    (dict(doc_lengths=[10**9] * 10**5, cp_size=64), ValueError, r"up to 12800000 segments, more than 1048576"),
+    (dict(doc_lengths=[1] * (2**20 + 1), cp_size=2), ValueError, r"more than 1048576 \(MAX_PLAN_SEGMENTS\)"),
     (dict(doc_lengths=[3], cp_size=2, max_tokens_per_rank=2**70), ValueError, CAP_MSG),
     (dict(doc_lengths=[3], cp_size=2, min_chunk=2**70), ValueError, CHUNK_MSG),
     (dict(doc_lengths=[3, 4], cp_size=2, cost_model=COST.replace(linear_s_per_token=0.0, attn_s_per_pair=0.0,

@@ -78,10 +78,10 @@ def _mark(event: Any) -> str:
 def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
     import yaml
 
-    path = os.fspath(path)
     where = "(check --atac_config / ATAC_CONFIG)"
-    if not isinstance(path, str):
-        raise TypeError(f"ATAC config file must be a str path, got {type(path).__name__}")
+    if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
+        raise TypeError(f"ATAC config file must be a path (str or os.PathLike), got {type(path).__name__} {where}")
+    path = os.fspath(path)
     try:
         st = os.stat(path)
     except (OSError, ValueError):

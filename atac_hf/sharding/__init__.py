@@ -7,8 +7,8 @@
 * :mod:`.plan` - :class:`ShardPlan` and the per-rank layouts it derives.
 """
 
-from .api import MAX_CP_SIZE, STRATEGIES, plan_shards
+from .api import MAX_CP_SIZE, MAX_PLAN_SEGMENTS, STRATEGIES, plan_shards
 from .plan import LocalLayout, ShardPlan, VarlenLayout
 from .segments import head_tail_bounds
 
-__all__ = ["MAX_CP_SIZE", "ShardPlan", "LocalLayout", "VarlenLayout", "plan_shards", "STRATEGIES", "head_tail_bounds"]
+__all__ = ["MAX_CP_SIZE", "MAX_PLAN_SEGMENTS", "ShardPlan", "LocalLayout", "VarlenLayout", "plan_shards", "STRATEGIES", "head_tail_bounds"]

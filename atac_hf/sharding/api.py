@@ -29,11 +29,16 @@ from .exchange import EXCHANGES
 from .plan import ShardPlan
 from .segments import check_doc_lengths, fill_empty_ranks, finish_plan, is_int
 
-__all__ = ["MAX_CP_SIZE", "STRATEGIES", "plan_shards"]
+__all__ = ["MAX_CP_SIZE", "MAX_PLAN_SEGMENTS", "STRATEGIES", "plan_shards"]
 
 #: Largest CP group planned: far above any real one (CP groups are 2-256 ranks), and low
 #: enough that a plan, one segment list per rank, is built in well under a second.
 MAX_CP_SIZE = 2**12
+#: Most (rank, document) chunks a pack may give the planners to consider (the per-document
+#: head-tail layout, which ``atp`` also prices, has about sum_d min(L_d, 2 C) of them). A real
+#: pack has far fewer (4M tokens of 8K-token documents at cp 128: 128K; 10^6 one-token
+#: documents: 10^6); the bound keeps every plan within about a second and ~100 MB.
+MAX_PLAN_SEGMENTS = 2**20
 #: Largest token cap or chunk size accepted (keeps the planners' int64 arithmetic exact).
 _MAX_TOKENS = 2**62
 
@@ -81,8 +86,9 @@ def plan_shards(
 
     Raises:
         ValueError: empty pack, a length < 1 or not an int (bools included), more than 2**62
-            tokens, cp_size < 1 or over :data:`MAX_CP_SIZE`, a cost model that prices all work
-            at 0 s, an unknown strategy, a bad ``max_tokens_per_rank``/``min_chunk``/
+            tokens, cp_size < 1 or over :data:`MAX_CP_SIZE`, a pack and cp_size that would give
+            more than :data:`MAX_PLAN_SEGMENTS` chunks, a cost model that prices all work at
+            0 s, an unknown strategy, a bad ``max_tokens_per_rank``/``min_chunk``/
             ``max_anchors``, or a cap the strategy cannot respect (for ``atp``: a cap no
             placement can respect).
         TypeError: ``cost_model`` is not a :class:`~atac_hf.cost.CostModel`.
@@ -107,6 +113,11 @@ def plan_shards(
         raise ValueError(f"max_anchors must be an int >= 0 or None, got {_short(max_anchors)}")
     if cost_model is not None and not isinstance(cost_model, CostModel):
         raise TypeError(f"cost_model must be a CostModel or None, got {type(cost_model).__name__}")
+    segments = int(np.minimum(lengths, 2 * int(cp_size)).sum())  # chunks of head-tail inside every document
+    if segments > MAX_PLAN_SEGMENTS:
+        raise ValueError(f"planning {len(lengths)} documents ({float(lengths.sum()):.3g} tokens) over cp_size="
+                         f"{int(cp_size)} means up to {segments} segments, more than {MAX_PLAN_SEGMENTS} "
+                         "(MAX_PLAN_SEGMENTS): pack fewer tokens per row or lower cp_size")
     cm = cost_model if cost_model is not None else default_cost_model()
     cm.check_prices_compute("cost_model / cost_profile / --profile")
     plan = fn(lengths, int(cp_size), cm, max_tokens_per_rank=None if max_tokens_per_rank is None
