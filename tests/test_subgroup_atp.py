@@ -318,3 +318,32 @@ def test_pair_counts_and_topology_pricing():
 def test_topology_fields_refused(field, value, match):
     with pytest.raises(ValueError, match=match):
         CostModel(linear_s_per_token=1.0, attn_s_per_pair=1.0, **{field: value})
+
+
+def test_sliding_window_exchanges_only_the_keys_in_the_window():
+    # [8] over 2 ranks: rank 0 holds [0, 2) + [6, 8), rank 1 [2, 6); window 2: rank 0's tail
+    # chunk sees keys [5, 8) (receives 5), rank 1 sees [1, 6) (receives 1)
+    cm = CostModel(linear_s_per_token=1.0, attn_s_per_pair=1.0, tile=1, sliding_window=2)
+    plan = plan_shards([8], 2, "per_doc", cm, kv_exchange="all_to_all")
+    assert plan.kv_window == 2 and plan.kv_recv_tokens.tolist() == [1, 1]
+    lay0, lay1 = plan.local_layout(0, 2), plan.local_layout(1, 2)
+    assert lay0.recv_counts.tolist() == [0, 1] and lay1.recv_counts.tolist() == [1, 0]
+    assert lay0.doc_key_index[0].tolist() == [0, 1, -1, -1, -1, 4, 2, 3]
+    assert lay1.doc_key_index[0].tolist() == [-1, 4, 0, 1, 2, 3, -1, -1]
+    # the windowless layout (a layer without a window) still moves the whole prefixes
+    assert plan.local_layout(0).recv_counts.tolist() == [0, 4]
+    assert plan.local_layout(0) is plan.local_layout(0, None) and plan.local_layout(0, 2) is lay0
+    # an all-gather plan's layout does not depend on the window
+    ag = plan_shards([8], 2, "per_doc", cm)
+    assert ag.local_layout(0, 2) is ag.local_layout(0) and ag.kv_window is None
+    # a long pack: the window cuts the traffic to about the window per chunk
+    lens = [4000, 3000, 50, 70]
+    w = cm.replace(sliding_window=64)
+    full = plan_shards(lens, 4, "per_doc", cm.replace(sliding_window=None), kv_exchange="all_to_all")
+    win = plan_shards(lens, 4, "per_doc", w, kv_exchange="all_to_all")
+    assert win.kv_recv_tokens.max() <= 4 * 2 * 64 < full.kv_recv_tokens.max()
+    small = [40, 30, 5, 7]
+    p = plan_shards(small, 3, "per_doc", cm.replace(sliding_window=4), kv_exchange="all_to_all")
+    for window in (4, None, 9):  # a layer's window other than the plan's: its own layout
+        for backend in ("sdpa", "varlen_reference"):
+            _check_exact(p, small, window, backend)

@@ -132,7 +132,7 @@ def start_all_to_all(k_KSD: torch.Tensor, v_KSD: torch.Tensor, layout: LocalLayo
         (keys (R, K, Dk), values (R, K, Dv)); call it once.
     """
     dev, dk = k_KSD.device, k_KSD.shape[-1]
-    key = ("a2a_index", str(dev))
+    key = ("a2a_index", str(dev), layout.window)
     if key not in cache:
         cache[key] = (torch.as_tensor(layout.send_index, device=dev), torch.as_tensor(layout.self_index, device=dev))
     send_idx, self_idx = cache[key]
@@ -149,20 +149,22 @@ def start_all_to_all(k_KSD: torch.Tensor, v_KSD: torch.Tensor, layout: LocalLayo
     return handle, wait
 
 
-def received_rows(plan, rank: int, k_KND: torch.Tensor, v_KND: torch.Tensor) -> torch.Tensor:
+def received_rows(plan, rank: int, k_KND: torch.Tensor, v_KND: torch.Tensor,
+                  window: int | None = None) -> torch.Tensor:
     """(R, K, Dk + Dv): the key buffer rank ``rank`` of an ``all_to_all`` plan attends to (its own
-    rows of gathered documents, then what every other rank sends it), built from the full row's
-    keys and values without a process group (benchmarks, single-process checks)."""
+    rows of gathered documents, then what every other rank sends it, for a layer with sliding
+    window ``window``), built from the full row's keys and values without a process group
+    (benchmarks, single-process checks)."""
     from ..sharding.exchange import a2a_rows
 
     dev = k_KND.device
     gathered = plan._gathered_mask()
     tok = plan.rank_token_indices(rank)
-    lay = plan.local_layout(rank)
+    lay = plan.local_layout(rank, window)
     parts = [tok[lay.self_index]]
     for s in range(plan.cp_size):
         if s != rank:
-            rows, _, _ = a2a_rows(plan.segments, gathered, s, rank)
+            rows, _, _ = a2a_rows(plan.segments, gathered, s, rank, lay.window)
             parts.append(plan.rank_token_indices(s)[rows])
     idx = torch.as_tensor(np.concatenate(parts), device=dev)
     return torch.cat([k_KND.index_select(1, idx).transpose(0, 1), v_KND.index_select(1, idx).transpose(0, 1)],

@@ -181,6 +181,8 @@ def atac_cp_attention(
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     q_HSD, k_KSD, v_KSD = query[0], key[0], value[0]
     layout, dk = ctx.layout, key.shape[-1]
+    if layout.exchange == "all_to_all" and window is not None:  # exchange only the keys in the window
+        layout = ctx.plan.local_layout(ctx.rank, window)
 
     gather, wait = None, None
     if len(ctx.plan.gathered_docs) and layout.exchange == "all_to_all":  # only the needed K/V rows
@@ -259,7 +261,7 @@ def emulate_cp_attention(
     C, dev = plan.cp_size, q_HND.device
     scale = q_HND.shape[-1] ** -0.5 if scaling is None else float(scaling)
     caches = caches if caches is not None else [{} for _ in range(C)]
-    layouts = [plan.local_layout(r) for r in range(C)]
+    layouts = [plan.local_layout(r, window) for r in range(C)]
     tok = [torch.as_tensor(plan.rank_token_indices(r), device=dev) for r in range(C)]
     local = [(q_HND.index_select(1, t), k_KND.index_select(1, t), v_KND.index_select(1, t)) for t in tok]
     gathered = None

@@ -61,13 +61,13 @@ class RankKernel:
                  window: int | None = None, generator: torch.Generator | None = None) -> None:
         dev = q_HND.device
         tok = torch.as_tensor(plan.rank_token_indices(rank), device=dev)
-        self.layout = plan.local_layout(rank)
+        self.layout = plan.local_layout(rank, window)
         self.q = q_HND.detach().index_select(1, tok).requires_grad_()
         self.k = k_KND.detach().index_select(1, tok).requires_grad_()
         self.v = v_KND.detach().index_select(1, tok).requires_grad_()
         self.dk = k_KND.shape[-1]
         if len(plan.gathered_docs) and plan.kv_exchange == "all_to_all":  # this rank's received rows
-            gathered = received_rows(plan, rank, k_KND.detach(), v_KND.detach())
+            gathered = received_rows(plan, rank, k_KND.detach(), v_KND.detach(), window)
         elif gathered is None and len(plan.gathered_docs):
             gathered = gathered_rows(plan, k_KND.detach(), v_KND.detach())
         self.buf = None if gathered is None else gathered.detach().requires_grad_()

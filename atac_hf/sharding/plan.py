@@ -20,7 +20,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .exchange import EXCHANGES, a2a_rows, a2a_token_counts
+from .exchange import EXCHANGES, a2a_rows, a2a_token_counts, needed_ranges
 
 __all__ = ["ShardPlan", "LocalLayout", "VarlenLayout"]
 
@@ -46,6 +46,9 @@ class ShardPlan:
             gathered document) or ``"all_to_all"`` (every rank receives only the key prefixes
             its chunks attend to; see :mod:`atac_hf.sharding.exchange`). The planner picks
             the one its cost model estimates faster.
+        kv_window: the sliding window the all-to-all counts (:attr:`kv_recv_tokens`) assume
+            (the cost model's; None: whole key prefixes). The runtime exchanges, layer by
+            layer, what that layer's own window needs (:meth:`local_layout`).
     """
 
     doc_lengths: np.ndarray
@@ -57,6 +60,7 @@ class ShardPlan:
     comm_s: float = 0.0
     block_time_s: float = 0.0
     kv_exchange: str = "all_gather"
+    kv_window: int | None = None
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -135,7 +139,7 @@ class ShardPlan:
     def a2a_token_counts(self) -> tuple[np.ndarray, np.ndarray]:
         """``(recv, send)``: (C,) K/V rows each rank would receive and send per layer in the
         all-to-all exchange, whichever exchange the plan uses (for comparisons)."""
-        return a2a_token_counts(self.segments, self._gathered_mask())
+        return a2a_token_counts(self.segments, self._gathered_mask(), self.kv_window)
 
     def _gathered_mask(self) -> np.ndarray:
         m = np.zeros(self.num_docs, dtype=bool)
@@ -172,11 +176,15 @@ class ShardPlan:
             raise ValueError(f"rank {rank} is outside the CP group of size {self.cp_size} (legal: 0..{self.cp_size - 1})")
 
     # ------------------------------------------------------------------ runtime layouts
-    def local_layout(self, rank: int) -> "LocalLayout":
-        """What rank ``rank`` needs to run attention: segments in local coordinates and the gather layout."""
-        key = ("layout", rank)
+    def local_layout(self, rank: int, window: int | None = None) -> "LocalLayout":
+        """What rank ``rank`` needs to run attention: segments in local coordinates and the K/V
+        exchange layout. ``window``: the layer's sliding window; an ``all_to_all`` plan then
+        exchanges only the keys inside it (the all-gather layout does not depend on it)."""
+        if self.kv_exchange != "all_to_all":
+            window = None
+        key = ("layout", rank, None if window is None else int(window))
         if key not in self._cache:
-            self._cache[key] = _build_local_layout(self, rank)
+            self._cache[key] = _build_local_layout(self, rank, key[2])
         return self._cache[key]
 
     def validate(self) -> None:
@@ -215,7 +223,9 @@ class LocalLayout:
             each rank (0 to itself); ``recv_counts`` (C,) rows received from each rank;
             ``self_index`` this rank's own rows of gathered documents; the key buffer is
             ``cat([own rows, received rows])`` and ``doc_key_index[d]`` maps the positions
-            ``[0, need_end)`` of ``d`` into it (-1 beyond: keys no local chunk attends to).
+            of ``d`` the local chunks attend to into it (-1 elsewhere).
+        window: the sliding window an ``all_to_all`` layout exchanges for (None: whole
+            key prefixes).
     """
 
     rank: int
@@ -233,6 +243,7 @@ class LocalLayout:
     exchange: str = "all_gather"
     recv_counts: np.ndarray | None = None
     self_index: np.ndarray | None = None
+    window: int | None = None
 
     @property
     def max_send(self) -> int:
@@ -306,9 +317,9 @@ def _expand(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.cumsum(out)
 
 
-def _build_local_layout(plan: ShardPlan, rank: int) -> LocalLayout:
+def _build_local_layout(plan: ShardPlan, rank: int, window: int | None = None) -> LocalLayout:
     if plan.kv_exchange == "all_to_all":
-        return _build_a2a_layout(plan, rank)
+        return _build_a2a_layout(plan, rank, window)
     C = plan.cp_size
     gathered = np.zeros(plan.num_docs, dtype=bool)
     gathered[plan.gathered_docs] = True
@@ -360,7 +371,7 @@ def _build_local_layout(plan: ShardPlan, rank: int) -> LocalLayout:
     )
 
 
-def _build_a2a_layout(plan: ShardPlan, rank: int) -> LocalLayout:
+def _build_a2a_layout(plan: ShardPlan, rank: int, window: int | None) -> LocalLayout:
     """The all-to-all exchange of :class:`LocalLayout` (see its ``exchange`` attribute)."""
     C = plan.cp_size
     gathered = plan._gathered_mask()
@@ -376,21 +387,21 @@ def _build_a2a_layout(plan: ShardPlan, rank: int) -> LocalLayout:
     for other in range(C):
         if other == rank:
             continue
-        rows, _, _ = a2a_rows(plan.segments, gathered, rank, other)
+        rows, _, _ = a2a_rows(plan.segments, gathered, rank, other, window)
         send_parts.append(rows)
         send_counts[other] = len(rows)
-        _, docs, pos = a2a_rows(plan.segments, gathered, other, rank)
+        _, docs, pos = a2a_rows(plan.segments, gathered, other, rank, window)
         recv_counts[other] = len(docs)
         recv_docs.append(docs)
         recv_pos.append(pos)
     buf_docs, buf_pos = np.concatenate(recv_docs), np.concatenate(recv_pos)
     doc_key_index: dict[int, np.ndarray] = {}
-    for d in sorted(set(int(x) for x in seg[g, 0])):
-        need = int(seg[g & (seg[:, 0] == d), 2].max())
+    for d, ranges in needed_ranges(seg, gathered, window).items():
         idx = np.full(int(plan.doc_lengths[d]), -1, dtype=np.int64)
         m = buf_docs == d
         idx[buf_pos[m]] = np.flatnonzero(m)
-        assert (idx[:need] >= 0).all(), f"document {d}: some keys rank {rank} attends to are on no rank"
+        for lo, hi in ranges:
+            assert (idx[lo:hi] >= 0).all(), f"document {d}: some keys rank {rank} attends to are on no rank"
         doc_key_index[d] = idx
     return LocalLayout(
         rank=rank,
@@ -408,4 +419,5 @@ def _build_a2a_layout(plan: ShardPlan, rank: int) -> LocalLayout:
         exchange="all_to_all",
         recv_counts=recv_counts,
         self_index=self_index,
+        window=window,
     )

@@ -168,7 +168,7 @@ def finish_plan(lengths, C, strategy, segments, gathered_docs, cm: CostModel, ex
     kind = "all_gather"
     # the all-to-all can only be faster where the all-gather is not hidden behind local attention
     if exchange != "all_gather" and C > 1 and len(gdocs) and (exchange == "all_to_all" or comm > local_attn.min()):
-        a2a = cm.a2a_pair_cost(a2a_pair_counts(segments, gathered))
+        a2a = cm.a2a_pair_cost(a2a_pair_counts(segments, gathered, cm.sliding_window))
         if exchange == "all_to_all" or a2a < comm:
             kind, comm = "all_to_all", a2a
     # while the gather runs, each rank computes attention of its local documents
@@ -184,6 +184,7 @@ def finish_plan(lengths, C, strategy, segments, gathered_docs, cm: CostModel, ex
         comm_s=comm,
         block_time_s=block,
         kv_exchange=kind,
+        kv_window=cm.sliding_window if kind == "all_to_all" else None,
     )
 
 
