@@ -1,7 +1,8 @@
 """Interop with TRL 1.16 (skipped without trl; the dev extra installs it): TRL's own bfd
 cases reproduced by our bfd, TRL-packed rows in PackedDataCollator equal to TRL's
-padding-free collator, and TRL-packed rows refused by ATACTrainer's feeder with a clear
-error (its WFAP sampler would treat each row as one document)."""
+padding-free collator, TRL-packed rows in ATACTrainer (default TrainingArguments: the
+feeder reads their seq_lengths and packs their documents again, each kept whole), and
+atac-packed rows in SFTTrainer(packing=False, padding_free=True)."""
 
 from __future__ import annotations
 
@@ -69,14 +70,31 @@ def test_trl_rows_in_packed_collator_match_trl_collator():
         assert len(row["seq_lengths"]) > 0 and a["seq_lengths"].tolist() == row["seq_lengths"]
 
 
-def test_packed_rows_are_refused_by_the_atac_trainer_feeder():
-    rows = trl_data.pack_dataset(datasets.Dataset.from_dict(EXAMPLES), 4, strategy="bfd")
-    with pytest.raises(ValueError, match=r"train_dataset holds pre-packed rows \(a 'seq_lengths' column.*"
-                                         r"remove_unused_columns=False"):
-        check_dataset_columns(rows, name="train_dataset")
+def test_packed_rows_become_documents_for_the_atac_feeder():
+    from atac_hf.integrations.data import PackedRowDocuments, build_packed_dataloader
+    from atac_hf.integrations import ATACConfig
+
+    rng = np.random.default_rng(1)
+    src = [rng.integers(0, 100, size=int(n)).tolist() for n in rng.integers(1, 30, size=50)]
+    rows = trl_data.pack_dataset(datasets.Dataset.from_dict({"input_ids": src}), 64, strategy="bfd")
+    check_dataset_columns(rows, name="train_dataset")  # map-style pre-packed rows are accepted
+    docs = PackedRowDocuments(rows)
+    assert len(docs) == len(src) and sorted(map(len, (docs[i]["input_ids"] for i in range(len(docs))))) == \
+        sorted(map(len, src))
+    assert sorted(tuple(docs[i]["input_ids"]) for i in range(len(docs))) == sorted(map(tuple, src))
+    # the feeder packs the documents again, each its own document in the new rows
+    loader, _sampler = build_packed_dataloader(rows, ATACConfig(cp_size=1, max_tokens=128, cost_preset="default"))
+    trained = []
+    for batch in loader:
+        ids, lens = batch["input_ids"].reshape(-1).tolist(), batch["seq_lengths"].tolist()
+        cuts = np.cumsum([0] + lens)
+        trained += [tuple(ids[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+    assert sorted(trained) == sorted(map(tuple, src))
+    bad = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3]], "seq_lengths": [[1, 1]]})
+    with pytest.raises(ValueError, match=r"row 0: seq_lengths sum to 2 but input_ids has 3 tokens"):
+        PackedRowDocuments(bad)
     ours = pack_dataset(datasets.Dataset.from_dict(EXAMPLES), max_tokens=4, progress=False)
-    with pytest.raises(ValueError, match="pre-packed rows"):
-        check_dataset_columns(ours)
+    assert len(PackedRowDocuments(ours)) == 5  # 4 samples, the 5-token one split in two
 
 
 @pytest.mark.slow
@@ -111,3 +129,41 @@ def test_atac_rows_train_in_sft_trainer_padding_free(tmp_path):
     assert batch["cu_seq_lens_q"].tolist() == np.concatenate([[0], np.cumsum(lens)]).tolist()
     out = trainer.train()
     assert trainer.state.global_step == 2 and np.isfinite(out.training_loss)
+
+
+@pytest.mark.slow
+def test_trl_rows_train_in_atac_trainer_with_default_arguments(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, PrinterCallback, TrainingArguments
+
+    from atac_hf.integrations import ATACConfig, ATACTrainer
+    from atac_hf.integrations.demo import tiny_llama_config
+
+    rng = np.random.default_rng(2)
+    lengths = rng.integers(2, 40, size=40)
+    starts = np.cumsum(lengths) - lengths
+    src = [list(range(int(s), int(s + n))) for s, n in zip(starts, lengths)]  # every token a distinct id
+    rows = trl_data.pack_dataset(datasets.Dataset.from_dict({"input_ids": src}), 96, strategy="bfd")
+
+    class Recording(ATACTrainer):
+        def _prepare_context_parallel_inputs(self, model, inputs):
+            if model.training:
+                ids, lens = inputs["input_ids"].reshape(-1).tolist(), inputs["seq_lengths"].tolist()
+                cuts = np.cumsum([0] + lens)
+                self.docs += [tuple(ids[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+            return super()._prepare_context_parallel_inputs(model, inputs)
+
+    torch.manual_seed(0)
+    vocab = int(lengths.sum()) + 1
+    model = AutoModelForCausalLM.from_config(
+        tiny_llama_config(hidden_size=32, num_layers=1, vocab_size=vocab, max_position_embeddings=256),
+        dtype=torch.float32)
+    args = TrainingArguments(output_dir=str(tmp_path), num_train_epochs=1, use_cpu=True, report_to=[],
+                             save_strategy="no", disable_tqdm=True, log_level="error")
+    assert args.remove_unused_columns  # the default that drops seq_lengths in a plain Trainer
+    trainer = Recording(model=model, args=args, train_dataset=rows,
+                        atac_config=ATACConfig(cp_size=1, max_tokens=128, cost_preset="default"))
+    trainer.remove_callback(PrinterCallback)
+    trainer.docs = []
+    trainer.train()
+    assert sorted(trainer.docs) == sorted(map(tuple, src))  # every document whole, once, on its own

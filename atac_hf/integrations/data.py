@@ -14,22 +14,45 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from .config import ATACConfig
 
-__all__ = ["REQUIRED_COLUMNS", "build_packed_dataloader", "check_collator", "check_dataset_columns"]
+__all__ = ["REQUIRED_COLUMNS", "PackedRowDocuments", "build_packed_dataloader", "check_collator", "check_dataset_columns"]
 
 REQUIRED_COLUMNS = ("input_ids",)
 
 
-def check_dataset_columns(dataset: Any, *, name: str = "dataset") -> None:
+def is_streaming_dataset(dataset: Any) -> bool:
+    """A torch ``IterableDataset``, a ``datasets.IterableDataset`` or any iterable without
+    ``__getitem__``: fed through the streaming packer (:func:`build_streaming_dataloader`)."""
+    if isinstance(dataset, IterableDataset):
+        return True
+    try:
+        import datasets
+
+        if isinstance(dataset, datasets.IterableDataset):
+            return True
+    except ImportError:  # pragma: no cover - datasets is a dependency
+        pass
+    return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
+
+
+def check_dataset_columns(dataset: Any, *, name: str = "dataset", streaming: bool = False) -> None:
     """Refuse a dataset the feeder cannot pack.
 
     Needs a map-style dataset (``datasets.Dataset`` or any indexable of dicts) with an
-    ``input_ids`` column of token ids; ``labels`` is optional (default: the tokens).
+    ``input_ids`` column of token ids; ``labels`` is optional (default: the tokens). With
+    ``streaming=True`` an iterable dataset is accepted too (its columns are checked when it
+    declares them, as a ``datasets.IterableDataset`` with features does; otherwise sample
+    by sample while packing).
 
     Raises:
-        ValueError: an iterable dataset, pre-packed rows (a ``seq_lengths`` column: their documents
-            would attend to each other), or a missing ``input_ids`` column (lists the columns found).
+        ValueError: an iterable dataset (unless ``streaming``), a stream of pre-packed rows (a
+            ``seq_lengths`` column: their documents would attend to each other), or a missing ``input_ids`` column (lists the columns found).
     """
-    if isinstance(dataset, IterableDataset) or (hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")):
+    if is_streaming_dataset(dataset):
+        if streaming:
+            names = getattr(dataset, "column_names", None)
+            if names is not None:
+                _check_names(names, name, packed_ok=False)
+            return
         raise ValueError(f"{name} is an iterable dataset: the WFAP sampler needs a map-style dataset whose sample "
                          "lengths are known up front (datasets.Dataset, or a list of dicts with 'input_ids')")
     names = getattr(dataset, "column_names", None)
@@ -38,13 +61,16 @@ def check_dataset_columns(dataset: Any, *, name: str = "dataset") -> None:
             raise ValueError(f"{name} is empty")
         first = dataset[0]
         names = list(first) if hasattr(first, "keys") else [type(first).__name__]
-    if "seq_lengths" in names:
+    _check_names(names, name)
+
+
+def _check_names(names: Any, name: str, *, packed_ok: bool = True) -> None:
+    if "seq_lengths" in names and not packed_ok:
         raise ValueError(
-            f"{name} holds pre-packed rows (a 'seq_lengths' column, e.g. from TRL's or atac-hf's pack_dataset): "
-            "ATACTrainer packs samples itself and would treat each row as one document, so the documents of a row "
-            "would attend to each other. Pass the unpacked tokenized dataset, or train the packed rows with "
-            "transformers.Trainer(args=TrainingArguments(..., remove_unused_columns=False), "
-            "data_collator=atac_hf.PackedDataCollator())")
+            f"{name} is a stream of pre-packed rows (a 'seq_lengths' column, e.g. from TRL's or atac-hf's "
+            "pack_dataset): the streaming packer would treat each row as one document, so the documents of a row "
+            "would attend to each other. Pass the unpacked stream, or the packed rows as a map-style dataset "
+            "(their documents are then packed again, each kept whole)")
     missing = [c for c in REQUIRED_COLUMNS if c not in names]
     if missing:
         raise ValueError(
@@ -135,7 +161,11 @@ def build_packed_dataloader(dataset: Any, config: ATACConfig, *, num_replicas: i
     from ..packing.data.sampler import SpanDataset, WFAPBatchSampler
 
     check_dataset_columns(dataset)
-    lengths = dataset_lengths(dataset)
+    if "seq_lengths" in _column_names(dataset):  # pre-packed rows (TRL, pack_dataset): pack their documents
+        dataset = PackedRowDocuments(dataset)
+        lengths = dataset.lengths
+    else:
+        lengths = dataset_lengths(dataset)
     sampler = WFAPBatchSampler(
         lengths, config.packing_config(num_replicas * grad_accum), window_size=config.window_size,
         num_replicas=num_replicas, shuffle=config.shuffle if shuffle is None else shuffle, seed=seed,
@@ -144,3 +174,89 @@ def build_packed_dataloader(dataset: Any, config: ATACConfig, *, num_replicas: i
     loader = DataLoader(SpanDataset(dataset), batch_sampler=sampler,
                         collate_fn=collate_fn if collate_fn is not None else PackedDataCollator(), **loader_kwargs)
     return loader, sampler
+
+
+def build_streaming_dataloader(dataset: Any, config: ATACConfig, *, num_replicas: int = 1, grad_accum: int = 1,
+                               cost_model: Any = None, collate_fn: Callable | None = None, **loader_kwargs: Any):
+    """A DataLoader of packed rows from a stream of samples (one row = one pack per batch).
+
+    The stream goes through :class:`~atac_hf.packing.data.iterable.PackedIterableDataset`:
+    windows of ``num_replicas x grad_accum`` packs, ordered for a round-robin deal to the
+    DP replicas (Accelerate's ``IterableDatasetShard`` with ``dispatch_batches=False`` deals
+    row ``k`` to replica ``k % num_replicas``), and a pass that ends on a multiple of
+    ``num_replicas`` packs, so no replica gets a repeated row. The stream must replay the
+    same order on each ``iter()`` (resume skips the rows already trained by replaying it).
+
+    Args:
+        dataset: an iterable of mappings with ``input_ids`` (``labels`` optional):
+            ``datasets.IterableDataset``, a torch ``IterableDataset``...
+        config, num_replicas, grad_accum, cost_model, collate_fn: as in :func:`build_packed_dataloader`.
+        **loader_kwargs: passed to ``DataLoader`` (``num_workers`` at most 1).
+
+    Returns:
+        ``(loader, packed)``: prepare the loader with ``accelerator.prepare``; ``packed`` is the
+        :class:`PackedIterableDataset` (its ``state_dict`` resumes a stream without a replay).
+    """
+    from ..packing.data.collator import PackedDataCollator
+    from ..packing.data.iterable import PackedIterableDataset
+
+    check_dataset_columns(dataset, streaming=True)
+    packed = PackedIterableDataset(dataset, config.packing_config(num_replicas * grad_accum),
+                                   window_size=config.window_size, num_replicas=num_replicas, cost_model=cost_model)
+    loader = DataLoader(packed, batch_size=1,
+                        collate_fn=collate_fn if collate_fn is not None else PackedDataCollator(), **loader_kwargs)
+    return loader, packed
+
+
+def _column_names(dataset: Any) -> list[str]:
+    names = getattr(dataset, "column_names", None)
+    if names is None and len(dataset) and hasattr(dataset[0], "keys"):
+        names = list(dataset[0])
+    return list(names or [])
+
+
+class PackedRowDocuments:
+    """The documents of pre-packed rows (``input_ids`` + ``seq_lengths``, e.g. TRL's or
+    atac-hf's ``pack_dataset`` output) as a map-style dataset of samples, one per document.
+
+    ``transformers.Trainer`` with ``remove_unused_columns=True`` drops ``seq_lengths`` and the
+    documents of a row attend to each other; ATACTrainer reads it instead: each document is
+    a sample of its own (its ``input_ids`` and ``labels`` slice), packed again by WFAP.
+
+    Raises:
+        ValueError: a row whose ``seq_lengths`` do not sum to its ``input_ids`` length (names the row).
+    """
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+        if getattr(dataset, "column_names", None) is not None and hasattr(dataset, "select_columns"):
+            seq = dataset.select_columns(["seq_lengths"]).with_format(None)["seq_lengths"]
+        else:
+            seq = [dataset[i]["seq_lengths"] for i in range(len(dataset))]
+        from ..packing.data.dataset import dataset_lengths
+
+        totals = dataset_lengths(dataset)
+        counts = np.fromiter((len(s) for s in seq), dtype=np.int64, count=len(seq))
+        lens = np.fromiter((int(x) for s in seq for x in s), dtype=np.int64, count=int(counts.sum()))
+        self.row = np.repeat(np.arange(len(seq), dtype=np.int64), counts)
+        sums = np.bincount(self.row, weights=lens, minlength=len(seq)).astype(np.int64)
+        bad = np.flatnonzero(sums != totals)
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"row {i}: seq_lengths sum to {int(sums[i])} but input_ids has {int(totals[i])} tokens; "
+                             "seq_lengths must list the lengths of the row's documents in order")
+        starts = np.cumsum(lens) - lens  # each document's start in the concatenation of all rows
+        row_base = np.cumsum(totals) - totals  # each row's start in it (seq_lengths sum to the row's length)
+        self.offset = starts - row_base[self.row]
+        self.lengths = lens
+
+    def __len__(self) -> int:
+        return int(self.lengths.size)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        r, o, n = int(self.row[i]), int(self.offset[i]), int(self.lengths[i])
+        row = self.dataset[r]
+        out = {"input_ids": row["input_ids"][o:o + n]}
+        if row.get("labels") is not None:
+            out["labels"] = row["labels"][o:o + n]
+        return out

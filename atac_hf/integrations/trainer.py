@@ -9,7 +9,9 @@ What it changes, and where:
   ``data_collator`` on two samples and refuses one that does not emit packed rows.
 * ``get_train_dataloader`` / ``get_eval_dataloader``: one batch = one WFAP pack, dealt to DP
   replicas the way Accelerate shards batches (every CP rank of a replica gets the same pack).
-  ``per_device_*_batch_size`` is not used: a pack's size is ``max_tokens``.
+  ``per_device_*_batch_size`` is not used: a pack's size is ``max_tokens``. A streaming
+  dataset goes through the resumable ``PackedIterableDataset`` instead (rows dealt round-robin,
+  ``dispatch_batches=False``); pre-packed rows are read document by document.
 * ``_prepare_context_parallel_inputs`` (called by Trainer after it counted
   ``num_items_in_batch`` on the full rows, summed over the world and divided by cp; in training
   and evaluation): plans the pack and shards it. Trainer's loss scaling by world size and
@@ -40,7 +42,8 @@ from transformers.utils import logging as hf_logging
 
 from .accelerate import as_atac_parallelism_config, build_parallelism_config, bypass_torch_cp_hooks, cp_coordinates
 from .config import ATACConfig
-from .data import build_packed_dataloader, check_collator, check_dataset_columns
+from .data import build_packed_dataloader, build_streaming_dataloader, check_collator, check_dataset_columns
+from .data import is_streaming_dataset
 from .sharder import BatchSharder, model_kv_bytes_per_token, prepare_model, unwrap_base_model
 
 __all__ = ["ATACTrainer", "SAMPLER_STATE_NAME"]
@@ -97,6 +100,18 @@ def _check_args(args: TrainingArguments, config: ATACConfig) -> None:
                       "micro-batches)", stacklevel=3)
 
 
+def _stream_dispatch(args: TrainingArguments) -> None:
+    """Streaming datasets: every process packs the stream itself and Accelerate deals the rows
+    (``dispatch_batches=False``); rows differ in length, so a dispatcher could not concatenate them."""
+    acc = args.accelerator_config
+    if getattr(acc, "dispatch_batches", None):
+        raise ValueError("accelerator_config.dispatch_batches=True with a streaming dataset: ATACTrainer packs the "
+                         "stream on every process and deals rows round-robin; set dispatch_batches to None or False")
+    if getattr(acc, "split_batches", False):
+        raise ValueError("accelerator_config.split_batches=True with a streaming dataset: a batch is one packed row "
+                         "and cannot be split; set split_batches=False")
+    acc.dispatch_batches = False
+
 class ATACTrainer(Trainer):
     """``Trainer`` that packs with WFAP and shards every pack over a CP group with ATP-CP.
 
@@ -107,7 +122,13 @@ class ATACTrainer(Trainer):
         data_collator: default :class:`~atac_hf.packing.PackedDataCollator`; another must emit one
             padding-free packed row per batch (checked on two samples, see
             :func:`~.data.check_collator`), e.g. transformers' ``DataCollatorWithFlattening``.
-        train_dataset, eval_dataset: map-style datasets with ``input_ids`` (``labels`` optional).
+        train_dataset, eval_dataset: datasets with ``input_ids`` (``labels`` optional): map-style
+            (WFAP sampler over known lengths) or streaming (``IterableDataset`` /
+            ``datasets.IterableDataset``: the resumable ``PackedIterableDataset``; set ``max_steps``,
+            the stream's length being unknown; ``dispatch_batches`` is set to False; a resume
+            replays the stream up to the checkpoint). Pre-packed map-style rows (a ``seq_lengths``
+            column, from TRL's or atac-hf's ``pack_dataset``) are read document by document
+            (:class:`~.data.PackedRowDocuments`) whatever ``remove_unused_columns`` says.
         atac_config: default :meth:`ATACConfig.from_sources` (``ATAC_CONFIG`` file, ``ATAC_*``
             variables, ``PARALLELISM_CONFIG_CP_SIZE``).
         **kwargs: passed to ``Trainer``.
@@ -131,13 +152,15 @@ class ATACTrainer(Trainer):
                              "atac_cp attention before training)")
         prepare_model(model, config)
         if train_dataset is not None:
-            check_dataset_columns(train_dataset, name="train_dataset")
+            check_dataset_columns(train_dataset, name="train_dataset", streaming=True)
         evals = eval_dataset if isinstance(eval_dataset, dict) else {"": eval_dataset}
         for key, ds in evals.items():
             if ds is not None:
-                check_dataset_columns(ds, name=f"eval_dataset[{key!r}]" if key else "eval_dataset")
+                check_dataset_columns(ds, name=f"eval_dataset[{key!r}]" if key else "eval_dataset", streaming=True)
         if args is None:
             args = TrainingArguments(output_dir="trainer_output")
+        if any(is_streaming_dataset(d) for d in [train_dataset, *evals.values()] if d is not None):
+            _stream_dispatch(args)
         _default_device_args(args, model)
         _check_args(args, config)
         config.check_runtime(args.device.type)
@@ -192,6 +215,11 @@ class ATACTrainer(Trainer):
         if self.args.dataloader_num_workers > 0:
             extra["persistent_workers"] = self.args.dataloader_persistent_workers
             extra["prefetch_factor"] = self.args.dataloader_prefetch_factor
+        if is_streaming_dataset(dataset):  # resumable streaming packer; resume replays the stream
+            loader, _packed = build_streaming_dataloader(
+                dataset, self.atac_config, num_replicas=self.dp_size, grad_accum=grad_accum,
+                cost_model=self.atac_sharder.cost_model, collate_fn=self.data_collator, **extra)
+            return self.accelerator.prepare(loader), None
         loader, sampler = build_packed_dataloader(
             dataset, self.atac_config, num_replicas=self.dp_size, grad_accum=grad_accum, seed=self._atac_seed(),
             shuffle=shuffle, cost_model=self.atac_sharder.cost_model, collate_fn=self.data_collator, **extra)
@@ -204,7 +232,7 @@ class ATACTrainer(Trainer):
         loader, sampler = self._atac_loader(self.train_dataset, grad_accum=self.args.gradient_accumulation_steps,
                                             shuffle=None)
         self.atac_sampler = sampler
-        if self._atac_resume_dir is not None:
+        if self._atac_resume_dir is not None and sampler is not None:
             self._atac_load_sampler_state(self._atac_resume_dir)
         return loader
 
@@ -216,7 +244,7 @@ class ATACTrainer(Trainer):
             eval_dataset = self.eval_dataset[eval_dataset]
         elif eval_dataset is None:
             eval_dataset = self.eval_dataset
-        check_dataset_columns(eval_dataset, name="eval_dataset")
+        check_dataset_columns(eval_dataset, name="eval_dataset", streaming=True)
         return self._atac_loader(eval_dataset, grad_accum=1, shuffle=False)[0]
 
     # ------------------------------------------------------------------ the CP hook
