@@ -147,14 +147,15 @@ def test_emulated_cp_equals_full_attention_fwd_bwd(window, chunk_kernel, monkeyp
 
 def test_flash_layout_bookkeeping_equals_sdpa_per_rank():
     """``LocalLayout.varlen_layout`` rows of ``cat([k_local, k_gathered_padded])`` + the reference
-    varlen kernel reproduce the sdpa backend's output on every rank."""
+    varlen kernel reproduce the sdpa backend's output on every rank (all-gather layouts: the
+    buffer is built here by concatenating every rank's send rows)."""
     checked = 0
     for pi, lens in enumerate(_packs()):
         q, k, v = (t.detach() for t in _qkv(lens, seed=pi))
         for window in (None, 4):
             for C in (2, 3, 4):
                 for strategy in STRATEGIES:
-                    plan = plan_shards(lens, C, strategy)
+                    plan = plan_shards(lens, C, strategy, kv_exchange="all_gather")
                     per_rank = {}
                     emulate_cp_attention(q, k, v, plan, backend="sdpa", window=window,
                                          per_rank_hook=lambda r, o: per_rank.__setitem__(r, o))

@@ -220,7 +220,9 @@ def _flex_tables(layout: LocalLayout, window: int | None, num_gathered: int, dev
     local = ~np.repeat(layout.seg_gathered, layout.seg_local_end - layout.seg_local_start)
     kv_doc[:S][local], kv_pos[:S] = q_doc[local], q_pos  # gathered docs' local rows come via the buffer
     for d, rows in layout.doc_key_index.items():
-        kv_doc[S + rows], kv_pos[S + rows] = d, np.arange(len(rows))
+        # an all-to-all layout maps only the positions this rank attends to (-1 elsewhere)
+        pos = np.flatnonzero(rows >= 0)
+        kv_doc[S + rows[pos]], kv_pos[S + rows[pos]] = d, pos
     qd, qp, kd, kp = (torch.as_tensor(a, device=device) for a in (q_doc, q_pos, kv_doc, kv_pos))
 
     def mask_mod(b, h, qi, ki):
