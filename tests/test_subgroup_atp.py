@@ -284,7 +284,7 @@ def test_pair_counts_and_topology_pricing():
 
     lens = [150, 30, 20, 60, 7]
     plan = plan_shards(lens, 4, "per_doc", kv_exchange="all_to_all")
-    m = a2a_pair_counts(plan.segments, plan._gathered_mask())
+    m = a2a_pair_counts(plan.segments, plan.gathered_mask())
     assert np.array_equal(m, np.stack([plan.local_layout(r).send_counts for r in range(4)]))
     assert np.array_equal(m.sum(axis=0), plan.kv_recv_tokens) and np.array_equal(m.sum(axis=1),
                                                                                   plan.a2a_token_counts[1])

@@ -158,7 +158,7 @@ def received_rows(plan, rank: int, k_KND: torch.Tensor, v_KND: torch.Tensor,
     from ..sharding.exchange import a2a_rows
 
     dev = k_KND.device
-    gathered = plan._gathered_mask()
+    gathered = plan.gathered_mask()
     tok = plan.rank_token_indices(rank)
     lay = plan.local_layout(rank, window)
     parts = [tok[lay.self_index]]

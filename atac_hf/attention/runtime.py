@@ -4,7 +4,9 @@ Per layer on each rank: start an async all-gather of the local K/V rows of gathe
 documents, compute attention of whole local documents while it runs, then attend the
 local chunks of gathered documents to their document's key prefix. The result is
 single-device document-masked causal attention on the full packed row, forward and
-backward (the gather's backward reduce-scatters gradients to the owners).
+backward (the gather's backward reduce-scatters gradients to the owners). Plans with
+``kv_exchange="all_to_all"`` instead send each rank only the K/V rows its chunks attend to
+(:mod:`.kv_exchange`; backward: the transposed all-to-all).
 
 Shape legend: H query heads, K key/value heads, S local tokens, D head dim.
 """

@@ -9,7 +9,10 @@ Strategies:
     atp          anchor-tail: the j most expensive documents are split head-tail
                  over all ranks, the rest stay whole; j is chosen by estimated
                  block time (compute + exposed K/V exchange), and the anchors' chunks
-                 level the ranks in tokens and attention pairs where the tails allow.
+                 level the ranks in tokens and attention pairs where the tails allow;
+                 where the K/V exchange is exposed, anchors may go to sub-groups of
+                 ranks instead, and the K/V travel by all-gather or by an all-to-all
+                 of only the needed rows, whichever is estimated faster.
     contiguous   Llama-3 style all-gather CP: the row cut into C contiguous runs.
     zigzag       head-tail over the whole row (torch / Accelerate default).
     per_doc      head-tail inside every document (Megatron THD, WLB-LLM per-doc).

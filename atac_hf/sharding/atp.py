@@ -1,8 +1,10 @@
 """ATP-CP, anchor-tail sharding: the j most expensive documents (anchors) are split head-tail
 over all ranks, the rest (tails) stay whole on one rank each; j is chosen by estimated block
 time (compute + exposed K/V exchange), and the anchors' chunks level the ranks in tokens and
-attention pairs where the tails allow. Pure numpy; :func:`~atac_hf.sharding.plan_shards` is
-the entry point.
+attention pairs where the tails allow. Where the K/V exchange of that plan is exposed, a
+hierarchical plan (anchors over sub-groups of ranks, :mod:`.subgroups`) competes too; the
+exchange (all-gather or only-needed all-to-all) is picked by estimated time. Pure numpy;
+:func:`~atac_hf.sharding.plan_shards` is the entry point.
 """
 
 from __future__ import annotations

@@ -139,15 +139,16 @@ class ShardPlan:
     def a2a_token_counts(self) -> tuple[np.ndarray, np.ndarray]:
         """``(recv, send)``: (C,) K/V rows each rank would receive and send per layer in the
         all-to-all exchange, whichever exchange the plan uses (for comparisons)."""
-        return a2a_token_counts(self.segments, self._gathered_mask(), self.kv_window)
+        return a2a_token_counts(self.segments, self.gathered_mask(), self.kv_window)
 
-    def _gathered_mask(self) -> np.ndarray:
+    def gathered_mask(self) -> np.ndarray:
+        """(D,) bool: which documents' K/V are exchanged."""
         m = np.zeros(self.num_docs, dtype=bool)
         m[self.gathered_docs] = True
         return m
 
     def _gathered_rows_per_rank(self) -> np.ndarray:
-        g = self._gathered_mask()
+        g = self.gathered_mask()
         return np.array([int((s[g[s[:, 0]], 2] - s[g[s[:, 0]], 1]).sum()) if len(s) else 0 for s in self.segments],
                         dtype=np.int64)
 
@@ -374,7 +375,7 @@ def _build_local_layout(plan: ShardPlan, rank: int, window: int | None = None) -
 def _build_a2a_layout(plan: ShardPlan, rank: int, window: int | None) -> LocalLayout:
     """The all-to-all exchange of :class:`LocalLayout` (see its ``exchange`` attribute)."""
     C = plan.cp_size
-    gathered = plan._gathered_mask()
+    gathered = plan.gathered_mask()
     seg = plan.segments[rank]
     ln = seg[:, 2] - seg[:, 1]
     local_start = np.concatenate([[0], np.cumsum(ln)[:-1]]).astype(np.int64) if len(seg) else np.zeros(0, np.int64)
