@@ -138,8 +138,13 @@ def test_collective_timeout_setting_is_validated():
 
 def test_the_package_never_unpickles_or_evaluates():
     """Static guard: no pickle/marshal/shelve, no torch.load, no unsafe yaml, no eval/exec in atac_hf."""
+    # eval/exec as builtins only: a method of that name (torch's Module.eval()) evaluates no code
     banned = re.compile(r"\bimport pickle\b|\bpickle\.|\bmarshal\.|\bshelve\.|\btorch\.load\(|yaml\.load\(|"
-                        r"yaml\.unsafe_load|yaml\.full_load|\beval\(|\bexec\(|__import__\(")
+                        r"yaml\.unsafe_load|yaml\.full_load|(?<!\.)\beval\(|(?<!\.)\bexec\(|\bbuiltins\.(eval|exec)\(|"
+                        r"__import__\(")
+    assert all(banned.search(x) for x in ("eval(s)", "x = exec(code)", "builtins.eval(s)", "builtins.__import__('os')",
+                                          "yaml.load(f)"))
+    assert not banned.search("model.eval()")
     hits = [f"{p.relative_to(PACKAGE.parent)}:{i}: {line.strip()}" for p in sorted(PACKAGE.rglob("*.py"))
             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if banned.search(line)]
     assert not hits, hits
