@@ -255,6 +255,12 @@ def shard_batch(
         TypeError: ``plan`` is not a :class:`ShardPlan`, ``batch`` not a mapping, labels not tensors.
         RuntimeError: (debug) the ranks hold different plans, or different batches (same lengths).
     """
+    if not isinstance(plan, ShardPlan):
+        raise TypeError(f"plan must be a ShardPlan (from plan_shards(doc_lengths_from_batch(batch), cp_size)), "
+                        f"got {type(plan).__name__}")
+    if not isinstance(batch, Mapping):
+        raise TypeError(f"batch must be a mapping of tensors (input_ids, labels, position_ids, ...), "
+                        f"got {type(batch).__name__}")
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < plan.cp_size:
         raise ValueError(f"rank {rank!r} is outside the CP group of size {plan.cp_size} (legal: 0..{plan.cp_size - 1})")
     rank = int(rank)
@@ -268,13 +274,16 @@ def shard_batch(
     B, S = input_ids.shape
     if plan.num_tokens != B * S:
         raise ValueError(f"the plan covers {plan.num_tokens} tokens but the batch has {B} x {S} = {B * S}: "
-    if not isinstance(plan, ShardPlan):
-        raise TypeError(f"plan must be a ShardPlan (from plan_shards(doc_lengths_from_batch(batch), cp_size)), "
-                        f"got {type(plan).__name__}")
-    if not isinstance(batch, Mapping):
-        raise TypeError(f"batch must be a mapping of tensors (input_ids, labels, position_ids, ...), "
-                        f"got {type(batch).__name__}")
                          "build the plan from doc_lengths_from_batch(batch)")
+    for key in ("labels", "shift_labels"):
+        lab = batch.get(key)
+        if lab is None:
+            continue
+        if not isinstance(lab, torch.Tensor):
+            raise TypeError(f"'{key}' must be a tensor like input_ids, got {type(lab).__name__}")
+        if lab.numel() != B * S or (lab.dim() == 2 and tuple(lab.shape) != (B, S)):
+            raise ValueError(f"'{key}' has shape {tuple(lab.shape)} ({lab.numel()} tokens) but input_ids has shape "
+                             f"({B}, {S}) ({B * S} tokens): {key} must have one entry per input token")
     lengths = doc_lengths_from_batch(batch)
     if not np.array_equal(lengths, plan.doc_lengths):
         raise ValueError(f"the batch's document lengths {_short(lengths)} differ from the plan's "
@@ -289,15 +298,6 @@ def shard_batch(
             "than cp_size) or lower cp_size"
         )
     mask = batch.get("attention_mask")
-    for key in ("labels", "shift_labels"):
-        lab = batch.get(key)
-        if lab is None:
-            continue
-        if not isinstance(lab, torch.Tensor):
-            raise TypeError(f"'{key}' must be a tensor like input_ids, got {type(lab).__name__}")
-        if lab.numel() != B * S or (lab.dim() == 2 and tuple(lab.shape) != (B, S)):
-            raise ValueError(f"'{key}' has shape {tuple(lab.shape)} ({lab.numel()} tokens) but input_ids has shape "
-                             f"({B}, {S}) ({B * S} tokens): {key} must have one entry per input token")
     if mask is not None and not bool(torch.as_tensor(mask).bool().all()):
         raise ValueError("attention_mask has padding (zeros): packed rows must not rely on it; make padding its "
                          "own document (labels -100) or drop it")
@@ -397,6 +397,12 @@ def check_plan_digest(plan: ShardPlan, group: Any = None, *, content: str | None
         detail = ", ".join(f"rank {r}: {d}" for r, d in enumerate(digests))
         raise RuntimeError(f"the CP ranks hold different shard plans ({detail}); every rank must plan the same "
                            "pack with the same strategy, cost model and options")
+    contents = [g[16:] for g in got]
+    if len(set(contents)) > 1:
+        detail = ", ".join(f"rank {r}: {d}" for r, d in enumerate(contents))
+        raise RuntimeError(f"the CP ranks hold different batches with the same document lengths (batch digests "
+                           f"{detail}); every rank of a CP group must get the same full batch: check the "
+                           "DataLoader sharding (CP ranks of one DP replica share its batches) and the seeds")
 
 
 def unshard(local: torch.Tensor, plan: ShardPlan, rank: int, group: Any = None) -> torch.Tensor:
@@ -410,12 +416,6 @@ def unshard(local: torch.Tensor, plan: ShardPlan, rank: int, group: Any = None) 
         return x.unsqueeze(0).clone()
     m = int(counts.max())
     send = torch.zeros((m, *x.shape[1:]), dtype=x.dtype, device=x.device)
-    contents = [g[16:] for g in got]
-    if len(set(contents)) > 1:
-        detail = ", ".join(f"rank {r}: {d}" for r, d in enumerate(contents))
-        raise RuntimeError(f"the CP ranks hold different batches with the same document lengths (batch digests "
-                           f"{detail}); every rank of a CP group must get the same full batch: check the "
-                           "DataLoader sharding (CP ranks of one DP replica share its batches) and the seeds")
     send[: x.shape[0]] = x
     from .compat import all_gather_single
 
