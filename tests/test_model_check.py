@@ -82,6 +82,14 @@ def test_exact_families_accepted(family):
     remove_guard(model)
 
 
+def test_probe_row_splits_a_document_at_two_ranks():
+    from atac_hf.attention.model_probe import PROBE_DOC_LENGTHS, PROBE_WINDOW
+
+    plan = plan_shards(list(PROBE_DOC_LENGTHS), 2)
+    assert len(plan.sharded_docs) >= 1 and len(plan.gathered_docs) >= 1  # the K/V gather runs at 2 ranks
+    assert len(PROBE_DOC_LENGTHS) > 1 and sum(n > PROBE_WINDOW for n in PROBE_DOC_LENGTHS) >= 2
+
+
 def test_mistral_window_is_probed_across_documents():
     """The tiny copy keeps a window (8) shorter than the probe's documents, and Mistral honours it."""
     tiny = shrink_config(_config("mistral"))

@@ -227,8 +227,8 @@ def check_architecture(model_cls: type, config: Any, *, rank: int = 0, world: in
     except Exception as e:  # noqa: BLE001 - every failure becomes a named refusal
         exc, reason = _probe_failure(e, model_cls)
         return ModelVerdict(name, mtype, False, reason, error=exc)
-    if refused is not None:
-        return ModelVerdict(name, mtype, False, refused[1], max_error=result.max_error,
+    if refused is not None:  # no layer ran atac_cp: the measured error is not that of the atac_cp path
+        return ModelVerdict(name, mtype, False, refused[1], max_error=result.max_error if result.reached else None,
                             attention_classes=result.attention_classes, error=refused[0])
     return ModelVerdict(name, mtype, True,
                         f"exact: 'atac_cp' equals per-document {result.stock_attention} runs "

@@ -21,7 +21,9 @@ import torch
 __all__ = ["PROBE_DOC_LENGTHS", "PROBE_TOLERANCE", "PROBE_WINDOW", "ProbeResult", "run_probe", "shrink_config"]
 
 PROBE_WINDOW = 8  # sliding window / chunk size of the tiny copy
-PROBE_DOC_LENGTHS = (19, 1, 11, 33)  # one row; all but the 1-token document cross the window
+# one row; all but the 1-token document cross the window, and the first is longer than half the row,
+# so at 2 ranks it is split (the K/V gather runs)
+PROBE_DOC_LENGTHS = (41, 1, 9, 13)
 PROBE_TOLERANCE = 1e-5  # max relative error accepted (fp64; stock fp32 steps give ~1e-7)
 _WIDTHS = {  # standard config names -> tiny value
     "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
@@ -36,11 +38,8 @@ _ALIASES = {"hidden_size": ("n_embd", "d_model"), "num_hidden_layers": ("n_layer
 _EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 _MOE_KEYS = _EXPERT_COUNTS + ("num_experts_per_tok", "moe_topk", "n_group", "topk_group", "n_shared_experts")
 
-
-def _has_moe_hint(d: dict) -> bool:
-    return any(isinstance(d.get(k), int) for k in ("moe_intermediate_size", "first_k_dense_replace"))
 _MAX_LAYERS = 8
-_MAX_PARAMS = 20_000_000
+_MAX_PARAMS = 20_000_000  # a tiny copy above this means the shrink missed a size field
 
 
 @dataclass(frozen=True)
@@ -61,6 +60,10 @@ class ProbeResult:
     attention_classes: tuple[str, ...]
     reached: int
     stock_attention: str
+
+
+def _has_moe_hint(d: dict) -> bool:
+    return any(isinstance(d.get(k), int) for k in ("moe_intermediate_size", "first_k_dense_replace"))
 
 
 def _num_layers_for(d: dict, old: int) -> int:
