@@ -347,3 +347,27 @@ def test_sliding_window_exchanges_only_the_keys_in_the_window():
     for window in (4, None, 9):  # a layer's window other than the plan's: its own layout
         for backend in ("sdpa", "varlen_reference"):
             _check_exact(p, small, window, backend)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lens=st.lists(st.integers(1, 120), min_size=1, max_size=12), C=st.integers(2, 6),
+       window=st.sampled_from([None, 1, 5, 30]), strategy=st.sampled_from(sorted(STRATEGIES)))
+def test_each_rank_receives_exactly_the_keys_it_attends_to(lens, C, window, strategy):
+    plan = plan_shards(lens, C, strategy, kv_exchange="all_to_all")
+    if plan.kv_exchange != "all_to_all":
+        return
+    g = plan.gathered_mask()
+    for r in range(C):
+        lay = plan.local_layout(r, window)
+        want = set()  # (doc, position) of every key a gathered chunk of rank r attends to
+        own = set()
+        for d, s, e in plan.segments[r].tolist():
+            if g[d]:
+                lo = 0 if window is None else max(0, s - window + 1)
+                want |= {(d, p) for p in range(lo, e)}
+                own |= {(d, p) for p in range(s, e)}
+        got = {(d, int(p)) for d, idx in lay.doc_key_index.items() for p in np.flatnonzero(idx >= 0)}
+        assert got == want
+        assert int(lay.recv_counts.sum()) == len(want - own)  # nothing received twice or unneeded
+        if window is None:
+            assert int(plan.kv_recv_tokens[r]) == len(want - own)

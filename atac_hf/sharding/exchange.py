@@ -22,24 +22,53 @@ __all__ = ["EXCHANGES", "a2a_pair_counts", "a2a_rows", "a2a_token_counts", "need
 EXCHANGES = ("all_gather", "all_to_all")
 
 
+def _ranges(seg: np.ndarray, gathered: np.ndarray, window: int | None) -> np.ndarray:
+    """(n, 3) ``(doc, lo, hi)``: sorted disjoint key ranges of gathered documents that one
+    rank's segments attend to (without a window: one prefix ``[0, need_end)`` per document)."""
+    g = seg[gathered[seg[:, 0]]] if len(seg) else np.zeros((0, 3), np.int64)
+    if not len(g):
+        return np.zeros((0, 3), np.int64)
+    lo = np.zeros(len(g), np.int64) if window is None else np.maximum(0, g[:, 1] - int(window) + 1)
+    r = np.stack([g[:, 0], lo, g[:, 2]], axis=1)
+    r = r[np.lexsort((r[:, 1], r[:, 0]))]
+    # merge overlapping or touching ranges of a document: a running max of the ends, reset per document
+    shift = (r[:, 0] - r[0, 0]) * (int(r[:, 2].max()) + 1)
+    reach = np.maximum.accumulate(r[:, 2] + shift) - shift
+    prev = np.concatenate([[-1], reach[:-1]])
+    start = (r[:, 0] != np.concatenate([[-1], r[:-1, 0]])) | (r[:, 1] > prev)
+    first = np.flatnonzero(start)
+    last = np.concatenate([first[1:], [len(r)]]) - 1
+    return np.stack([r[first, 0], r[first, 1], reach[last]], axis=1)
+
+
 def needed_ranges(seg: np.ndarray, gathered: np.ndarray, window: int | None = None) -> dict[int, list]:
     """Of one rank's segments: gathered document -> sorted disjoint ``[lo, hi)`` key ranges
     its chunks attend to (one prefix ``[0, need_end)`` without a window)."""
     out: dict[int, list] = {}
-    g = seg[gathered[seg[:, 0]]] if len(seg) else seg
-    for d, s, e in g.tolist():
-        lo = 0 if window is None else max(0, s - int(window) + 1)
-        out.setdefault(d, []).append((lo, e))
-    for d, iv in out.items():
-        iv.sort()
-        merged = [list(iv[0])]
-        for lo, hi in iv[1:]:
-            if lo <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], hi)
-            else:
-                merged.append([lo, hi])
-        out[d] = [(a, b) for a, b in merged]
+    for d, lo, hi in _ranges(seg, gathered, window).tolist():
+        out.setdefault(d, []).append((lo, hi))
     return out
+
+
+def _overlaps(src: np.ndarray, ranges: np.ndarray):
+    """Pairs (segment i of ``src``, range of the same document) that overlap, in ``src`` order
+    then range order: (i, a, b) with ``[a, b)`` the overlap in document coordinates."""
+    if not len(src) or not len(ranges):
+        z = np.zeros(0, np.int64)
+        return z, z, z
+    lo_i = np.searchsorted(ranges[:, 0], src[:, 0], side="left")
+    hi_i = np.searchsorted(ranges[:, 0], src[:, 0], side="right")
+    cnt = hi_i - lo_i
+    i = np.repeat(np.arange(len(src)), cnt)
+    if not len(i):
+        z = np.zeros(0, np.int64)
+        return z, z, z
+    first = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+    j = lo_i[i] + (np.arange(len(i)) - np.repeat(first, cnt))
+    a = np.maximum(src[i, 1], ranges[j, 1])
+    b = np.minimum(src[i, 2], ranges[j, 2])
+    keep = b > a
+    return i[keep], a[keep], b[keep]
 
 
 def a2a_pair_counts(segments, gathered: np.ndarray, window: int | None = None) -> np.ndarray:
@@ -63,10 +92,8 @@ def a2a_pair_counts(segments, gathered: np.ndarray, window: int | None = None) -
     else:
         part = np.zeros((C, len(allseg)), dtype=np.int64)
         for r in range(C):
-            for d, ranges in needed_ranges(segments[r], gathered, window).items():
-                m = np.flatnonzero(allseg[:, 0] == d)
-                for lo, hi in ranges:
-                    part[r, m] += np.clip(np.minimum(allseg[m, 2], hi) - np.maximum(allseg[m, 1], lo), 0, None)
+            i, lo, hi = _overlaps(allseg, _ranges(segments[r], gathered, window))
+            part[r] = np.bincount(i, weights=hi - lo, minlength=len(allseg)).astype(np.int64)
     part[rank_of, np.arange(len(allseg))] = 0
     onehot = np.zeros((len(allseg), C))
     onehot[np.arange(len(allseg)), rank_of] = 1.0
@@ -91,20 +118,25 @@ def a2a_rows(segments, gathered: np.ndarray, src: int, dst: int,
         ``(local_rows, docs, positions)``: (n,) int64 each: the rows of ``src``'s local
         tensor, and the document and document position of each.
     """
-    need = needed_ranges(segments[dst], gathered, window)
-    seg = segments[src]
+    seg = np.asarray(segments[src], dtype=np.int64).reshape(-1, 3)
     ln = seg[:, 2] - seg[:, 1]
     local_start = np.concatenate([[0], np.cumsum(ln)[:-1]]).astype(np.int64) if len(seg) else np.zeros(0, np.int64)
-    rows, docs, pos = [], [], []
-    for i in range(len(seg)):
-        d, s, e = (int(x) for x in seg[i])
-        for lo, hi in need.get(d, ()) if gathered[d] else ():
-            a, b = max(s, lo), min(e, hi)
-            if b > a:
-                rows.append(np.arange(local_start[i] + a - s, local_start[i] + b - s, dtype=np.int64))
-                docs.append(np.full(b - a, d, dtype=np.int64))
-                pos.append(np.arange(a, b, dtype=np.int64))
-    if not rows:
-        z = np.zeros(0, dtype=np.int64)
-        return z, z.copy(), z.copy()
-    return np.concatenate(rows), np.concatenate(docs), np.concatenate(pos)
+    keep = gathered[seg[:, 0]] if len(seg) else np.zeros(0, bool)
+    idx = np.flatnonzero(keep)
+    i, a, b = _overlaps(seg[idx], _ranges(np.asarray(segments[dst], dtype=np.int64).reshape(-1, 3), gathered,
+                                          window))
+    i = idx[i]
+    n = b - a
+    return (_expand(local_start[i] + a - seg[i, 1], n), np.repeat(seg[i, 0], n), _expand(a, n))
+
+
+def _expand(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenate ``arange(s, s + l)`` for each pair (lengths > 0), vectorised."""
+    total = int(lengths.sum()) if len(lengths) else 0
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    begin = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    out = np.ones(total, dtype=np.int64)
+    out[0] = starts[0]
+    out[begin[1:]] = starts[1:] - (starts[:-1] + lengths[:-1] - 1)
+    return np.cumsum(out)
