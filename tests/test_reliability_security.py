@@ -283,6 +283,12 @@ def test_cost_models_refuse_bools_absurd_prices_and_zero_profiles(tmp_path):
             with pytest.raises(ValueError, match=f"CostModel.{field} must be"):
                 good.replace(**{field: bad})
             count("security.settings_checked")
+    for kwargs, match in ((dict(efficiency=True), "efficiency must be in"), (dict(attn_efficiency=float("nan")),
+                           "attn_efficiency must be in"), (dict(tp_size=True), "tp_size must be an int"),
+                          (dict(dtype_bytes=2.5), "dtype_bytes must be an int"), (dict(tile=True), "CostModel.tile")):
+        with pytest.raises(ValueError, match=match):
+            CostModel.from_model("8b", "H100", **kwargs)
+        count("security.settings_checked")
     zero = good.replace(linear_s_per_token=0.0, attn_s_per_pair=0.0, segment_overhead_s=0.0)
     assert not zero.prices_compute  # allowed as an object (costing communication alone) ...
     path = tmp_path / "zero.json"

@@ -200,8 +200,13 @@ class CostModel:
         hw = resolve_hardware(hardware)
         attn_eff = efficiency if attn_efficiency is None else attn_efficiency
         for name, v in (("efficiency", efficiency), ("attn_efficiency", attn_eff)):
-            if not 0 < v <= 1:
-                raise ValueError(f"{name} must be in (0, 1], got {v!r}")
+            if not _is_real(v) or not 0 < v <= 1:
+                raise ValueError(f"{name} must be in (0, 1] (a number), got {_short(v)}")
+        for name, v, high in (("dtype_bytes", dtype_bytes, 64), ("tp_size", tp_size, 2**20)):
+            if not _is_int(v) or not 1 <= v <= high:
+                raise ValueError(f"{name} must be an int from 1 to {high}, got {_short(v)}")
+        if not isinstance(inter_node, (bool, np.bool_)):
+            raise TypeError(f"inter_node must be True or False, got {_short(inter_node)}")
         if tp_size < 1 or dims.num_heads % tp_size:
             raise ValueError(f"tp_size={tp_size} must be >= 1 and divide num_heads={dims.num_heads}")
         linear_flops = 2.0 * _LINEAR_FWD_BWD * dims.params_per_layer / tp_size
