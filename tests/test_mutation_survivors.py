@@ -95,6 +95,57 @@ def test_bfd_emits_the_fullest_pack():
     assert p.pending_ids == [0]
 
 
+def test_bfd_keeps_the_due_pack_even_when_another_is_fuller():
+    # max_defer 1, cap 5, one pack. Window 0: 5 and 2: [5] is the fuller pack, the 2 waits.
+    p = StreamPacker(_bfd(5, 1, max_defer=1, split_overdue=False), LINEAR)
+    assert p.add_window([0, 1], [5, 2]) == [[(0, 0, 5)]]
+    # Window 1 adds a 4: the due 2 -> A (room 3), 4 -> B (1). B holds more tokens, but A holds
+    # the due item: A is emitted, the 4 waits (fullest first would emit [4] and leave the due 2).
+    assert p.add_window([2], [4]) == [[(1, 0, 2)]]
+    assert p.pending_ids == [2]
+
+
+# Fragments (start > 0) in the pool: a span's tokens are end - start, never end + start.
+def test_fragments_count_their_own_tokens_sequential_bfd_wlb():
+    # 23 into cap 10: pieces 10, 10, 3 = (0, 0, 10), (0, 10, 20), (0, 20, 23)
+    seq = StreamPacker(PackingConfig(max_tokens=10, packs_per_window=4, strategy="sequential", min_fragment=1), LINEAR)
+    with pytest.warns(UserWarning, match="split into fragments"):
+        got = seq.add_window([0, 1], [23, 3])
+    # next fit: 10 | 10 | 3 (the last piece) + 3 = 6 tokens in the third pack
+    assert got == [[(0, 0, 10)], [(0, 10, 20)], [(0, 20, 23), (1, 0, 3)]]
+    bfd = StreamPacker(_bfd(10, 3, min_fragment=1), LINEAR)
+    with pytest.warns(UserWarning, match="split into fragments"):
+        got = bfd.add_window([0, 1, 2], [23, 4, 3])
+    # longest first: 10 -> A, 10 -> B, 4 -> C (6), then the 3-token piece (sample 0 first) -> C (3),
+    # 3 -> C (0)
+    assert got == [[(0, 0, 10)], [(0, 10, 20)], [(0, 20, 23), (1, 0, 4), (2, 0, 3)]]
+    # wlb, threshold 9: the queue [(0, 0, 10), (1, 0, 10)] is full (2 packs) and released one per
+    # pack; the 3-token piece (0, 10, 13) is below the threshold, free, and fits nowhere: carried
+    wlb = StreamPacker(PackingConfig(max_tokens=10, packs_per_window=2, strategy="wlb", wlb_thresholds=(9,),
+                                     min_fragment=1), LINEAR)
+    with pytest.warns(UserWarning, match="split into fragments"):
+        got = wlb.add_window([0, 1], [13, 10])
+    assert got == [[(0, 0, 10)], [(1, 0, 10)]]
+    assert wlb.pending_ids == [0] and wlb.pending_tokens == 3
+
+
+def test_wlb_held_fragments_count_their_own_tokens():
+    # thresholds (3, 8), 2 packs: 13 -> pieces (0, 0, 10) (queue >= 8) and (0, 10, 13) (queue
+    # [3, 8)); neither queue is full, so both wait; the two 1-token samples fill the packs. The
+    # next window needs its whole capacity of new tokens: 2 x 10 - (13 pending - 13 held) = 20.
+    p = StreamPacker(PackingConfig(max_tokens=10, packs_per_window=2, strategy="wlb", wlb_thresholds=(3, 8),
+                                   min_fragment=1), LINEAR)
+    with pytest.warns(UserWarning, match="split into fragments"):
+        assert p.add_window([0, 1, 2], [13, 1, 1]) == [[(1, 0, 1)], [(2, 0, 1)]]
+    assert p.pending_tokens == 13 and p.tokens_wanted == 20
+
+
+def test_sequential_follows_data_order_not_sample_ids():
+    # ids 7, 3, 5 arrive in that order: next fit in arrival order, 4 + 2 | 3 (by id it would be 2 + 3 | 4)
+    p = StreamPacker(PackingConfig(max_tokens=6, packs_per_window=2, strategy="sequential"), LINEAR)
+    assert p.add_window([7, 3, 5], [4, 2, 3]) == [[(7, 0, 4), (3, 0, 2)], [(5, 0, 3)]]
+
+
 # ---------------------------------------------------------------------------- build_shift_labels via shard_batch
 # Mutant: build_shift_labels without the -100 at each document's last token. Batches from our
 # collator carry -100 at document starts, so the shift across a boundary is -100 anyway; user
