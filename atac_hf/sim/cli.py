@@ -126,12 +126,36 @@ def _parse_combos(spec: str) -> list[tuple[str, str]] | None:
     return out
 
 
+#: Most packs one ``simulate`` run may plan (steps x DP x micro-batches; the default run: 512),
+#: and the largest token cap and step count it accepts: absurd values fail at once, not after hours.
+MAX_SIM_PACKS = 2**18
+MAX_SIM_TOKENS = 2**26
+MAX_SIM_STEPS = 10_000
+
+
+def _check_sim_sizes(args: argparse.Namespace) -> None:
+    def shown(v: int) -> str:
+        return str(v) if abs(v) < 10**30 else f"<int of {v.bit_length()} bits>"
+
+    for name, value, high in (("--steps", args.steps, MAX_SIM_STEPS), ("--max-tokens", args.max_tokens, MAX_SIM_TOKENS),
+                              ("--dp", args.dp, MAX_SIM_PACKS), ("--micro-batches", args.micro_batches, MAX_SIM_PACKS)):
+        if not 1 <= value <= high:
+            raise ValueError(f"{name}={shown(value)} must be from 1 to {high}")
+    packs = args.steps * args.dp * args.micro_batches
+    if packs > MAX_SIM_PACKS:
+        raise ValueError(f"--steps x --dp x --micro-batches = {packs} packs to simulate, more than {MAX_SIM_PACKS}: "
+                         "lower one of them")
+    if args.seed < 0:
+        raise ValueError(f"--seed={shown(args.seed)} must be >= 0")
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     from .cluster import ClusterConfig
     from .report import COMBO_LEGEND, combo_table
     from .simulate import simulate
     from ..workloads import load_workload, workload_name
 
+    _check_sim_sizes(args)
     cluster = ClusterConfig(dp_size=args.dp, pp_size=args.pp, cp_size=args.cp, tp_size=args.tp,
                             num_micro_batches=args.micro_batches, max_tokens=args.max_tokens,
                             model=model_arg(args.model), hardware=args.hardware, profile=args.profile,
