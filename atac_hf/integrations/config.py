@@ -58,7 +58,8 @@ class ATACConfig:
     """Settings of WFAP packing and ATP-CP sharding for one training run.
 
     Attributes:
-        cp_size: ranks in one context-parallel group (>= 1). Must divide the world size;
+        cp_size: ranks in one context-parallel group (1 to ``MAX_CP_SIZE`` = 4096). Must divide the
+            world size;
             the DP size is ``world_size // cp_size``.
         max_tokens: token cap of one pack = one micro-batch row before sharding (> 0).
         packing_strategy: ``wfap`` (cost-balanced, default), ``sequential``, ``bfd`` or ``wlb``
@@ -86,15 +87,17 @@ class ATACConfig:
         max_tokens_per_rank: memory cap on tokens one CP rank may hold, or ``None``.
         min_chunk: shortest chunk an anchor document may be cut into, in tokens;
             ``None``: 128 on CUDA (kernel tile), 1 elsewhere.
-        debug: extra checks: every CP rank compares its plan's digest (one small all-gather
-            per batch) and the first batches are validated more strictly.
+        debug: extra checks: every CP rank compares its plan's digest and a digest of the full
+            batch (ids, labels, positions: ranks fed different data are caught even with the
+            same document lengths), in one small all-gather per batch, and the first batches are
+            validated more strictly.
         collective_timeout_s: seconds a CP collective (K/V gather, digest check) waits for the
             other ranks of its CP group before failing with a clear error (a rank that crashed,
             raised or hangs), set on the CP group; ``None`` keeps the process group's timeout
             (``TrainingArguments.ddp_timeout`` / accelerate ``InitProcessGroupKwargs(timeout=)``;
             a CP group that is a mesh subgroup, when DP > 1, otherwise gets torch's 30 minutes).
             When the CP group is the whole world it is the default group: the value then
-            applies to every collective of the run.
+            applies to every collective of the run. From 1 s to one day.
     """
 
     cp_size: int = 1
