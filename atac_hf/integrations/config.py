@@ -59,8 +59,7 @@ class ATACConfig:
 
     Attributes:
         cp_size: ranks in one context-parallel group (1 to ``MAX_CP_SIZE`` = 4096). Must divide the
-            world size;
-            the DP size is ``world_size // cp_size``.
+            world size; the DP size is ``world_size // cp_size``.
         max_tokens: token cap of one pack = one micro-batch row before sharding (> 0).
         packing_strategy: ``wfap`` (cost-balanced, default), ``sequential``, ``bfd`` or ``wlb``
             (see :class:`~atac_hf.packing.PackingConfig`).
