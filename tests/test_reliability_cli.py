@@ -100,6 +100,10 @@ def test_calibrate_checks_its_output_before_measuring(capsys, tmp_path, monkeypa
         raise AssertionError("calibrate measured before checking its arguments")
 
     monkeypatch.setattr(calibrate_mod, "calibrate", measured)
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)  # writing the profile there would block until a reader came
+    _one_error_line(capsys, ["calibrate", "-o", str(fifo), "--quick"], "not a regular file")
+    _one_error_line(capsys, ["calibrate", "-o", "/dev/null", "--quick"], "not a regular file")
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o500)

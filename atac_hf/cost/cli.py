@@ -52,6 +52,9 @@ def _check_args(args: argparse.Namespace) -> None:
     folder = os.path.dirname(out)
     if os.path.isdir(out):
         raise ValueError(f"--output {args.output!r} is a directory; give the profile's file name (e.g. profile.json)")
+    if os.path.exists(out) and not os.path.isfile(out):
+        raise ValueError(f"--output {args.output!r} exists and is not a regular file (a device or pipe); give a "
+                         "file name for the profile")
     if not os.path.isdir(folder):
         raise ValueError(f"--output {args.output!r}: the folder {folder!r} does not exist; create it first or "
                          "choose another --output")
