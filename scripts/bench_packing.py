@@ -63,6 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dataset-sizes", default="20000,100000",
                    help="samples of the pack_dataset vs TRL runs (comma-separated; '' skips them)")
     p.add_argument("--dataset-max-tokens", type=int, default=131072, help="cap of the pack_dataset vs TRL runs")
+    p.add_argument("--split-cases", type=int, default=200, help="random cases of the split-mode table (0 skips it)")
     return p.parse_args(argv)
 
 
@@ -185,6 +186,48 @@ def run_dataset_bench(sizes: list[int], max_tokens: int, with_trl: bool) -> tupl
     return "\n".join(lines), rows
 
 
+def run_split_cases(num_cases: int, with_trl: bool) -> str:
+    """Split mode against ceil(tokens / cap): random cases (cap 64-511 or 4K-32K tokens, 100-399
+    samples of 1 to 3x the cap), our bfd and wfap with default settings and bfd with
+    min_fragment=1, against TRL's bfd_split on the same lengths."""
+    import warnings
+
+    rows = {"bfd (default min_fragment)": [], "bfd, min_fragment=1": [], "wfap (default)": []}
+    if with_trl:
+        import datasets
+        import pyarrow as pa
+        from datasets.table import InMemoryTable
+        from trl.data_utils import pack_dataset as trl_pack_dataset
+
+        datasets.disable_progress_bars()
+        rows["TRL bfd_split"] = []
+    for case in range(num_cases):
+        rng = np.random.default_rng(case)
+        cap = int(rng.integers(64, 512)) if case % 2 == 0 else int(rng.integers(4096, 32768))
+        lengths = rng.integers(1, 3 * cap, size=int(rng.integers(100, 400)))
+        lb = -(-int(lengths.sum()) // cap)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for label, options in (("bfd (default min_fragment)", {"strategy": "bfd"}),
+                                   ("bfd, min_fragment=1", {"strategy": "bfd", "min_fragment": 1}),
+                                   ("wfap (default)", {})):
+                res = pack_lengths(lengths, PackingConfig(max_tokens=cap, packs_per_window=64, **options))
+                rows[label].append(len(res.packs) / lb)
+        if with_trl:
+            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+            ids = pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.ones(int(offsets[-1]), dtype=np.int8)))
+            ds = datasets.Dataset(InMemoryTable(pa.table({"input_ids": ids})))
+            rows["TRL bfd_split"].append(len(trl_pack_dataset(ds, cap, strategy="bfd_split")) / lb)
+    lines = ["| packer | packs / ceil(tokens / cap), caps 64-511: min / mean / max | caps 4K-32K: min / mean / max "
+             "| cases within 1% |", "|---|---|---|---|"]
+    for label, ratios in rows.items():
+        r = np.asarray(ratios)
+        a, b = r[0::2], r[1::2]
+        lines.append(f"| {label} | {a.min():.3f} / {a.mean():.3f} / {a.max():.3f} | {b.min():.3f} / {b.mean():.3f} / "
+                     f"{b.max():.3f} | {int((r <= 1.01).sum())} of {r.size} |")
+    return "\n".join(lines)
+
+
 def run_workload(name: str, lengths: np.ndarray, args: argparse.Namespace, cm: CostModel) -> list[dict]:
     rows = []
     for label, strategy, options in VARIANTS:
@@ -201,8 +244,12 @@ def run_workload(name: str, lengths: np.ndarray, args: argparse.Namespace, cm: C
         # partial windows that no planner can fill)
         last = max(res.arrival)
         steady = [window_imbalance(pack_costs(w, cm)) for k, w in enumerate(res.windows()) if w and k < last]
+        arr = np.array([s for p in res.packs for s in p], dtype=np.int64)
+        split = np.bincount(arr[:, 0], minlength=lengths.size)[arr[:, 0]] > 1  # spans of a split sample
+        frag = np.sort(arr[split, 2] - arr[split, 1])
+        frag_txt = (f"{frag.size:,}: {frag[0]:,} / {int(np.median(frag)):,} / {frag[-1]:,}" if frag.size else "0")
         rows.append({"workload": name, "label": label, "seconds": best, "wall": wall, "steady_worst": max(steady),
-                     **m})
+                     "fragments": frag_txt, **m})
         print(f"  {name:9s} {label:24s} imbalance {m['imbalance_mean']:.3f} (worst {m['imbalance_worst']:.3f}) "
               f"split {100 * m['fragmentation']:.2f}% padding {100 * m['padding']:.2f}% cpu {best:.2f}s wall {wall:.2f}s",
               flush=True)
@@ -213,7 +260,8 @@ def table(rows: list[dict], packs_per_window: int) -> str:
     cols = ["workload", "strategy", "max/mean pack cost (mean over windows)", "worst window",
             "worst before the end of stream", "CV of pack cost",
             "total cost (s/layer)", "est. time (s/layer)", "vs. its lower bound", "padding", "samples split",
-            "samples deferred", "delay mean / max (windows)", "planner CPU time", "samples/s"]
+            "fragments: count: min / median / max tokens", "samples deferred", "delay mean / max (windows)",
+            "planner CPU time", "samples/s"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lb = r["total_cost_s"] / packs_per_window
@@ -221,7 +269,8 @@ def table(rows: list[dict], packs_per_window: int) -> str:
             f"| {r['workload']} | {r['label']} | {r['imbalance_mean']:.3f} | {r['imbalance_worst']:.3f} "
             f"| {r['steady_worst']:.3f} "
             f"| {r['cost_cv']:.3f} | {r['total_cost_s']:.0f} | {r['est_time_s']:.1f} | {r['est_time_s'] / lb:.3f}x "
-            f"| {100 * r['padding']:.2f}% | {100 * r['fragmentation']:.2f}% | {100 * r['deferred_share']:.2f}% "
+            f"| {100 * r['padding']:.2f}% | {100 * r['fragmentation']:.2f}% | {r['fragments']} "
+            f"| {100 * r['deferred_share']:.2f}% "
             f"| {r['delay_mean_deferred']:.2f} / {r['delay_max']} | {r['seconds']:.2f} s "
             f"| {r['num_samples'] / r['seconds']:,.0f} |"
         )
@@ -270,6 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     md = table(rows, args.packs_per_window)
     print()
     print(md)
+    split_md = ""
+    if args.split_cases:
+        print(f"\nsplit mode on {args.split_cases} random cases:", flush=True)
+        split_md = run_split_cases(args.split_cases, with_trl=not args.no_trl)
+        print(split_md)
     sizes = [int(x) for x in args.dataset_sizes.split(",") if x.strip()]
     ds_md = ""
     if sizes:
@@ -296,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         "partial windows); coefficient of variation of pack cost over all packs; total cost "
         "of all packs (seconds per layer, fwd+bwd); estimated time = sum over windows of the costliest pack (what "
         "a step waits for when a window's packs run side by side) and its ratio to that row's lower bound (total "
-        "cost / packs per window); padding = 1 - tokens / (packs x cap); samples split (every strategy splits "
+        "cost / packs per window); padding = 1 - tokens / (packs x cap); samples split and their fragments (every strategy splits "
         "overlength samples into full-cap fragments and the rest; with `balance_split=True`, opt-in since "
         "issue 14, WFAP also splits overdue heavy samples it cannot balance, which lowers its total cost a "
         "little: fragments attend to less context); "
@@ -311,6 +365,16 @@ def main(argv: list[str] | None = None) -> int:
         "first, so no delay exceeds it. Windows are fed by tokens (`StreamPacker.window_size`), so a window "
         "that packs less than it was fed carries the rest: that is most of the baselines' deferred samples.",
         "",
+        f"### Split mode: packs against ceil(tokens / cap) ({args.split_cases} random cases)",
+        "",
+        "Each case: a cap (64-511 tokens in even cases, 4K-32K in odd ones) and 100-399 samples of 1 to 3x the "
+        "cap, packed with 64 packs per window (`pack_lengths`) and by TRL's `pack_dataset(strategy=\"bfd_split\")`. "
+        "Overlength samples are cut into full-cap fragments and the rest (TRL's rule); a rest shorter than "
+        "`min_fragment` (default min(128, cap / 2)) takes tokens from the fragment before it, which leaves a hole "
+        "only a short sample can fill: at small caps that hole is a large share of a pack." if split_md else "",
+        "",
+        split_md,
+        "",
         f"### pack_dataset end to end vs. TRL ({args.dataset_max_tokens:,}-token cap)",
         "",
         "A `datasets.Dataset` of int32 token ids with the `wlbllm` lengths resampled (seed 0) to each size, packed "
@@ -323,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
         "packs in output order grouped in windows of 64 (what a 64-replica step runs side by side; the last "
         "partial window left out), costed with the package's default cost model; its \"vs TRL\" column is the "
         "ratio of the excess over 1.0. TRL 1.16 cuts samples over the cap (`bfd` truncates); these lengths have "
-        "none over 128K." if ds_md else "pack_dataset vs. TRL: not run.",
+        "none over 128K. Our peak is the output rows themselves (built in memory, about the input's size)."
+        if ds_md else "pack_dataset vs. TRL: not run.",
         "",
         ds_md,
     ])
