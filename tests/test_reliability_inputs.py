@@ -260,3 +260,44 @@ def test_overlength_split_warns_once_per_packer_with_counts_and_the_setting():
         pack_lengths([40, 3, 90, 2, 17] * 20, config)
     assert len([w for w in rec if "longer than max_tokens" in str(w.message)]) == 1
     count("inputs.overlength_warnings", 2)
+
+
+def test_a_sample_with_thousands_of_fragments_keeps_the_planners_pool_small_and_resumes_exactly():
+    """A split sample's fragments beyond packs_per_window wait outside the planner's pool (its
+    work grows with the pool: 2,048 fragments took 48 s when all were in it); the pool the
+    planner sees stays bounded, every token is placed once, and a JSON resume mid-way gives
+    the same packs. Too many fragments are refused up front."""
+    config = PackingConfig(max_tokens=4, packs_per_window=2, strategy="wfap")
+    lengths = [3, 4 * 1500 + 3, 2, 5, 4 * 700]
+    seen = []
+
+    def run(resume_at=None):
+        p = StreamPacker(config)
+        planner = p._planner
+        p._planner = lambda pool, ctx: (seen.append(len(pool)), planner(pool, ctx))[1]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = p.add_window(range(5), lengths)
+        windows = 0
+        while p.pending_tokens:
+            if windows == resume_at:
+                q = StreamPacker(config)
+                q.load_state_dict(json.loads(json.dumps(p.state_dict())))
+                q._planner, p = p._planner, q
+            out += p.add_window([], [])
+            windows += 1
+        return out
+
+    packs = run()
+    bound = 2 * config.packs_per_window + len(lengths)  # two split samples show packs_per_window fragments each
+    assert max(seen) <= bound, f"the planner saw pools of {max(seen)} items"
+    spans = sorted(s for pack in packs for s in pack)
+    covered = {(i, t) for i, a, e in spans for t in range(a, e)}
+    assert len(covered) == sum(lengths) == sum(e - a for _i, a, e in spans)
+    assert run(resume_at=400) == packs and run(resume_at=1) == packs
+    with pytest.raises(ValueError, match=r"sample 0 has 8196 tokens: split at max_tokens=4 that is 2049 fragments, "
+                                         r"more than the 2048 a sample may have"):
+        StreamPacker(config).add_window([0], [4 * 2048 + 4])
+    with pytest.raises(ValueError, match=r"274877906944 fragments, more than the 16384"):
+        pack_lengths([2**40], PackingConfig(max_tokens=4, packs_per_window=64))
+    count("inputs.fragment_backlog_runs", 3)

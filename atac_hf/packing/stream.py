@@ -70,6 +70,11 @@ class StreamPacker:
         self._window = 0
         self._seq = 0
         self._pool: list[Item] = []
+        # split samples with more fragments than packs_per_window: the rest wait here, in
+        # start order, and join the pool as earlier ones leave it (a window places at most
+        # one full-cap fragment per pack, and a planner's work grows with its pool)
+        self._backlog: dict[int, list[Item]] = {}
+        self._backlog_tokens = 0
         self._open: dict[int, list[int]] = {}  # split sample -> [tokens not yet emitted, max delay so far]
         self._metrics = MetricsAccumulator(config.max_tokens, config.max_defer)
         self._warned_overlength = False
@@ -86,9 +91,15 @@ class StreamPacker:
         return list(dict.fromkeys(it[SID] for it in sorted(self._pool, key=lambda it: (it[SEQ], it[START]))))
 
     @property
+    def carried_spans(self) -> list[Span]:
+        """Every span carried into the next window, ``(sample, start, end)``."""
+        items = self._pool + [it for wait in self._backlog.values() for it in wait]
+        return [(it[SID], it[START], it[END]) for it in items]
+
+    @property
     def pending_tokens(self) -> int:
         """Tokens carried into the next window."""
-        return sum(it[END] - it[START] for it in self._pool)
+        return sum(it[END] - it[START] for it in self._pool) + self._backlog_tokens
 
     def _held(self) -> tuple[int, int]:
         held_fn = _HELD.get(self.config.strategy)
@@ -231,9 +242,15 @@ class StreamPacker:
             else:  # split into full-cap fragments and the remainder (planners/window.py)
                 split_here.append(L)
                 pos = 0
+                pieces = []
                 for size in overlength_pieces(L, C, int(cfg.min_fragment)):
-                    self._pool.append((sid, pos, pos + size, w, seq, 1))
+                    pieces.append((sid, pos, pos + size, w, seq, 1))
                     pos += size
+                shown = int(cfg.packs_per_window)
+                self._pool.extend(pieces[:shown])
+                if len(pieces) > shown:
+                    self._backlog[sid] = pieces[shown:]
+                    self._backlog_tokens += sum(it[END] - it[START] for it in pieces[shown:])
                 self._open[sid] = [L, 0]
                 m.num_split += 1
         if split_here and not self._warned_overlength:
@@ -256,6 +273,8 @@ class StreamPacker:
             self._metrics.num_split += 1
         packs = [sorted(p, key=_DATA_ORDER) for p in packs if p]
         self._pool = carry
+        if self._backlog:
+            self._top_up()
         out = [[(it[SID], it[START], it[END]) for it in p] for p in packs]
         self._metrics.add_window(pack_costs(out, self.cost_model), sum(e - s for p in out for _, s, e in p))
         w = self._window
@@ -274,6 +293,41 @@ class StreamPacker:
         self._window += 1
         return out
 
+    def _top_up(self) -> None:
+        """Move backlog fragments into the pool until each such sample shows
+        ``packs_per_window`` fragments (or has none left waiting)."""
+        shown = int(self.config.packs_per_window)
+        visible: dict[int, int] = {}
+        for it in self._pool:
+            if it[SID] in self._backlog:
+                visible[it[SID]] = visible.get(it[SID], 0) + 1
+        for sid in list(self._backlog):
+            wait = self._backlog[sid]
+            take = max(0, shown - visible.get(sid, 0))
+            self._pool.extend(wait[:take])
+            self._backlog_tokens -= sum(it[END] - it[START] for it in wait[:take])
+            if take >= len(wait):
+                del self._backlog[sid]
+            else:
+                self._backlog[sid] = wait[take:]
+
+    def _split_backlog(self, pool: list[Item]) -> tuple[list[Item], dict[int, list[Item]]]:
+        """Inverse of how :meth:`state_dict` stores the backlog in ``pool``: a split sample's
+        fragments beyond its first ``packs_per_window`` (by start) are its backlog."""
+        shown = int(self.config.packs_per_window)
+        starts: dict[int, list[int]] = {}
+        for it in pool:
+            if it[FRAG]:
+                starts.setdefault(it[SID], []).append(it[START])
+        cut = {sid: sorted(v)[shown] for sid, v in starts.items() if len(v) > shown}
+        if not cut:
+            return pool, {}
+        visible = [it for it in pool if it[SID] not in cut or it[START] < cut[it[SID]]]
+        backlog: dict[int, list[Item]] = {}
+        for it in sorted((it for it in pool if it[SID] in cut and it[START] >= cut[it[SID]]), key=_DATA_ORDER):
+            backlog.setdefault(it[SID], []).append(it)
+        return visible, backlog
+
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume, JSON-serialisable."""
@@ -283,7 +337,7 @@ class StreamPacker:
             "cost_model": dataclasses.asdict(self.cost_model),
             "window": self._window,
             "seq": self._seq,
-            "pool": [list(it) for it in self._pool],
+            "pool": [list(it) for it in self._pool] + [list(it) for items in self._backlog.values() for it in items],
             "open": [[sid, rec[0], rec[1]] for sid, rec in self._open.items()],
             "metrics": self._metrics.state_dict(),
         }
@@ -320,7 +374,9 @@ class StreamPacker:
         metrics = MetricsAccumulator.check_state(state["metrics"])
         for f, v in metrics.items():
             setattr(self._metrics, f, v)
-        self._window, self._seq, self._pool, self._open = window, seq, pool, open_
+        pool, backlog = self._split_backlog(pool)
+        self._window, self._seq, self._pool, self._open, self._backlog = window, seq, pool, open_, backlog
+        self._backlog_tokens = sum(it[END] - it[START] for items in backlog.values() for it in items)
 
 
 @dataclass(frozen=True)

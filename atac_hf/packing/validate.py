@@ -24,11 +24,15 @@ import numpy as np
 
 from .config import MAX_LENGTH, PackingConfig
 
-__all__ = ["InputTypeError", "MAX_LENGTH", "MAX_TOKEN_ID", "check_lengths", "check_overlength",
-           "check_dealable", "check_packer_pool", "check_planner_state", "check_seed", "check_token_ids", "check_window", "state_bool",
-           "state_int", "state_list", "state_spans"]
+__all__ = ["InputTypeError", "MAX_FRAGMENTS", "MAX_FRAGMENT_WINDOWS", "MAX_LENGTH", "MAX_TOKEN_ID", "check_dealable",
+           "check_lengths", "check_overlength", "check_packer_pool", "check_planner_state", "check_seed",
+           "check_token_ids", "check_window", "max_fragments", "state_bool", "state_int", "state_list",
+           "state_spans"]
 
 MAX_TOKEN_ID = 2**63 - 1  # token ids and labels are int64
+# fragments one sample may split into (overlength="split"): 1024 windows of packs_per_window
+# full-cap fragments, and 2**14 in all (the packer holds them as items)
+MAX_FRAGMENT_WINDOWS, MAX_FRAGMENTS = 1024, 2**14
 
 
 class InputTypeError(TypeError, ValueError):
@@ -184,8 +188,29 @@ def check_token_ids(value: Any, *, where: str, field: str) -> np.ndarray:
     return arr
 
 
+def max_fragments(config: PackingConfig) -> int:
+    """Most fragments one sample may split into: ``min(2**14, 1024 x packs_per_window)``."""
+    return min(MAX_FRAGMENTS, MAX_FRAGMENT_WINDOWS * int(config.packs_per_window))
+
+
 def check_overlength(arr: np.ndarray, ids: Sequence[int], config: PackingConfig) -> None:
-    if config.overlength != "error" or arr.size == 0 or arr.max() <= config.max_tokens:
+    """Refuse samples over ``max_tokens`` under ``overlength="error"``, and (``"split"``)
+    samples that would split into more than ``MAX_FRAGMENTS`` fragments."""
+    if arr.size == 0 or arr.max() <= config.max_tokens:
+        return
+    if config.overlength == "split":
+        limit = max_fragments(config)
+        most = limit * int(config.max_tokens)
+        if arr.max() > most:
+            k = int(np.argmax(arr > most))
+            raise ValueError(
+                f"sample {ids[k]} has {int(arr[k])} tokens: split at max_tokens={config.max_tokens} that is "
+                f"{-(-int(arr[k]) // int(config.max_tokens))} fragments, more than the {limit} a sample may have "
+                f"(min({MAX_FRAGMENTS}, {MAX_FRAGMENT_WINDOWS} x packs_per_window)); raise max_tokens, set "
+                "overlength='truncate', or drop the sample"
+            )
+        return
+    if config.overlength != "error":
         return
     k = int(np.argmax(arr > config.max_tokens))
     raise ValueError(

@@ -263,7 +263,7 @@ def _check_stream_tokens(st: dict[str, Any], planner: WindowPlanner, config: Pac
         for p in packs:
             for sid, s, e in p:
                 spans.setdefault(int(sid), []).append((int(s), int(e), where))
-    for sid, s, e, *_ in planner.packer._pool:
+    for sid, s, e in planner.packer.carried_spans:
         spans.setdefault(sid, []).append((s, e, "the packer's pool"))
     for sid in st["lookahead"]:
         spans.setdefault(sid, []).append((0, kept[sid], "lookahead"))
