@@ -2,24 +2,28 @@
 
 A document too expensive to stay whole on one rank but too cheap to be worth splitting over
 all C ranks is split over just enough ranks to hold its work; only those ranks exchange its
-K/V (with the all-to-all exchange, :mod:`atac_hf.sharding.exchange`). Steps:
+K/V (with the all-to-all exchange, :mod:`atac_hf.sharding.exchange`). A document's *share*
+is its cost over a rank's share of the pack (``total / C``), under the cost model with
+attention priced at 0.5x, 1x and 2x (the price ratio of attention and token-wise work is
+what a cost model gets least right); its *worst share* is the largest of the three. Steps:
 
-1. Anchors are the documents costing more than ``anchor_share`` of a rank's share of the
-   pack (``total / C``) and long enough to cut (``>= 4 * min_chunk`` tokens), most
-   expensive first.
-2. The anchors are laid end to end on a line of C slots of one rank share each (cutting
-   stock): each anchor covers the ranks its interval overlaps, so its level (the number of
-   ranks it is split over) follows from its cost, from 1 (whole) to C, and the ranks of a
-   sub-group are consecutive (in one node where the group fits one). A rank's share of an
-   anchor is its overlap with the anchor's interval.
+1. Anchors are the documents whose worst share exceeds ``anchor_share`` and that are long
+   enough to cut (``>= 4 * min_chunk`` tokens), most expensive first.
+2. The anchors are laid end to end on a line of C slots (cutting stock), each as long as its
+   worst share, scaled so that the C slots would hold every document of the pack: each
+   anchor covers the ranks its interval overlaps, so its level (the number of ranks it is
+   split over) follows from its cost, from 1 (whole) to C, and the ranks of a sub-group are
+   consecutive (in one node where the group fits one). A rank's share of an anchor is its
+   overlap with the anchor's interval.
 3. Each anchor is split head-tail *nested* over its sub-group: the rank with the largest
    share takes the outermost head and tail chunks (it receives only the rest of the
    document), the next one the next chunks inward, the smallest share the middle. A rank's
    head and tail chunks are mirror images of equal size (one token apart), so its share of
    the attention work equals its share of the tokens; no length needs to divide anything
    and nothing is padded.
-4. The other documents (tails) go whole, most expensive first, to the least-loaded rank
-   under the token cap.
+4. The other documents (tails) go whole, most expensive first, to the rank with token room
+   whose worst load over the three models stays lowest; a local search then moves or swaps
+   tails off the worst-loaded rank while that helps.
 
 :func:`~atac_hf.sharding.atp.plan_atp` builds this plan for a few ``anchor_share`` values
 and keeps it where its estimated block time (compute + exposed K/V exchange, all-gather or
@@ -54,10 +58,7 @@ def plan_subgroups(lengths, C: int, cm: CostModel, *, anchor_share: float = 1.0,
         min_chunk: an anchor has at least ``4 * min_chunk`` tokens.
         strategy: the name the plan carries.
         two_way: level the ranks under the cost model with attention priced at 0.5x, 1x and
-            2x at once (robust to its error in the price ratio of attention and token-wise
-            work): an anchor's size on the slot line is the largest of its three shares, and
-            a tail goes to the rank whose worst of the three loads stays lowest; False: slots
-            and tails in estimated cost under ``cm`` alone.
+            2x at once (see the module docstring); False: under ``cm`` alone.
 
     Returns:
         The plan (K/V exchange chosen by estimated time), or None when the cap cannot be kept,
@@ -71,7 +72,6 @@ def plan_subgroups(lengths, C: int, cm: CostModel, *, anchor_share: float = 1.0,
     total = float(whole.sum())
     if C < 2 or total <= 0:
         return None
-    slot = total / C
     models = [cm] + ([_scaled(cm, 0.5), _scaled(cm, 2.0)] if two_way else [])
     costs = np.stack([whole] + [m.doc_cost(L) for m in models[1:]])  # (M, D)
     slots = costs.sum(axis=1) / C
@@ -106,7 +106,6 @@ def plan_subgroups(lengths, C: int, cm: CostModel, *, anchor_share: float = 1.0,
     if tok.max(initial=0) > cap:
         return None
     tails = order[~is_anchor[order]]
-    share = costs / slots[:, None]
     owner = _place_tails(tails, share, L, load / slots[:, None], tok, cap)
     if owner is None:
         return None
