@@ -92,8 +92,8 @@ def plan_shards(
             tokens, cp_size < 1 or over :data:`MAX_CP_SIZE`, a pack and cp_size that would give
             more than :data:`MAX_PLAN_SEGMENTS` chunks, a cost model that prices all work at
             0 s, an unknown strategy, a bad ``max_tokens_per_rank``/``min_chunk``/
-            ``max_anchors``, or a cap the strategy cannot respect (for ``atp``: a cap no
-            placement can respect).
+            ``max_anchors``/``kv_exchange``, or a cap the strategy cannot respect (for
+            ``atp``: a cap no placement can respect).
         TypeError: ``cost_model`` is not a :class:`~atac_hf.cost.CostModel`.
     """
     lengths = check_doc_lengths(doc_lengths)
@@ -114,6 +114,9 @@ def plan_shards(
         raise ValueError(f"min_chunk must be >= 1 (an int), at most 2**62, got {_short(min_chunk)} (set min_chunk)")
     if max_anchors is not None and (not is_int(max_anchors) or max_anchors < 0):
         raise ValueError(f"max_anchors must be an int >= 0 or None, got {_short(max_anchors)}")
+    if kv_exchange is not None and (not isinstance(kv_exchange, str) or kv_exchange not in ("auto", *EXCHANGES)):
+        raise ValueError(f"kv_exchange must be None or one of {['auto', *EXCHANGES]}, got "
+                         f"{_short(kv_exchange)} (set kv_exchange)")
     if cost_model is not None and not isinstance(cost_model, CostModel):
         raise TypeError(f"cost_model must be a CostModel or None, got {type(cost_model).__name__}")
     segments = int(np.minimum(lengths, 2 * int(cp_size)).sum())  # chunks of head-tail inside every document
@@ -128,9 +131,6 @@ def plan_shards(
               max_anchors=None if max_anchors is None else min(int(max_anchors), len(lengths)))
     plan = fill_empty_ranks(plan, cm)  # >= 1 token per rank whenever the pack has >= cp_size tokens
     if kv_exchange is not None:
-        if kv_exchange not in ("auto", *EXCHANGES):
-            raise ValueError(f"kv_exchange must be None or one of {['auto', *EXCHANGES]}, got "
-                             f"{_short(kv_exchange)} (set kv_exchange)")
         if kv_exchange != plan.kv_exchange:
             plan = finish_plan(plan.doc_lengths, plan.cp_size, plan.strategy, list(plan.segments),
                                plan.gathered_docs, cm, kv_exchange)
