@@ -273,8 +273,7 @@ class StreamPacker:
             self._metrics.num_split += 1
         packs = [sorted(p, key=_DATA_ORDER) for p in packs if p]
         self._pool = carry
-        if self._backlog:
-            self._top_up()
+        self._top_up()
         out = [[(it[SID], it[START], it[END]) for it in p] for p in packs]
         self._metrics.add_window(pack_costs(out, self.cost_model), sum(e - s for p in out for _, s, e in p))
         w = self._window
@@ -294,16 +293,25 @@ class StreamPacker:
         return out
 
     def _top_up(self) -> None:
-        """Move backlog fragments into the pool until each such sample shows
-        ``packs_per_window`` fragments (or has none left waiting)."""
+        """Keep the pool canonical: each split sample shows its first ``packs_per_window``
+        fragments (by start), the rest wait in the backlog (:meth:`_split_backlog` derives
+        the same split from a saved pool). Fragments a planner split off itself beyond that
+        number move to the backlog; backlog fragments join as shown ones leave."""
         shown = int(self.config.packs_per_window)
-        visible: dict[int, int] = {}
+        visible: dict[int, list[Item]] = {}
         for it in self._pool:
-            if it[SID] in self._backlog:
-                visible[it[SID]] = visible.get(it[SID], 0) + 1
+            if it[FRAG]:
+                visible.setdefault(it[SID], []).append(it)
+        over = {sid: sorted(v, key=_DATA_ORDER)[shown:] for sid, v in visible.items() if len(v) > shown}
+        if over:
+            drop = {(it[SID], it[START]) for v in over.values() for it in v}
+            self._pool = [it for it in self._pool if (it[SID], it[START]) not in drop]
+            for sid, moved in over.items():
+                self._backlog[sid] = sorted(moved + self._backlog.get(sid, []), key=_DATA_ORDER)
+                self._backlog_tokens += sum(it[END] - it[START] for it in moved)
         for sid in list(self._backlog):
             wait = self._backlog[sid]
-            take = max(0, shown - visible.get(sid, 0))
+            take = max(0, shown - min(shown, len(visible.get(sid, ()))))
             self._pool.extend(wait[:take])
             self._backlog_tokens -= sum(it[END] - it[START] for it in wait[:take])
             if take >= len(wait):
