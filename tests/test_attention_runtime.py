@@ -99,7 +99,7 @@ def test_shape_mismatch_names_rank_and_plan():
 
 def test_unknown_backend():
     plan = plan_shards([4], 1)
-    with pytest.raises(ValueError, match=r"unknown attention backend 'cuda'; legal values: \['flash', 'flex'"):
+    with pytest.raises(ValueError, match=r"unknown attention backend 'cuda'; legal values: \['auto', 'flash', 'flex', 'sdpa', 'varlen', 'varlen_reference'\]"):
         ShardContext(plan=plan, rank=0, layout=plan.local_layout(0), backend="cuda")
 
 
