@@ -146,6 +146,33 @@ def test_sequential_follows_data_order_not_sample_ids():
     assert p.add_window([7, 3, 5], [4, 2, 3]) == [[(7, 0, 4), (3, 0, 2)], [(5, 0, 3)]]
 
 
+def _wlb(max_tokens: int, packs_per_window: int, thresholds: tuple) -> StreamPacker:
+    return StreamPacker(PackingConfig(max_tokens=max_tokens, packs_per_window=packs_per_window, strategy="wlb",
+                                      wlb_thresholds=thresholds), LINEAR)
+
+
+def test_wlb_fills_a_pack_exactly_to_the_cap():
+    # cap 6, 2 packs, no outliers (threshold 5): longest first to the least loaded pack that fits:
+    # 4 -> A; 3 -> B; 3 -> B (3 < 4; 3 + 3 = 6 fits exactly); 2 -> A (4 + 2 = 6 exactly)
+    assert _wlb(6, 2, (5,)).add_window(range(4), [4, 2, 3, 3]) == [[(0, 0, 4), (1, 0, 2)], [(2, 0, 3), (3, 0, 3)]]
+
+
+def test_wlb_a_sample_that_fits_nowhere_does_not_stop_the_rest():
+    # cap 6, one pack: 5 -> A; 4 fits nowhere (carried); 1 still goes to A
+    p = _wlb(6, 1, (6,))
+    assert p.add_window(range(3), [5, 4, 1]) == [[(0, 0, 5), (2, 0, 1)]]
+    assert p.pending_ids == [1]
+
+
+def test_wlb_released_outliers_go_to_the_least_loaded_pack():
+    # thresholds (3, 6), cap 12, 2 packs: queue [3, 6) = [3, 4] and queue >= 6 = [6, 7] are both
+    # full and released, the lower threshold first, heaviest first: 4 -> A, 3 -> B; then 7 -> B
+    # (3 < 4), 6 -> A. By pack index instead of load: 4, 3 -> A; 7 -> B; 6 fits nowhere.
+    p = _wlb(12, 2, (3, 6))
+    assert p.add_window(range(4), [6, 7, 3, 4]) == [[(0, 0, 6), (3, 0, 4)], [(1, 0, 7), (2, 0, 3)]]
+    assert p.pending_ids == []
+
+
 # ---------------------------------------------------------------------------- build_shift_labels via shard_batch
 # Mutant: build_shift_labels without the -100 at each document's last token. Batches from our
 # collator carry -100 at document starts, so the shift across a boundary is -100 anyway; user
