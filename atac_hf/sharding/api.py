@@ -30,7 +30,7 @@ from .atp import plan_atp
 from .baselines import plan_contiguous, plan_per_doc, plan_wlb_adaptive, plan_zigzag
 from .exchange import EXCHANGES
 from .plan import ShardPlan
-from .segments import check_doc_lengths, fill_empty_ranks, finish_plan, is_int
+from .segments import check_doc_lengths, fill_empty_ranks, finish_plan, is_int, per_doc_segments
 
 __all__ = ["MAX_CP_SIZE", "MAX_PLAN_SEGMENTS", "STRATEGIES", "plan_shards"]
 
@@ -129,7 +129,16 @@ def plan_shards(
     plan = fn(lengths, int(cp_size), cm, max_tokens_per_rank=None if max_tokens_per_rank is None
               else int(max_tokens_per_rank), min_chunk=int(min_chunk),
               max_anchors=None if max_anchors is None else min(int(max_anchors), len(lengths)))
-    plan = fill_empty_ranks(plan, cm)  # >= 1 token per rank whenever the pack has >= cp_size tokens
+    filled = fill_empty_ranks(plan, cm)  # >= 1 token per rank whenever the pack has >= cp_size tokens
+    if filled is not plan and strategy == "atp":
+        # atp chose a layout with an idle rank, costed before the fill; its per_doc candidate,
+        # filled the same way, may now be faster (atp is never worse than per_doc)
+        even = fill_empty_ranks(finish_plan(lengths, int(cp_size), "atp", per_doc_segments(lengths, int(cp_size)),
+                                            None, cm, "auto"), cm)
+        fits = max_tokens_per_rank is None or int(even.rank_num_tokens().max()) <= max_tokens_per_rank
+        if fits and even.block_time_s < filled.block_time_s:
+            filled = even
+    plan = filled
     if kv_exchange is not None:
         if kv_exchange != plan.kv_exchange:
             plan = finish_plan(plan.doc_lengths, plan.cp_size, plan.strategy, list(plan.segments),
