@@ -6,6 +6,7 @@ Numpy only.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -14,7 +15,7 @@ import numpy as np
 from ..cost import CostModel
 from .cluster import ClusterConfig
 
-__all__ = ["PackedStream", "cut_windows", "run_packer", "packing_metrics", "pack_cost"]
+__all__ = ["PackedStream", "cut_windows", "forced_piece_cost", "run_packer", "packing_metrics", "pack_cost"]
 
 Span = tuple[int, int, int]
 
@@ -37,6 +38,7 @@ class PackedStream:
     pack_s: np.ndarray  # (W,) packing seconds per window
     arrival: np.ndarray  # (num samples,) window each sample entered
     windows: list[np.ndarray]  # sample ids fed in each window (flush windows feed none)
+    min_fragment: int = 1  # the packer's shortest fragment (how it cuts overlength samples)
 
 
 def run_packer(strategy: str, stream: np.ndarray, cluster: ClusterConfig, cm: CostModel,
@@ -52,6 +54,15 @@ def run_packer(strategy: str, stream: np.ndarray, cluster: ClusterConfig, cm: Co
     config = PackingConfig(max_tokens=cluster.max_tokens, packs_per_window=cluster.packs_per_step,
                            strategy=strategy, **options)
     packer = StreamPacker(config, cm)
+    # the packers warn once that they split samples over the cap; splitting them is the
+    # simulated policy here, and the metrics count it (fragmentation)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*longer than max_tokens.*", category=UserWarning)
+        return _feed(packer, strategy, stream, cluster, cm, fixed, config.min_fragment)
+
+
+def _feed(packer: Any, strategy: str, stream: np.ndarray, cluster: ClusterConfig, cm: CostModel,
+          fixed: list[np.ndarray] | None, min_fragment: int) -> PackedStream:
     n = len(stream)
     arrival = np.full(n, -1, dtype=np.int64)
     out, secs, fed_windows, pos = [], [], [], 0
@@ -78,7 +89,7 @@ def run_packer(strategy: str, stream: np.ndarray, cluster: ClusterConfig, cm: Co
         secs.append(per)
     if strategy == "wfap":  # ATAC's feeder deals a window's packs to replicas balanced by cost
         out = _dp_deal(out, cm, cluster.dp_size)
-    return PackedStream(out, np.asarray(secs), arrival, fed_windows)
+    return PackedStream(out, np.asarray(secs), arrival, fed_windows, int(min_fragment))
 
 
 def _dp_deal(windows: list[list[list[Span]]], cm: CostModel, dp: int) -> list[list[list[Span]]]:
@@ -106,6 +117,21 @@ def pack_cost(cm: CostModel, pack: list[Span]) -> float:
     return float(cm.doc_cost([e - s for _, s, e in pack]).sum())
 
 
+def forced_piece_cost(lengths: np.ndarray, cap: int, min_fragment: int, cm: CostModel) -> float:
+    """Cost of the samples cut only where the cap forces it, the way the packers cut them
+    (:func:`~atac_hf.packing.planners.window.overlength_pieces`, vectorised): ``k - 1``
+    full-cap pieces and the remainder, which takes tokens from the piece before it when it
+    is shorter than ``min_fragment``."""
+    L = np.asarray(lengths, dtype=np.int64)
+    k = -(-L // cap)
+    last = L - (k - 1) * cap
+    short = (k > 1) & (last < min_fragment)
+    full = np.where(short, k - 2, k - 1)
+    cost = full * cm.doc_cost(np.full_like(L, cap)) + cm.doc_cost(np.where(short, min_fragment, last))
+    cost = cost + np.where(short, cm.doc_cost(np.maximum(cap - (min_fragment - last), 1)), 0.0)
+    return float(cost.sum())
+
+
 def packing_metrics(packed: PackedStream, stream: np.ndarray, cap: int, num_packs_per_step: int,
                     cm: CostModel) -> dict[str, Any]:
     """Packing-side metrics of one strategy over the whole stream.
@@ -130,11 +156,7 @@ def packing_metrics(packed: PackedStream, stream: np.ndarray, cap: int, num_pack
     np.maximum.at(last, arr[:, 0], arr[:, 3])
     seen = last >= 0
     delay = last[seen] - packed.arrival[seen]
-    # forced pieces: ceil(L / cap) near-equal fragments (how the packers ingest long samples)
-    L = stream[seen]
-    k = -(-L // cap)
-    base, extra = L // k, L % k
-    forced = float((extra * cm.doc_cost(base + 1) + (k - extra) * cm.doc_cost(base)).sum())
+    forced = float(forced_piece_cost(stream[seen], cap, packed.min_fragment, cm))
     work = float(cm.doc_cost(arr[:, 2] - arr[:, 1]).sum())
     return dict(
         padding_share=1.0 - tokens / (slots * cap),
