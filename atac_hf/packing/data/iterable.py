@@ -52,7 +52,7 @@ class PackedIterableDataset(IterableDataset):
     ``IterableDatasetShard`` deals rows round-robin, as :func:`replica_order` assumes.
     """
 
-    _KEEP_WINDOWS = 2  # window-boundary snapshots kept, to rewind past a prefetching loader
+    _KEEP_WINDOWS = 2  # window-boundary snapshots kept at least, to rewind past a prefetching loader
 
     def __init__(self, source: Iterable[Mapping[str, Any]], config: PackingConfig, *,
                  window_size: int | None = None, num_replicas: int = 1, cost_model: CostModel | None = None,
@@ -139,13 +139,24 @@ class PackedIterableDataset(IterableDataset):
             lengths = [len(st["data"][sid]["input_ids"]) for sid in ids]
             packs = self._planner.add(ids, lengths, last=st["exhausted"] and not st["lookahead"])
             st["pending"] = [[list(s) for s in p] for p in packs]
-            self._snapshots = (self._snapshots + [self._snapshot()])[-self._KEEP_WINDOWS:]
+            self._keep_snapshot()
+
+    def _keep_snapshot(self) -> None:
+        """Add this window's snapshot; drop the oldest ones no rewind of up to
+        ``2 x packs_per_window + num_replicas`` rows (a step of every replica plus a
+        prefetched round) can need, keeping at least ``_KEEP_WINDOWS``."""
+        snaps = self._snapshots + [self._snapshot()]
+        reach = snaps[-1]["num_rows"] - (2 * int(self.config.packs_per_window) + self.num_replicas)
+        while len(snaps) > self._KEEP_WINDOWS and snaps[1]["num_rows"] <= reach:
+            snaps.pop(0)
+        self._snapshots = snaps
 
     def state_dict(self, num_rows: int | None = None) -> dict[str, Any]:
         """JSON-serialisable state after ``num_rows`` rows (default: rows yielded so far).
 
         Pass ``num_rows`` (rows the training loop consumed) when a prefetching loader has
-        drawn rows the loop has not used; it may lie up to one window back.
+        drawn rows the loop has not used; it may lie up to one window, and at least
+        ``2 x packs_per_window + num_replicas`` rows, back.
 
         Raises:
             ValueError: ``num_rows`` outside the rows this object can rewind to.
