@@ -356,3 +356,37 @@ def test_resume_across_an_epoch_boundary_with_ga_and_dp(resume_results, scenario
         np.testing.assert_allclose(r["resumed_loss"], r["full_loss"], rtol=1e-6)
     assert resume_results[0][scenario]["full_digests"] != resume_results[1][scenario]["full_digests"], \
         "the two replicas train on different packs"
+
+
+# ---------------------------------------------------------------------------- shard_batch input forms
+# mutmut survivors in attention/shard.py: the forms of position_ids and labels no other test passed.
+def test_shard_batch_position_ids_as_flat_tensor_or_list():
+    from atac_hf.attention import doc_lengths_from_batch, shard_batch
+    from atac_hf.sharding import plan_shards
+
+    b = _dist.make_batch([[3, 1, 4]], seed=0)  # one row of 8 tokens
+    plan = plan_shards([3, 1, 4], 1)
+    want = [[0, 1, 2, 0, 0, 1, 2, 3]]
+    assert shard_batch(b, plan, 0)["position_ids"].tolist() == want
+    for pos in (b["position_ids"].reshape(-1), b["position_ids"].tolist(), b["position_ids"][0].tolist()):
+        out = shard_batch({**b, "position_ids": pos}, plan, 0)
+        assert isinstance(out["position_ids"], torch.Tensor) and out["position_ids"].tolist() == want
+        assert doc_lengths_from_batch({"input_ids": b["input_ids"], "position_ids": pos}).tolist() == [3, 1, 4]
+    # 1-D rows: one row, its documents found from the position restarts
+    ids = torch.zeros(7, dtype=torch.long)
+    assert doc_lengths_from_batch({"input_ids": ids, "position_ids": torch.tensor([0, 1, 2, 0, 1, 2, 3])}).tolist() == [3, 4]
+    assert doc_lengths_from_batch({"input_ids": [5] * 7, "position_ids": [0, 1, 0, 1, 2, 3, 4]}).tolist() == [2, 5]
+
+
+def test_shard_batch_refuses_labels_of_another_shape_with_the_same_token_count():
+    from atac_hf.attention import shard_batch
+    from atac_hf.sharding import plan_shards
+
+    b = _dist.make_batch([[3, 5], [6, 2]], seed=0)  # (2, 8)
+    plan = plan_shards([3, 5, 6, 2], 1)
+    for key in ("labels", "shift_labels"):
+        with pytest.raises(ValueError, match=rf"'{key}' has shape \(1, 16\) \(16 tokens\) but input_ids has shape "
+                                             r"\(2, 8\) \(16 tokens\)"):
+            shard_batch({**b, key: b["labels"].reshape(1, 16)}, plan, 0)
+    flat = shard_batch({**b, "labels": b["labels"].reshape(-1)}, plan, 0)  # 1-D with one label per token: taken
+    assert torch.equal(flat["labels"][0], b["labels"].reshape(-1))
