@@ -301,3 +301,30 @@ def test_a_sample_with_thousands_of_fragments_keeps_the_planners_pool_small_and_
     with pytest.raises(ValueError, match=r"274877906944 fragments, more than the 16384"):
         pack_lengths([2**40], PackingConfig(max_tokens=4, packs_per_window=64))
     count("inputs.fragment_backlog_runs", 3)
+
+
+def test_span_dataset_stream_source_and_window_size_refuse_malformed_arguments():
+    from atac_hf.packing import SpanDataset
+
+    ds = SpanDataset([{"input_ids": [1, 2, 3, 4]}])
+    for key, exc, match in [((0, 3, 1), ValueError, r"span \(0, 3, 1\) must have 0 <= start <= end"),
+                            ((0, -1, 2), ValueError, r"0 <= start <= end"),
+                            ((0, "1", 2), TypeError, r"span of ints, got \(0, '1', 2\)"),
+                            ((0, 1.5, 2), TypeError, r"span of ints"), ("a", TypeError, r"an int or a \(sample")]:
+        with pytest.raises(exc, match=match):
+            ds[key]
+        count("inputs.bad_arguments_refused")
+    assert ds[(0, 1, 3)] == {"input_ids": [2, 3]}
+    for source in ("abc", {"input_ids": [1]}, 5, None):
+        with pytest.raises(TypeError, match="source must be a re-iterable of samples"):
+            PackedIterableDataset(source, CFG)
+        count("inputs.bad_arguments_refused")
+    with pytest.raises(TypeError, match="even_batches='no' must be True or False"):
+        PackedIterableDataset([], CFG, even_batches="no")
+    p = StreamPacker(CFG)
+    for lengths, exc in (([2.5], TypeError), (["3"], TypeError), ([-1], ValueError), ([2**70], ValueError)):
+        with pytest.raises(exc, match=r"lengths\[0\]"):
+            p.window_size(lengths)
+        with pytest.raises(exc, match=r"lengths\[0\]"):
+            p.supply_tokens(lengths)
+        count("inputs.bad_arguments_refused", 2)

@@ -135,7 +135,7 @@ class StreamPacker:
         length after ``overlength`` handling, or 0 for a sample the strategy holds back on
         arrival (``wfap`` heavy samples, ``wlb`` outliers). A state-free approximation of
         :meth:`window_size` (which also bounds how many held-back samples a window takes)."""
-        eff, _pieces, held = self._held_class(np.asarray(lengths, dtype=np.int64))
+        eff, _pieces, held = self._held_class(check_lengths(lengths, "lengths"))
         eff[held] = 0
         return eff
 
@@ -158,7 +158,7 @@ class StreamPacker:
             fill the window (take them and look further). 0 when the carried samples
             already fill it.
         """
-        lens = np.asarray(lengths, dtype=np.int64)
+        lens = lengths if _is_checked(lengths) else check_lengths(lengths, "lengths")
         held_tokens, held_items = self._held()
         wanted = self.config.window_tokens - (self.pending_tokens - held_tokens)
         if wanted <= 0 or lens.size == 0:
@@ -385,6 +385,11 @@ class StreamPacker:
         pool, backlog = self._split_backlog(pool)
         self._window, self._seq, self._pool, self._open, self._backlog = window, seq, pool, open_, backlog
         self._backlog_tokens = sum(it[END] - it[START] for items in backlog.values() for it in items)
+
+
+def _is_checked(lengths: Any) -> bool:
+    """An int64 1-D array (the feeders pass slices of lengths they checked already)."""
+    return isinstance(lengths, np.ndarray) and lengths.dtype == np.int64 and lengths.ndim == 1
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,12 @@ class PackedIterableDataset(IterableDataset):
                  window_size: int | None = None, num_replicas: int = 1, cost_model: CostModel | None = None,
                  even_batches: bool = True) -> None:
         _check_common(config, window_size, num_replicas)
+        if isinstance(source, (str, bytes, Mapping)) or not hasattr(source, "__iter__"):
+            raise TypeError(f"source must be a re-iterable of samples (a list or datasets.IterableDataset of dicts "
+                            f"with 'input_ids'), got {type(source).__name__}")
+        for name, flag in (("even_batches", even_batches),):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise TypeError(f"{name}={flag!r} must be True or False (set {name})")
         self.source = source
         self.config = config
         self.cost_model = cost_model

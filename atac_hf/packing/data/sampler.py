@@ -226,7 +226,7 @@ class SpanDataset(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, key: Any) -> dict[str, Any]:
-        if isinstance(key, (int, np.integer)):
+        if _is_int(key):
             return self.dataset[int(key)]
         i, s, e = _as_span(key)
         return self._slice(self.dataset[i], s, e)
@@ -234,7 +234,7 @@ class SpanDataset(Dataset):
     def __getitems__(self, keys: Sequence[Any]) -> list[dict[str, Any]]:
         if getattr(self.dataset, "column_names", None) is None:
             return [self[k] for k in keys]
-        spans = [(int(k), 0, None) if isinstance(k, (int, np.integer)) else _as_span(k) for k in keys]
+        spans = [(int(k), 0, None) if _is_int(k) else _as_span(k) for k in keys]
         cols = self.dataset[[i for i, _, _ in spans]]
         rows = [{c: cols[c][j] for c in cols} for j in range(len(spans))]
         return [self._slice(row, s, e) for row, (_, s, e) in zip(rows, spans)]
@@ -246,6 +246,10 @@ class SpanDataset(Dataset):
 def _as_span(key: Any) -> tuple[int, int, int]:
     try:
         i, s, e = key
-        return int(i), int(s), int(e)
     except (TypeError, ValueError):
-        raise TypeError(f"SpanDataset index must be an int or a (sample, start, end) span, got {key!r}") from None
+        raise TypeError(f"SpanDataset index must be an int or a (sample, start, end) span, got {_short(key)}") from None
+    if not all(_is_int(x) for x in (i, s, e)):
+        raise TypeError(f"SpanDataset index must be an int or a (sample, start, end) span of ints, got {_short(key)}")
+    if not 0 <= s <= e:
+        raise ValueError(f"SpanDataset span {_short(key)} must have 0 <= start <= end")
+    return int(i), int(s), int(e)
