@@ -59,12 +59,21 @@ class WFAPBatchSampler(Sampler[list[Span]]):
         seed: shuffle seed; must be the same on every rank.
         cost_model: costs packs for the packer and for DP ordering (default: the package default).
         even_batches: make the epoch's batch count a multiple of ``num_replicas``
-            (:mod:`atac_hf.packing.data.window_planner`).
+            (:mod:`atac_hf.packing.data.window_planner`), so that Accelerate never repeats
+            a batch.
 
     State (``state_dict``, JSON): ``epoch``, ``seed``, ``position`` (batches of the epoch
     already taken), ``num_batches`` and a ``fingerprint`` of lengths + config. Resuming
     re-plans the epoch (deterministic) and continues at ``position``; the packer state of a
     replayed pass is implied by (seed, epoch), so none is stored.
+
+    Raises:
+        TypeError / ValueError: malformed lengths (:func:`~atac_hf.packing.validate.check_lengths`),
+            a bad seed, flag, ``window_size`` or ``num_replicas``, every sample empty, a sample
+            over the cap with ``overlength="error"`` (or split into too many fragments), or
+            (``even_batches``) a pass that cannot be dealt to ``num_replicas`` in equal batch
+            counts: fewer kept tokens than replicas, or with ``max_tokens=1`` a token count
+            that is not a multiple of them.
     """
 
     def __init__(self, lengths: Sequence[int], config: PackingConfig, *, window_size: int | None = None,
