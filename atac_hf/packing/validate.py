@@ -57,6 +57,7 @@ class _Msgs:
 
     def __init__(self, label: str, item: str, hint: str, flat: str, hint_first: bool = False) -> None:
         self.label, self.item, self.hint, self.flat, self.hint_first = label, item, hint, flat, hint_first
+        self.row_ok = flat == "1-D"  # token fields take a (1, n) row, as a batch of one
 
     def _say(self, what: str) -> str:
         return f"{self.hint}; {what}" if self.hint_first else f"{what}: {self.hint}"
@@ -79,15 +80,15 @@ class _LengthMsgs(_Msgs):
 
 
 def _int_array(value: Any, msgs: _Msgs) -> np.ndarray:
-    """A flat sequence of ints (Python or numpy ints, numpy/torch int arrays; a (1, n)
-    array is flattened) as a 1-D int64 array; every element checked to fit int64."""
+    """A flat sequence of ints (Python or numpy ints, numpy/torch int arrays; for token
+    fields a (1, n) row is flattened) as a 1-D int64 array; every element checked to fit int64."""
     if hasattr(value, "detach") and hasattr(value, "numpy"):  # torch tensor, without importing torch
         value = value.detach().cpu().numpy()
     if isinstance(value, (str, bytes, bytearray, Mapping)) or not hasattr(value, "__iter__"):
         raise InputTypeError(msgs.not_flat(f"got {type(value).__name__} {_short(value)}"))
     lo, hi = -MAX_TOKEN_ID - 1, MAX_TOKEN_ID
     if isinstance(value, np.ndarray):
-        arr = value[0] if value.ndim == 2 and value.shape[0] == 1 else value
+        arr = value[0] if msgs.row_ok and value.ndim == 2 and value.shape[0] == 1 else value
         if arr.ndim != 1:
             raise InputTypeError(msgs.not_flat(f"got shape {arr.shape}"))
         if arr.size == 0:
@@ -107,6 +108,8 @@ def _int_array(value: Any, msgs: _Msgs) -> np.ndarray:
     values = list(value)
     if not values:
         return np.zeros(0, dtype=np.int64)
+    if msgs.row_ok and len(values) == 1 and isinstance(values[0], (list, tuple, np.ndarray)):
+        return _int_array(values[0], msgs)  # a (1, n) row
     plain = not (set(map(type, values)) - {int})
     if not plain:  # find the first element that is not an int
         for i, v in enumerate(values):
