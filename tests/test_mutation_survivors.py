@@ -157,6 +157,15 @@ def test_wlb_fills_a_pack_exactly_to_the_cap():
     assert _wlb(6, 2, (5,)).add_window(range(4), [4, 2, 3, 3]) == [[(0, 0, 4), (1, 0, 2)], [(2, 0, 3), (3, 0, 3)]]
 
 
+def test_wlb_least_workload_pack_filled_exactly():
+    # cost = tokens + causal pairs (cost(4) = 14, cost(2) = 5), cap 6, 2 packs: 4 -> A (14);
+    # 2 -> B (5); 2 -> B (10); 2 -> B: the least loaded (10 < 14) and 4 + 2 = 6 fits exactly.
+    # Refusing the exact fit would send it to the pack with the fewest tokens, A (4 + 2).
+    quad = CostModel(linear_s_per_token=1.0, attn_s_per_pair=1.0, tile=1)
+    p = StreamPacker(PackingConfig(max_tokens=6, packs_per_window=2, strategy="wlb", wlb_thresholds=(5,)), quad)
+    assert p.add_window(range(4), [4, 2, 2, 2]) == [[(0, 0, 4)], [(1, 0, 2), (2, 0, 2), (3, 0, 2)]]
+
+
 def test_wlb_a_sample_that_fits_nowhere_does_not_stop_the_rest():
     # cap 6, one pack: 5 -> A; 4 fits nowhere (carried); 1 still goes to A
     p = _wlb(6, 1, (6,))
