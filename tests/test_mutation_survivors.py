@@ -173,6 +173,18 @@ def test_wlb_a_sample_that_fits_nowhere_does_not_stop_the_rest():
     assert p.pending_ids == [1]
 
 
+def test_wlb_places_an_overdue_queued_outlier_before_the_rest():
+    # threshold 4, 2 packs, cap 6, max_defer 1. Window 0: the 5 waits in its queue (one of the two
+    # it needs); the 1s take the packs. Window 1: the 5 is due: it is placed first (A), then the
+    # 3s: B (3 < 5), B (3 + 3 = 6). Placed after them, it would find room 3 in each pack: left out.
+    p = StreamPacker(PackingConfig(max_tokens=6, packs_per_window=2, strategy="wlb", wlb_thresholds=(4,),
+                                   max_defer=1, split_overdue=False), LINEAR)
+    assert p.add_window([0, 1, 2], [5, 1, 1]) == [[(1, 0, 1)], [(2, 0, 1)]]
+    assert p.pending_ids == [0]
+    assert p.add_window([3, 4], [3, 3]) == [[(0, 0, 5)], [(3, 0, 3), (4, 0, 3)]]
+    assert p.pending_ids == []
+
+
 def test_wlb_released_outliers_go_to_the_least_loaded_pack():
     # thresholds (3, 6), cap 12, 2 packs: queue [3, 6) = [3, 4] and queue >= 6 = [6, 7] are both
     # full and released, the lower threshold first, heaviest first: 4 -> A, 3 -> B; then 7 -> B
