@@ -23,10 +23,43 @@ import torch.distributed as dist
 
 from .compat import all_gather_single, reduce_scatter_single
 
-__all__ = ["KVGather", "attach", "group_device", "peer_failure"]
+__all__ = ["AsyncExchange", "KVGather", "attach", "group_device", "peer_failure"]
 
 
-class KVGather:
+class AsyncExchange:
+    """What every in-flight K/V collective shares: started in ``__init__`` (subclasses set
+    ``_send``, ``_group``, ``_buf``, ``_payload`` and ``_work``), waited for exactly once
+    through :meth:`wait` (which applies the subclass's autograd ``_WAIT`` function), and
+    never left un-waited (its buffer may still be written)."""
+
+    _WAIT: Any = None  # a torch.autograd.Function: forward(send, handle) -> received buffer
+
+    @staticmethod
+    def _require_process_group(what: str) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                f"the plan {what} K/V but torch.distributed is not initialized; call "
+                "torch.distributed.init_process_group before the forward pass (or use cp_size=1)"
+            )
+
+    def wait(self) -> torch.Tensor:
+        """Wait for the collective; return the received buffer (differentiable)."""
+        if self.waited:
+            raise RuntimeError(f"{type(self).__name__}.wait() called twice: each exchange is waited for exactly once")
+        self.waited = True
+        out = self._WAIT.apply(self._send, self)
+        self._send = self._buf = self._work = self._payload = None
+        return out
+
+    def __del__(self):  # never leave a collective un-waited (its buffer may still be written)
+        if getattr(self, "waited", True) is False and self._work is not None:
+            try:
+                self._work.wait()
+            except RuntimeError:  # a failed peer: the error was (or will be) raised where it was waited for
+                pass
+
+
+class KVGather(AsyncExchange):
     """One in-flight all-gather of ``send_RX`` over ``group``.
 
     Args:
@@ -38,11 +71,7 @@ class KVGather:
     """
 
     def __init__(self, send_RX: torch.Tensor, group: Any = None):
-        if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError(
-                "the plan all-gathers K/V but torch.distributed is not initialized; call "
-                "torch.distributed.init_process_group before the forward pass (or use cp_size=1)"
-            )
+        self._require_process_group("all-gathers")
         self._send = send_RX
         self._group = group
         world = dist.get_world_size(group)
@@ -55,19 +84,7 @@ class KVGather:
 
     def wait(self) -> torch.Tensor:
         """Wait for the collective; return the gathered (C * R, X) buffer (differentiable)."""
-        if self.waited:
-            raise RuntimeError("KVGather.wait() called twice: each gather is waited for exactly once")
-        self.waited = True
-        out = _GatherWait.apply(self._send, self)
-        self._send = self._buf = self._work = self._payload = None
-        return out
-
-    def __del__(self):  # never leave a collective un-waited (its buffer may still be written)
-        if getattr(self, "waited", True) is False and self._work is not None:
-            try:
-                self._work.wait()
-            except RuntimeError:  # a failed peer: the error was (or will be) raised where it was waited for
-                pass
+        return super().wait()
 
 
 def peer_failure(what: str, group: Any, error: BaseException) -> RuntimeError:
@@ -103,6 +120,9 @@ class _GatherWait(torch.autograd.Function):
         except RuntimeError as e:
             raise peer_failure("backward K/V reduce-scatter", ctx.group, e) from e
         return grad_RX, None
+
+
+KVGather._WAIT = _GatherWait
 
 
 class _Attach(torch.autograd.Function):

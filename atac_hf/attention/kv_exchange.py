@@ -27,12 +27,12 @@ import torch
 import torch.distributed as dist
 
 from ..sharding.plan import LocalLayout
-from .collectives import peer_failure
+from .collectives import AsyncExchange, peer_failure
 
 __all__ = ["KVAllToAll", "received_rows", "start_all_to_all"]
 
 
-class KVAllToAll:
+class KVAllToAll(AsyncExchange):
     """One in-flight all-to-all of ``send_NX`` over ``group``.
 
     Args:
@@ -47,11 +47,7 @@ class KVAllToAll:
     """
 
     def __init__(self, send_NX: torch.Tensor, send_counts, recv_counts, group: Any = None):
-        if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError(
-                "the plan exchanges K/V (all-to-all) but torch.distributed is not initialized; call "
-                "torch.distributed.init_process_group before the forward pass (or use cp_size=1)"
-            )
+        self._require_process_group("exchanges (all-to-all)")
         world = dist.get_world_size(group)
         self._send_counts = [int(x) for x in send_counts]
         self._recv_counts = [int(x) for x in recv_counts]
@@ -73,19 +69,7 @@ class KVAllToAll:
 
     def wait(self) -> torch.Tensor:
         """Wait for the collective; return the received (M, X) rows (differentiable)."""
-        if self.waited:
-            raise RuntimeError("KVAllToAll.wait() called twice: each exchange is waited for exactly once")
-        self.waited = True
-        out = _AllToAllWait.apply(self._send, self)
-        self._send = self._buf = self._work = self._payload = None
-        return out
-
-    def __del__(self):  # never leave a collective un-waited (its buffer may still be written)
-        if getattr(self, "waited", True) is False and self._work is not None:
-            try:
-                self._work.wait()
-            except RuntimeError:  # a failed peer: the error was (or will be) raised where it was waited for
-                pass
+        return super().wait()
 
 
 class _AllToAllWait(torch.autograd.Function):
@@ -109,6 +93,9 @@ class _AllToAllWait(torch.autograd.Function):
         except RuntimeError as e:
             raise peer_failure("backward K/V all-to-all", ctx.group, e) from e
         return grad_NX, None
+
+
+KVAllToAll._WAIT = _AllToAllWait
 
 
 def _rows(kv_SKX: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
