@@ -124,6 +124,11 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
     # Hierarchical placement: anchors over sub-groups of just enough ranks (only those move
     # their K/V); see atac_hf.sharding.subgroups.
     exposed = anchor_plan is None or anchor_plan.block_time_s > float(anchor_plan.rank_compute_s.max()) * (1 + 1e-9)
+    # no plan's slowest rank computes less than the mean of the exact work, so where even that
+    # bound is not SUBGROUP_MARGIN below the flat plan, no sub-group plan can win: skip building them
+    if exposed and anchor_plan is not None and \
+            anchor_plan.block_time_s * (1 - SUBGROUP_MARGIN) <= _work_lower_bound(lengths, C, cm):
+        exposed = False
     for share in ANCHOR_SHARES if exposed else ():
         sub = plan_subgroups(lengths, C, cm, anchor_share=share, max_tokens_per_rank=max_tokens_per_rank,
                              min_chunk=min_chunk)
@@ -147,6 +152,17 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
         plan = plan_contiguous(lengths, C, cm)
         return finish_plan(lengths, C, "atp", list(plan.segments), None, cm, "auto")
     return anchor_plan
+
+
+def _work_lower_bound(lengths: np.ndarray, C: int, cm: CostModel) -> float:
+    """A lower bound of any plan's per-rank compute: the exact causal pairs (no tile waste, at the
+    cheaper of the causal and masked prices, no per-call overhead) and the token-wise work of the
+    pack, spread evenly over the ``C`` ranks. Splitting a document never lowers either term."""
+    exact = cm.replace(tile=1)
+    pairs = float(exact.attention_pairs(np.zeros(len(lengths), np.int64), lengths).sum())
+    price = min(cm.attn_s_per_pair, cm.attn_s_per_pair if cm.masked_attn_s_per_pair is None
+                else cm.masked_attn_s_per_pair)
+    return (pairs * price + float(lengths.sum()) * cm.linear_s_per_token) / C
 
 
 def _two_way_anchor_segments(lengths: np.ndarray, C: int, anchors: np.ndarray, owner: np.ndarray, cap: float,
