@@ -19,10 +19,13 @@ from .cluster import ClusterConfig
 from .simulate import SimResult, simulate
 from ..workloads import load_workload, sample_path, workload_name
 
-__all__ = ["Scenario", "default_grid", "run_grid", "run_scenario", "wlbllm_path", "PAPER_SCENARIO", "PAPER_SPLIT"]
+__all__ = ["Scenario", "default_grid", "run_grid", "run_scenario", "wlbllm_path", "PAPER_SCENARIO", "PAPER_SPLIT",
+           "FEATURED_SCENARIO"]
 
-PAPER_SCENARIO = "paper-7b-128K"
+PAPER_SCENARIO = "paper-7b-128K"  # the paper's setting (PP 4): a what-if for atac-hf, the comparison with the paper
 PAPER_SPLIT = "paper-7b-128K-balance-split"  # side run: WFAP's opt-in balance splits (they cut work)
+#: The runnable scenario whose combinations and plots the report shows (2 nodes, FSDP2 x CP 8).
+FEATURED_SCENARIO = "8b-128K-cp8-pp1-wlbllm"
 
 
 def wlbllm_path() -> str:
@@ -35,7 +38,8 @@ class Scenario:
     """One grid point: a name, a cluster, a workload spec and the stream length in steps.
 
     ``options``: extra PackingConfig fields; ``combos``: the combinations (None: all);
-    ``extra``: a side run reported beside the grid, not part of its summary.
+    ``extra``: a side run reported beside the grid, not part of its summary. Whether the
+    atac-hf integration runs it (:meth:`what_if_reasons`) comes from its cluster, never a label.
     """
 
     name: str
@@ -58,6 +62,14 @@ class Scenario:
             kw["profile"] = profile
         return ClusterConfig(**kw)
 
+    def what_if_reasons(self, profile: str | None = None) -> tuple[str, ...]:
+        """Why the integration cannot run this scenario (:meth:`ClusterConfig.what_if_reasons`); ``()``: runnable."""
+        return self.config(profile).what_if_reasons()
+
+    @property
+    def runnable(self) -> bool:
+        return not self.what_if_reasons()
+
 
 def _profile_metadata(path: str) -> dict[str, Any]:
     CostModel.from_profile(path)  # readable, right format (raises ValueError otherwise)
@@ -66,9 +78,11 @@ def _profile_metadata(path: str) -> dict[str, Any]:
 
 
 def default_grid(workload_file: str | None = None) -> list[Scenario]:
-    """Model sizes 1B-70B; 32K/64K/128K packs; CP 2/4/8; PP 1 and 4; DP 2-8; the built-in
-    workloads, plus the ``wlbllm`` lengths (``workload_file``, default the shipped sample,
-    :func:`wlbllm_path`). The first scenario is the paper-like one.
+    """Model sizes 1B-70B; 32K/64K/128K packs; CP 2/4/8; TP 1/2/8; PP 1 and 4; DP 2-8; the
+    built-in workloads, plus the ``wlbllm`` lengths (``workload_file``, default the shipped
+    sample, :func:`wlbllm_path`). The first scenario is the paper-like one (PP 4, a what-if);
+    the PP 1 scenarios (DP/FSDP2 x CP x TP, one node of 8 GPUs up to 8 nodes) are the ones the
+    integration runs.
 
     Raises:
         ValueError: ``workload_file`` does not exist (nothing falls back silently).
@@ -94,6 +108,12 @@ def default_grid(workload_file: str | None = None) -> list[Scenario]:
         Scenario("70b-128K-cp8-pp4-tp8-longtail", c("70b", "H100", 128, 8, 4, 2, 8, tp=8), "longtail", 16),
         Scenario("1b-32K-cp4-pp1-sft", c("1b", "H100", 32, 4, 1, 4, 4), "sft", 16),
         Scenario("8b-64K-cp2-pp1-uniform", c("8b", "H100", 64, 2, 1, 4, 4), "uniform", 16),
+        # layouts the integration runs (FSDP2 / DP x CP x TP, no PP), one node up to several
+        Scenario(f"8b-64K-cp4-pp1-{tag}", c("8b", "H100", 64, 4, 1, 2, 4), real, 16),  # 1 node: DP 2 x CP 4
+        Scenario(FEATURED_SCENARIO, c("8b", "H100", 128, 8, 1, 2, 4), real, 16),  # 2 nodes: CP 8 in, DP across
+        Scenario(f"8b-64K-cp4-pp1-tp2-{tag}", c("8b", "H100", 64, 4, 1, 2, 4, tp=2), real, 16),  # TP2 x CP4 / node
+        Scenario(f"13b-128K-cp8-pp1-tp2-{tag}", c("13b", "H100", 128, 8, 1, 2, 4, tp=2), real, 16),  # CP over 2 nodes
+        Scenario("70b-128K-cp4-pp1-tp8-longtail", c("70b", "H100", 128, 4, 1, 2, 4, tp=8), "longtail", 16),
     ]
     # what WFAP's opt-in balance splits (balance_split=True: they cut attention work) would add
     grid.append(Scenario(PAPER_SPLIT, grid[0].cluster, real, grid[0].num_steps, {"balance_split": True},

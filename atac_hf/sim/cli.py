@@ -211,8 +211,11 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     from .bench import wlbllm_path
 
     p = sub.add_parser("bench", help="run the simulator's scenario grid and print (or write) the benchmark report",
-                       description="Simulate the default grid (model sizes, 32K-128K packs, CP 2-8, PP 1/4, DP>1; "
-                                   "built-in workloads plus the shipped wlbllm lengths) and print the comparison. "
+                       description="Simulate the default grid (model sizes, 32K-128K packs, CP 2-8, TP 1-8, PP 1/4, "
+                                   "DP>1; built-in workloads plus the shipped wlbllm lengths) and print the comparison. "
+                                   "Each scenario is marked runnable (a layout the atac-hf integration runs: DP/FSDP2, "
+                                   "CP, TP) or what-if (PP); the geometric means are over the runnable ones, the "
+                                   "what-if ones are summarised apart. "
                                    "With --output FILE.md, (re)write that file's '## Simulator (pipeline-level)' "
                                    "section and put the PNG plots beside it; without it nothing is written.")
     p.add_argument("--workload-file", default=None,
@@ -233,9 +236,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from .bench import PAPER_SCENARIO, PAPER_SPLIT, _lengths, default_grid, run_grid
+    from .bench import FEATURED_SCENARIO, PAPER_SCENARIO, PAPER_SPLIT, _lengths, default_grid, run_grid
     from .plots import have_matplotlib, plot_all
-    from .report import COMBO_LEGEND, combo_table, grid_table, markdown_section, summarise_grid, write_section
+    from .report import COMBO_LEGEND, combo_table, grid_table, headline, markdown_section, summarise_grid, write_section
 
     if args.workload_file and not os.path.exists(args.workload_file):
         raise ValueError(f"--workload-file {args.workload_file!r} does not exist")
@@ -268,7 +271,10 @@ def run_bench(args: argparse.Namespace) -> int:
     paper_line = None
     if paper is not None:
         a = paper.combos["ATAC"]
-        paper_line = (f"Paper-like scenario (`{PAPER_SCENARIO}`: {paper.cluster.describe()}, wlbllm lengths): ATAC "
+        what = "; ".join(paper.cluster.what_if_reasons())
+        label = f"a what-if for atac-hf ({what}), kept as the comparison with the paper" if what else "runnable"
+        paper_line = (f"Paper-like scenario (`{PAPER_SCENARIO}`: {paper.cluster.describe()}, wlbllm lengths; "
+                      f"{label}): ATAC "
                       f"{paper.speedup('ATAC', 'HF default'):.2f}x HF default (paper: 1.93x), limit "
                       f"{paper.combos['HF default'].lb_ratio:.2f}x; {paper.speedup('ATAC', 'WLB-LLM'):.2f}x WLB-LLM; "
                       f"ATAC/LB {a.lb_ratio:.3f}, work cut {100 * a.split_work_saving:.1f}%")
@@ -285,19 +291,17 @@ def run_bench(args: argparse.Namespace) -> int:
         print(json.dumps({**summary, "workloads": infos, "seconds": seconds}, default=float))
     else:
         print(grid_table(summary))
-        print(f"\ngeometric mean: ATAC {summary['geomean_vs_hf']:.2f}x HF default, {summary['geomean_vs_wlb']:.2f}x "
-              f"WLB-LLM, {summary['geomean_vs_best']:.2f}x strongest baseline; ATAC/LB {summary['geomean_atac_lb']:.3f} "
-              f"(worst {summary['worst_atac_lb']:.3f}); {seconds:.1f} s")
+        print(f"\n{headline(summary)} ({seconds:.1f} s)")
         print("limit (HF/LB) = HF default's time over its own balance lower bound; ATAC can pass it when WFAP's "
               "splits cut work (ATAC work cut), which lowers ATAC's own bound: ATAC/LB is ATAC's time over that.")
         if paper_line:
             print(paper_line)
-        if results:
-            print(f"\n{getattr(results[0], 'name', '')}:")
-            print(combo_table(results[0]))
-            print(COMBO_LEGEND)
+    featured = _featured(results, FEATURED_SCENARIO)
+    if not args.json and featured is not None:
+        print(f"\n{getattr(featured, 'name', '')}:")
+        print(combo_table(featured))
+        print(COMBO_LEGEND)
     if write:
-        featured = paper or (results[0] if results else None)
         md_dir = os.path.dirname(os.path.abspath(args.output))
         plots = plot_all(summary, featured, args.plots_dir or md_dir) if featured is not None else []
         cmd = f"atac-hf bench --output {args.output}" + (f" --workload-file {args.workload_file}"
@@ -308,3 +312,9 @@ def run_bench(args: argparse.Namespace) -> int:
         say(f"wrote {args.output}" + (f" and {len(plots)} plots in {os.path.dirname(plots[0]) or '.'}" if plots
                                       else " (no plots)"))
     return 0
+
+
+def _featured(results: list, name: str) -> Any:
+    """The scenario the report details: ``name`` if run, else the first runnable one, else the first."""
+    by_name = {getattr(r, "name", ""): r for r in results}
+    return by_name.get(name) or next((r for r in results if r.cluster.runnable), results[0] if results else None)

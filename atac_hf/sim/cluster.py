@@ -6,6 +6,19 @@ network: the CP group spans ``tp x cp`` GPUs, the gradient all-reduce spans
 ``tp x cp x dp`` GPUs (``cp x dp`` ranks hold the same parameters), and pipeline
 hops cross nodes once ``tp x cp x dp >= gpus_per_node``.
 
+Tensor parallelism is priced the way Megatron-style TP (and transformers' ``tp_plan``:
+column-wise q/k/v/gate/up, row-wise o/down) runs it: heads, weights and the MLP are
+divided over TP (the cost model's compute and K/V bytes per token), each CP rank
+exchanges only its local K/V heads within its CP group, and every layer adds 2 ring
+all-reduces of ``tokens x hidden`` activations in the forward and 2 in the backward over
+the TP group (:meth:`ClusterConfig.tp_comm_s_per_token`, not overlapped).
+
+Runnable or what-if (:meth:`ClusterConfig.what_if_reasons`): the atac-hf integration runs
+DP (replicated or FSDP2-sharded), CP and TP (``ParallelismConfig(dp_replicate, dp_shard,
+tp, cp)``); a layout it cannot run (pipeline parallelism: HF has none) is a what-if.
+The simulator does not tell DP replication from FSDP2 sharding: both are priced as one
+gradient all-reduce per step, not overlapped.
+
 Numpy only.
 """
 
@@ -22,7 +35,11 @@ import numpy as np
 
 from ..cost import HARDWARE_PRESETS, MODEL_PRESETS, CostModel, HardwarePreset, ModelDims
 
-__all__ = ["ClusterConfig"]
+__all__ = ["ClusterConfig", "RUNNABLE_AXES"]
+
+#: Mesh axes the atac-hf integration runs (``ParallelismConfig(dp_replicate, dp_shard, tp, cp)``;
+#: ``dp`` covers both replicated and FSDP2-sharded data parallelism).
+RUNNABLE_AXES = ("dp", "cp", "tp")
 
 
 def _is_int(v: Any) -> bool:
@@ -144,8 +161,50 @@ class ClusterConfig:
         L, P = self.dims.num_layers, self.pp_size
         return np.array([L // P + (s < L % P) for s in range(P)], dtype=np.int64)
 
+    def tp_comm_s_per_token(self) -> float:
+        """Seconds per token per layer (forward + backward) of the TP activation all-reduces.
+
+        Megatron-style TP all-reduces the ``hidden_size`` activations of every token after the
+        row-parallel attention output and MLP down projections in the forward (2 all-reduces),
+        and the input gradients of the column-parallel projections in the backward (2 more):
+        4 ring all-reduces of ``tokens x hidden x act_bytes`` bytes over ``tp_size`` ranks, each
+        rank sending ``2 (T - 1) / T`` of them, over NVLink while the TP group fits in a node.
+        0 for ``tp_size == 1``. Per-call latency (4 x 2 (T - 1) steps per layer and pack) is left
+        out: a few tens of microseconds against milliseconds of layer time.
+        """
+        T = self.tp_size
+        if T <= 1:
+            return 0.0
+        per_token = self.dims.hidden_size * self.act_bytes
+        return 4.0 * 2.0 * (T - 1) / T * per_token / self._bandwidth(T)
+
+    def what_if_reasons(self) -> tuple[str, ...]:
+        """Why the atac-hf integration cannot run this layout today; ``()`` when it can.
+
+        The integration runs DP (replicated or FSDP2), CP and TP (see :data:`RUNNABLE_AXES`).
+        A what-if: ``pp_size > 1`` (HF has no pipeline parallelism), or ``tp_size`` above the
+        model's ``num_kv_heads`` (transformers' ``tp_plan`` splits K/V heads column-wise, it
+        cannot replicate them the way Megatron does). TP also needs a model with a ``tp_plan``,
+        which the model presets (Llama/Qwen-like) have; a custom model is assumed to have one.
+        """
+        out = []
+        if self.pp_size > 1:
+            out.append(f"PP {self.pp_size}: HF has no pipeline parallelism")
+        if self.tp_size > self.dims.num_kv_heads:
+            out.append(f"TP {self.tp_size} > {self.dims.num_kv_heads} K/V heads: tp_plan cannot replicate K/V heads")
+        return tuple(out)
+
+    @property
+    def runnable(self) -> bool:
+        """Whether the atac-hf integration runs this layout today (no :meth:`what_if_reasons`)."""
+        return not self.what_if_reasons()
+
     def cost_model(self) -> CostModel:
         """Per-layer cost model for one TP group (compute / tp), with this cluster's CP link.
+
+        The TP activation all-reduces (:meth:`tp_comm_s_per_token`) are added to the linear
+        price per token: every CP rank pays them on its own tokens, so they fall on a pack's
+        slowest rank like its projections, and the planners see them as such.
 
         Raises:
             ValueError: a profile that cannot be read or does not match ``model``/``tp_size``.
@@ -155,13 +214,16 @@ class ClusterConfig:
         # at NVLink speed (CP ranks are consecutive GPUs, TP innermost)
         nodes = dict(node_size=max(1, self.gpus_per_node // self.tp_size),
                      intra_node_bandwidth=self.hw.intra_node_bw) if inter else {}
+        tp_comm = self.tp_comm_s_per_token()
         if self.profile is None:
-            return CostModel.from_model(self.dims, self.hw, efficiency=self.efficiency, tp_size=self.tp_size,
-                                        inter_node=inter).replace(**nodes)
-        cm = CostModel.from_profile(self.profile)
+            cm = CostModel.from_model(self.dims, self.hw, efficiency=self.efficiency, tp_size=self.tp_size,
+                                      inter_node=inter)
+            return cm.replace(linear_s_per_token=cm.linear_s_per_token + tp_comm, **nodes)
+        cm = CostModel.from_profile(self.profile)  # measured per TP rank: compute only, no TP collectives
         self._check_profile(cm)
         return cm.replace(link_bandwidth=self._bandwidth(self.tp_size * self.cp_size),
-                          link_latency_s=self.hw.link_latency_s, **nodes)
+                          link_latency_s=self.hw.link_latency_s, linear_s_per_token=cm.linear_s_per_token + tp_comm,
+                          **nodes)
 
     def _check_profile(self, cm: CostModel) -> None:
         with open(self.profile, encoding="utf-8") as f:
@@ -219,7 +281,9 @@ class ClusterConfig:
         d = self.dims
         m = self.model if isinstance(self.model, str) else f"h{d.hidden_size}x{d.num_layers}"
         src = f"profile {os.path.basename(self.profile)}" if self.profile else self.hardware
-        return (f"{m} on {src}: DP{self.dp_size} PP{self.pp_size} CP{self.cp_size} TP{self.tp_size}, "
+        nodes = -(-self.world_size // self.gpus_per_node)
+        return (f"{m} on {src}: DP{self.dp_size} PP{self.pp_size} CP{self.cp_size} TP{self.tp_size} "
+                f"({self.world_size} GPUs, {nodes} node{'s' if nodes > 1 else ''}), "
                 f"{self.num_micro_batches} micro-batches, {self.max_tokens // 1024}K-token packs")
 
     def to_dict(self) -> dict[str, Any]:

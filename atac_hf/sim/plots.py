@@ -33,6 +33,8 @@ def _pyplot():
 def plot_speedups(summary: dict[str, Any], path: str) -> str:
     """Grouped bars per scenario: ATAC over HF default / WLB-LLM / strongest baseline, with two bounds.
 
+    What-if scenarios (layouts the integration cannot run, e.g. PP) sit on a grey band.
+
     ``limit`` (black tick) = HF default's time over its own balance lower bound: the most any
     balancing of the *same* work could gain. ATAC's bound (red tick) = HF default's time over
     ATAC's lower bound: higher when WFAP's splits cut attention work (a split document loses the
@@ -57,7 +59,12 @@ def plot_speedups(summary: dict[str, Any], path: str) -> str:
             ax.annotate(f"cut {100 * r['atac_work_cut']:.1f}%", (xi - w, top), textcoords="offset points",
                         xytext=(0, 4), ha="center", fontsize=7, color="tab:red")
     ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xticks(x, [r["scenario"] for r in rows], rotation=35, ha="right", fontsize=8)
+    what_if = [i for i, r in enumerate(rows) if not r.get("runnable", True)]
+    if what_if:  # rows come runnable first (summarise_grid): shade the what-if block
+        ax.axvspan(min(what_if) - 0.5, max(what_if) + 0.5, color="0.92", zorder=0,
+                   label="what-if: PP (HF has none), not in the headline")
+    ax.set_xticks(x, [r["scenario"] + ("" if r.get("runnable", True) else " (what-if)") for r in rows],
+                  rotation=35, ha="right", fontsize=8)
     ax.set_ylabel("throughput speedup")
     ax.set_title("Simulated speedup of ATAC (wfap + atp) per scenario")
     ax.legend(fontsize=7)

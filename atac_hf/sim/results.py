@@ -150,6 +150,11 @@ class SimResult:
     stream: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
     sample_pack: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def runnable(self) -> bool:
+        """Whether the atac-hf integration runs this cluster today (see :meth:`ClusterConfig.what_if_reasons`)."""
+        return self.cluster.runnable
+
     def speedup(self, label: str, over: str) -> float:
         """Throughput of ``label`` / throughput of ``over``."""
         return self.combos[label].throughput / self.combos[over].throughput
@@ -159,6 +164,8 @@ class SimResult:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"workload": self.workload, "cluster": self.cluster.to_dict(),
+                               "runnable": self.cluster.runnable,
+                               "what_if_reasons": list(self.cluster.what_if_reasons()),
                                "num_samples": self.num_samples, "seed": self.seed,
                                "combinations": [c.metrics() for c in self.combos.values()]}
         if "ATAC" in self.combos:
