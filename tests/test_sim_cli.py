@@ -32,7 +32,7 @@ def test_parser_has_three_commands():
     sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert {"simulate", "bench", "calibrate"} <= set(sub.choices)
     assert parse_tokens("128K") == 131072 and parse_tokens("4096") == 4096
-    with pytest.raises(argparse.ArgumentTypeError):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^'lots' is not a token count \(e\.g\. 32768 or 32K\)$"):
         parse_tokens("lots")
 
 
