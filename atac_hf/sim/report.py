@@ -177,7 +177,11 @@ def markdown_section(summary: dict[str, Any], results: Sequence[Any], *, command
            "priced as it runs: heads, weights and MLP divided over TP, each CP rank exchanging only its local K/V "
            "heads within its CP group (over the network once TP x CP exceeds a node's 8 GPUs), plus 4 ring "
            "all-reduces of the activations per layer (2 forward, 2 backward) over the TP group. DP replication "
-           "and FSDP2 are both priced as one gradient all-reduce per step, not overlapped.", "",
+           "and FSDP2 are both priced as one gradient all-reduce per step, not overlapped. Every sharding's K/V "
+           "exchange is priced the way atac-hf runs it (an all-gather or all-to-all of the rows a rank needs, "
+           "hidden only behind the attention of the rank's local documents); a ring (torch's CP) hides each step "
+           "behind compute, so where K/V crosses nodes the baselines that move the most K/V (HF default's zigzag, "
+           "WLB-LLM) may look slower here than they would with a ring.", "",
            "| scenario | cluster | workload | runs with atac-hf |", "|---|---|---|---|"]
     out += [f"| {r['scenario']} | {r['cluster']} | {r['workload']} | "
             f"{'yes' if r.get('runnable', True) else 'what-if: ' + r.get('what_if', '')} |"
