@@ -48,8 +48,12 @@ class PackingConfig:
             ``"truncate"`` to the first ``max_tokens`` tokens (the rest is dropped and
             counted), or ``"error"`` (raise ValueError).
         min_fragment: shortest fragment a split may leave, in tokens (>= 1). Default
-            ``None``: ``min(128, max_tokens // 2)`` (at least 1). Must be at most
-            ``max_tokens // 2`` so that an overlength split can always respect it.
+            ``None``: ``min(128, max_tokens // 8)`` (at least 1): 128 from a 1,024-token
+            cap up, an eighth of the cap below it (a fixed 128, or half the cap, would
+            leave rooms at small caps that no fragment may fill: split-mode packs then
+            stay 5-10% above ``ceil(tokens / max_tokens)``, docs/BENCHMARKS.md "Split
+            mode"). Must be at most ``max_tokens // 2`` so that an overlength split can
+            always respect it.
         max_defer: windows a sample may be held back (>= 0): in the window where it has
             waited this many windows it is *overdue* and placed before everything else (with
             ``split_overdue``, over pack ends if it fits nowhere whole), so no sample is
@@ -82,6 +86,18 @@ class PackingConfig:
             An empty tuple disables the outlier delay.
         reference_doc_tokens: length of the "short document" used as the reference
             when costing a full pack of light work (``wfap`` heavy threshold), >= 1.
+        price_band: ``wfap``: attention price ratios ``(low, high)`` (relative to the cost
+            model's) the balance must hold for, ``0 <= low <= 1 <= high <= 1000``, low < high.
+            The planner then costs every sample under the cost model with its attention pair
+            price scaled by ``low`` and by ``high`` and balances the worse of the two (each
+            pack's cost over the window's mean is monotone in the price, so the band's ends
+            bound every price inside it): heavy samples are those heavy at either end,
+            released in runs of similar length, and tails go where the worse end stays
+            lowest. ``None`` (the default): balance the cost model's estimate alone.
+            ``(0, 1000)`` about balances token-wise work and attention pairs separately.
+        band_placement: ``wfap`` with ``price_band``: tails and local search balance the
+            band too (True, the default); False: only the deferral (which samples are
+            heavy, which run is released) uses the band, tails balance the cost model alone.
     """
 
     max_tokens: int
@@ -97,6 +113,8 @@ class PackingConfig:
     defer_heavy: bool = True
     wlb_thresholds: tuple[int, ...] | None = None
     reference_doc_tokens: int = 2048
+    price_band: tuple[float, float] | None = None
+    band_placement: bool = True
 
     def __post_init__(self) -> None:
         # numeric fields accept Python and numpy numbers (never bools) and are stored as
@@ -125,7 +143,7 @@ class PackingConfig:
             )
         limit = max(1, self.max_tokens // 2)
         if self.min_fragment is None:
-            object.__setattr__(self, "min_fragment", min(128, limit))
+            object.__setattr__(self, "min_fragment", min(128, max(1, self.max_tokens // 8)))
         elif not _is_int(self.min_fragment) or not 1 <= self.min_fragment <= limit:
             raise ValueError(
                 f"min_fragment={self.min_fragment!r} is invalid: it must be an int in [1, max_tokens // 2 = {limit}] "
@@ -138,7 +156,7 @@ class PackingConfig:
                 "(0 disables deferral; set max_defer)"
             )
         object.__setattr__(self, "max_defer", int(self.max_defer))
-        for name in ("split_overdue", "local_search", "balance_split", "defer_heavy"):
+        for name in ("split_overdue", "local_search", "balance_split", "defer_heavy", "band_placement"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise TypeError(f"{name}={getattr(self, name)!r} must be True or False (set {name})")
             object.__setattr__(self, name, bool(getattr(self, name)))
@@ -166,6 +184,8 @@ class PackingConfig:
             raise ValueError(f"reference_doc_tokens={self.reference_doc_tokens!r} must be an int >= 1 and "
                              f"<= {MAX_LENGTH} (set reference_doc_tokens)")
         object.__setattr__(self, "reference_doc_tokens", int(self.reference_doc_tokens))
+        if self.price_band is not None:
+            object.__setattr__(self, "price_band", _check_band(self.price_band))
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -200,13 +220,29 @@ class PackingConfig:
         if unknown:
             raise ValueError(f"unknown packing config keys {unknown}; legal keys: {sorted(fields)}")
         kwargs = dict(data)
-        if isinstance(kwargs.get("wlb_thresholds"), list):
-            kwargs["wlb_thresholds"] = tuple(kwargs["wlb_thresholds"])
+        for key in ("wlb_thresholds", "price_band"):
+            if isinstance(kwargs.get(key), list):
+                kwargs[key] = tuple(kwargs[key])
         return cls(**kwargs)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable fields (inverse of :meth:`from_dict`)."""
         d = dataclasses.asdict(self)
-        if d["wlb_thresholds"] is not None:
-            d["wlb_thresholds"] = list(d["wlb_thresholds"])
+        for key in ("wlb_thresholds", "price_band"):
+            if d[key] is not None:
+                d[key] = list(d[key])
         return d
+
+
+def _check_band(band: Any) -> tuple[float, float]:
+    legal = ("it must be None or two numbers (low, high) with 0 <= low <= 1 <= high <= 1000 and low < high "
+             "(attention price ratios the balance must hold for, e.g. (0.5, 2.0); set price_band)")
+    if isinstance(band, (str, bytes)) or not hasattr(band, "__iter__"):
+        raise TypeError(f"price_band={band!r} is invalid: {legal}")
+    vals = tuple(band)
+    if len(vals) != 2 or not all(_is_number(v) and math.isfinite(float(v)) for v in vals):
+        raise ValueError(f"price_band={band!r} is invalid: {legal}")
+    lo, hi = float(vals[0]), float(vals[1])
+    if not (0.0 <= lo <= 1.0 <= hi <= 1000.0 and lo < hi):
+        raise ValueError(f"price_band={band!r} is invalid: {legal}")
+    return lo, hi

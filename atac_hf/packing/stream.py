@@ -21,7 +21,7 @@ from .planners.baselines import plan_bfd, plan_sequential, plan_wlb, wlb_held
 from .config import PackingConfig
 from .validate import check_lengths, check_overlength, check_packer_pool, check_window, state_int
 from .metrics import MetricsAccumulator, pack_costs
-from .planners.wfap import HELD_LIMIT, plan_wfap, wfap_held
+from .planners.wfap import HELD_LIMIT, heavy_lengths, plan_wfap, wfap_held
 
 __all__ = ["StreamPacker", "PackResult", "pack_lengths", "PLANNERS"]
 
@@ -125,7 +125,7 @@ class StreamPacker:
         piece = np.where(pieces > 1, C, eff)  # longest fragment (full-cap pieces first)
         held = np.zeros(lengths.shape, dtype=bool)
         if cfg.max_defer > 0 and cfg.strategy == "wfap" and cfg.defer_heavy:
-            held = self.cost_model.doc_cost(piece) > cfg.balance_tolerance * self._ref * C
+            held = heavy_lengths(piece, self._context(final=False))
         elif cfg.max_defer > 0 and cfg.strategy == "wlb" and cfg.resolved_wlb_thresholds:
             held = piece >= cfg.resolved_wlb_thresholds[0]
         return eff, pieces, held & (lengths > 0)

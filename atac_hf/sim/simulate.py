@@ -40,6 +40,11 @@ micro-batches; a plan whose *first and last* micro-batches are lighter than the
 rest shrinks the 1F1B ramps and could in principle beat it (by less than
 ``(P - 1) / M`` of the work); ratios are reported as measured.
 
+**Second timing** (:mod:`.onef1b`): every step and its bound are also timed by the
+closed-form 1F1B formula instead of the event schedule (same stage times, hops and
+all-reduce); each :class:`ComboResult` carries them as ``formula_step_s`` and
+``formula_lb_s`` ((S,) arrays, set by :func:`simulate`).
+
 Numpy only.
 """
 
@@ -57,6 +62,7 @@ from ..sharding.segments import finish_plan
 from .cluster import ClusterConfig
 from .feed import PackedStream, cut_windows, pack_cost, packing_metrics, run_packer
 from .results import PACKINGS, SHARDINGS, ComboResult, SimResult
+from .onef1b import onef1b_formula
 from .schedule import one_f_one_b
 from ..workloads import sample_stream
 
@@ -133,7 +139,7 @@ def _stage_times(cluster: ClusterConfig, block_M: np.ndarray, phi_M: np.ndarray)
 
 
 def balanced_step_time(cluster: ClusterConfig, work_s: float, tokens: int, num_micro_batches: int,
-                       phi: float = 1.0 / 3.0) -> float:
+                       phi: float = 1.0 / 3.0, timing: str = "schedule") -> float:
     """The balance lower bound of one step (see module doc).
 
     Args:
@@ -142,12 +148,14 @@ def balanced_step_time(cluster: ClusterConfig, work_s: float, tokens: int, num_m
         tokens: tokens of the step.
         num_micro_batches: micro-batches per replica.
         phi: forward share of the work.
+        timing: ``"schedule"`` (the event schedule) or ``"formula"`` (:func:`~.onef1b.onef1b_formula`).
     """
     M = max(1, int(num_micro_batches))
     per_mb = work_s / (cluster.dp_size * M * cluster.cp_size)
     f, b = _stage_times(cluster, np.full(M, per_mb), np.full(M, phi))
     hop = cluster.hop_s(np.full(M, tokens / (cluster.dp_size * M * cluster.cp_size)))
-    return one_f_one_b(f, b, hop).makespan + cluster.grad_sync_s()
+    span = onef1b_formula(f, b, hop) if timing == "formula" else one_f_one_b(f, b, hop).makespan
+    return span + cluster.grad_sync_s()
 
 
 def simulate(lengths: Any, cluster: ClusterConfig, *, combos: Sequence[tuple[str, str]] | None = None,
@@ -233,12 +241,15 @@ def _evaluate(packing: str, sharding: str, packed: PackedStream, lens: list[np.n
     D = cluster.dp_size
     sync = cluster.grad_sync_s()
     steps, lbs, toks, mbimb = [], [], [], []
+    f_steps, f_lbs = [], []  # the same, timed by the closed-form 1F1B formula
     k = 0
     for packs in packed.packs:
         n = len(packs)
         if n == 0:
             steps.append(sync)
             lbs.append(sync)
+            f_steps.append(sync)
+            f_lbs.append(sync)
             toks.append(0)
             mbimb.append(1.0)
             continue
@@ -248,24 +259,32 @@ def _evaluate(packing: str, sharding: str, packed: PackedStream, lens: list[np.n
         phi = np.array([_fwd_fraction(cm, x, cluster.fwd_fraction) for x in step_lens])
         hop_tok = np.array([p.max_rank_tokens for p in step_plans], dtype=np.float64)
         mbimb.append(float(block.max() / block.mean()) if block.mean() > 0 else 1.0)
-        worst = 0.0
+        worst = f_worst = 0.0
         for r in range(min(D, n)):
             idx = np.arange(r, n, D)
             f, b = _stage_times(cluster, block[idx], phi[idx])
-            worst = max(worst, one_f_one_b(f, b, cluster.hop_s(hop_tok[idx])).makespan)
+            hop = cluster.hop_s(hop_tok[idx])
+            worst = max(worst, one_f_one_b(f, b, hop).makespan)
+            f_worst = max(f_worst, onef1b_formula(f, b, hop))
         steps.append(worst + sync)
+        f_steps.append(f_worst + sync)
         ntok = int(sum(int(x.sum()) for x in step_lens))
         toks.append(ntok)
         work = float(sum(float(cm.doc_cost(x).sum()) for x in step_lens))
         M = max(cluster.num_micro_batches, -(-n // D))
-        lbs.append(balanced_step_time(cluster, work, ntok, M, float(np.average(phi, weights=np.maximum(block, 1e-30)))))
-    return ComboResult(
+        phi_mean = float(np.average(phi, weights=np.maximum(block, 1e-30)))
+        lbs.append(balanced_step_time(cluster, work, ntok, M, phi_mean))
+        f_lbs.append(balanced_step_time(cluster, work, ntok, M, phi_mean, timing="formula"))
+    res = ComboResult(
         packing=packing, sharding=sharding, step_time_s=np.asarray(steps), lb_time_s=np.asarray(lbs),
         tokens=np.asarray(toks, dtype=np.int64), pack_time_s=np.array([p.block_s for p in plans]),
         cp_imbalance=np.array([p.imbalance for p in plans]), kv_bytes=np.array([p.kv_bytes for p in plans]),
         step_mb_imbalance=np.asarray(mbimb), shard_s=np.array([p.plan_s for p in plans]),
         pack_s=packed.pack_s, num_micro_batches=cluster.num_micro_batches, **pm,
     )
+    res.formula_step_s = np.asarray(f_steps)  # type: ignore[attr-defined]  (module doc: second timing)
+    res.formula_lb_s = np.asarray(f_lbs)  # type: ignore[attr-defined]
+    return res
 
 
 def _sample_pack(packed_by: dict[str, PackedStream], cluster: ClusterConfig, cm: CostModel) -> dict:

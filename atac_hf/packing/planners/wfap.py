@@ -26,19 +26,28 @@ costs as its own document:
 5. Optional local search: move or swap tails between the most and least expensive packs
    while that lowers the maximum.
 
+With ``price_band`` (``(low, high)``), every cost above is a pair: the sample's cost under
+the cost model with the attention pair price scaled by ``low`` and by ``high``, each over
+that model's light pack cost. A sample is heavy when it is heavy at either end; heavy items
+are ordered by length (a run of similar lengths has similar costs at every price: a
+length-bucketed release) and a run is balanced when it is at both ends; a pack's *score*
+(what "cheapest", the fill level and the local search compare) is the larger of its two
+costs, so the window is balanced at every price of the band (a pack's cost over the mean is
+monotone in the price, so the ends bound the band). Without it, the pair is the one cost.
+
 Numpy only; deterministic (every tie is broken by data order).
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 
 import numpy as np
 
 from .window import ARRIVAL, END, FRAG, SEQ, SID, START, Item, WindowContext
+from .wfap_place import fill_level, local_search, place_tails
 
-__all__ = ["plan_wfap", "wfap_held", "HELD_LIMIT"]
+__all__ = ["plan_wfap", "wfap_held", "heavy_lengths", "HELD_LIMIT"]
 
 # held heavy items per pack of a window beyond which the pool releases its best run anyway
 # (and feeders count further heavy samples as a full pack each)
@@ -46,19 +55,26 @@ HELD_LIMIT = 3
 
 
 def _heavy_mask(costs: np.ndarray, ctx: WindowContext) -> np.ndarray:
+    """(n,) heavy at any of the balance models (``costs``: (n, K))."""
     if not ctx.config.defer_heavy:
-        return np.zeros(costs.shape, dtype=bool)
-    return costs > ctx.config.balance_tolerance * ctx.light_pack_cost
+        return np.zeros(costs.shape[0], dtype=bool)
+    return (costs > ctx.config.balance_tolerance * ctx.balance.light[None, :]).any(axis=1)
+
+
+def heavy_lengths(lengths: np.ndarray, ctx: WindowContext) -> np.ndarray:
+    """Whether a span of each length is heavy (held back as an anchor) in this context."""
+    return _heavy_mask(ctx.balance.costs(np.asarray(lengths, dtype=np.int64)), ctx)
 
 
 def _block_ratios(cost: np.ndarray, potential: np.ndarray, size: int, ctx: WindowContext) -> np.ndarray:
     """Estimated max/mean pack cost of a window anchored by each run of ``size`` consecutive
-    heavy items (sorted by potential, descending); packs without an anchor cost a light pack."""
-    P, light = ctx.num_packs, ctx.light_pack_cost
-    top = np.maximum(cost[: len(cost) - size + 1], light)
-    runs = np.lib.stride_tricks.sliding_window_view(potential, size)
-    total = np.minimum(top[:, None], runs).sum(axis=1) + (P - size) * light
-    return top / (total / P)
+    heavy items (in release order), the worse over the balance models (``cost``,
+    ``potential``: (n, K)); packs without an anchor cost a light pack."""
+    P, light = ctx.num_packs, ctx.balance.light
+    top = np.maximum(cost[: len(cost) - size + 1], light[None, :])
+    runs = np.lib.stride_tricks.sliding_window_view(potential, size, axis=0)  # (runs, K, size)
+    total = np.minimum(top[:, :, None], runs).sum(axis=2) + (P - size) * light[None, :]
+    return (top / (total / P)).max(axis=1)
 
 
 def _select_release(items: list[Item], lens: np.ndarray, costs: np.ndarray, heavy: np.ndarray,
@@ -67,13 +83,16 @@ def _select_release(items: list[Item], lens: np.ndarray, costs: np.ndarray, heav
     P, C, cfg = ctx.num_packs, ctx.max_tokens, ctx.config
     tol = cfg.balance_tolerance
     # potential: cost of a pack anchored by the item and filled with short documents to the cap
-    potential_all = costs + ctx.ref_cost_per_token * (C - lens)
+    potential_all = costs + ctx.balance.ref[None, :] * (C - lens)[:, None]
     # samples that arrive in this window wait at least until the next one (unless overdue),
     # so the release is known before the window's arrivals and feeders can size the window
     eligible = [i for i in np.flatnonzero(heavy).tolist()
                 if ctx.final or items[i][ARRIVAL] < ctx.window or ctx.is_overdue(items[i])]
-    h = np.asarray(sorted(eligible,
-                          key=lambda i: (-potential_all[i], items[i][SEQ], items[i][START])), dtype=np.int64)
+    if costs.shape[1] == 1:  # by potential, largest first
+        key = lambda i: (-potential_all[i, 0], items[i][SEQ], items[i][START])  # noqa: E731
+    else:  # by length, longest first: a run of similar lengths is similar at every price
+        key = lambda i: (-lens[i], items[i][SEQ], items[i][START])  # noqa: E731
+    h = np.asarray(sorted(eligible, key=key), dtype=np.int64)
     n = len(h)
     if n == 0:
         return [], []
@@ -115,8 +134,9 @@ def _select_release(items: list[Item], lens: np.ndarray, costs: np.ndarray, heav
         # fragments find room)
         return h[overdue & ~splittable].tolist(), h[overdue & splittable].tolist()
     # release them with the heaviest companions that are no costlier
-    level = max(float(cost[overdue].max()), ctx.light_pack_cost)
-    companions = np.flatnonzero(~overdue & (cost <= level))[: max(0, P - int(overdue.sum()))]
+    score = cost.max(axis=1)
+    level = max(float(score[overdue].max()), float(ctx.balance.light.max()))
+    companions = np.flatnonzero(~overdue & (score <= level))[: max(0, P - int(overdue.sum()))]
     return h[overdue].tolist() + h[companions].tolist(), []
 
 
@@ -125,7 +145,8 @@ def _split_light(item: Item, ctx: WindowContext) -> list[Item]:
     sid, s, e, arr, seq, _f = item
     L, m = e - s, int(ctx.config.min_fragment)
     k = 2
-    while L // (k + 1) >= m and float(ctx.cost_model.doc_cost([-(-L // k)])[0]) > ctx.light_pack_cost:
+    light = ctx.balance.light
+    while L // (k + 1) >= m and (ctx.balance.costs(np.array([-(-L // k)]))[0] > light).any():
         k += 1
     base, extra = divmod(L, k)
     out, pos = [], s
@@ -142,7 +163,7 @@ def wfap_held(items: list[Item], ctx: WindowContext) -> tuple[int, int]:
     if not items:
         return 0, 0
     lens = np.fromiter((it[END] - it[START] for it in items), dtype=np.int64, count=len(items))
-    costs = ctx.cost_model.doc_cost(lens)
+    costs = ctx.balance.costs(lens)
     heavy = _heavy_mask(costs, ctx)
     if not heavy.any():
         return 0, 0
@@ -159,7 +180,7 @@ def plan_wfap(items: list[Item], ctx: WindowContext) -> tuple[list[list[Item]], 
     if not items:
         return packs, [], []
     lens = np.fromiter((it[END] - it[START] for it in items), dtype=np.int64, count=len(items))
-    costs = ctx.cost_model.doc_cost(lens)
+    costs = ctx.balance.costs(lens)  # (n, K)
     heavy = _heavy_mask(costs, ctx)
     released, to_split = _select_release(items, lens, costs, heavy, ctx) if heavy.any() else ([], [])
     out = set(released) | set(to_split)
@@ -176,11 +197,19 @@ def plan_wfap(items: list[Item], ctx: WindowContext) -> tuple[list[list[Item]], 
         items.extend(extra)
         new_lens = np.fromiter((it[END] - it[START] for it in extra), dtype=np.int64, count=len(extra))
         lens = np.concatenate([lens, new_lens])
-        costs = np.concatenate([costs, ctx.cost_model.doc_cost(new_lens)])
+        costs = np.concatenate([costs, ctx.balance.costs(new_lens)])
         heavy = np.concatenate([heavy, np.zeros(len(extra), dtype=bool)])
         heavy[to_split] = True  # the originals are replaced by their fragments
+    if ctx.config.price_band is not None and not ctx.config.band_placement:
+        # the band chose the anchors; tails balance the cost model alone
+        ctx_costs = ctx.cost_model.doc_cost(lens)[:, None]
+    else:
+        ctx_costs = costs
+    K = ctx_costs.shape[1]
     L = lens.tolist()
-    c = costs.tolist()
+    c = ctx_costs.tolist()  # per item, its K costs
+    score = ctx_costs.max(axis=1)
+    s = score.tolist()
     # overdue items (and the fragments of overdue samples split just now) go first and
     # ignore the ceiling; at the end of the stream the others may still wait a window
     meta = np.array([(it[ARRIVAL], it[SEQ], it[START]) for it in items], dtype=np.int64).reshape(-1, 3)
@@ -188,42 +217,46 @@ def plan_wfap(items: list[Item], ctx: WindowContext) -> tuple[list[list[Item]], 
     due_arr[n_orig:] = True
     due = due_arr.tolist()
 
-    pc = [0.0] * P
+    pc = [[0.0] * K for _ in range(P)]  # per pack, its K costs
     pt = [0] * P
     anchor_of: list[list[int]] = [[] for _ in range(P)]  # never moved by local search
     tail_of: list[list[int]] = [[] for _ in range(P)]
 
-    def place_anchors(group: list[int]) -> None:  # largest cost first, to the cheapest pack with room
-        for i in sorted(group, key=lambda i: (-c[i], items[i][SEQ], items[i][START])):
-            best = -1
+    def place_anchors(group: list[int]) -> None:  # largest score first, to the cheapest pack with room
+        for i in sorted(group, key=lambda i: (-s[i], items[i][SEQ], items[i][START])):
+            best, best_score = -1, 0.0
             for j in range(P):
-                if pt[j] + L[i] <= C and (best < 0 or pc[j] < pc[best]):
-                    best = j
+                sj = max(pc[j])
+                if pt[j] + L[i] <= C and (best < 0 or sj < best_score):
+                    best, best_score = j, sj
             if best < 0:
                 carry.append(items[i])
                 continue
             anchor_of[best].append(i)
-            pc[best] += c[i]
+            pc[best] = [a + b for a, b in zip(pc[best], c[i])]
             pt[best] += L[i]
 
     # tails: overdue first, then those carried before, then the new ones; within each,
-    # largest cost first (ties in data order)
+    # largest score first (ties in data order)
     light = np.flatnonzero(~heavy)
-    order = np.lexsort((meta[light, 2], meta[light, 1], -costs[light], meta[light, 0] == ctx.window, ~due_arr[light]))
+    order = np.lexsort((meta[light, 2], meta[light, 1], -score[light], meta[light, 0] == ctx.window,
+                        ~due_arr[light]))
     tails = light[order].tolist()
     num_due_tails = int(due_arr[light].sum())
     # 3. overdue anchors and tails, then the other anchors
     place_anchors([i for i in released if due[i]])
-    left = _place_tails(tails[:num_due_tails], L, c, due, pc, pt, tail_of, C, math.inf)
+    left = place_tails(tails[:num_due_tails], L, c, due, pc, pt, tail_of, C, math.inf)
     carry.extend(items[i] for i in left)
     place_anchors([i for i in released if not due[i]])
     # 4. the other tails: those carried before first, then the new ones; within each,
-    # largest cost first, to the cheapest pack with room, up to the ceiling
-    ceiling = max(max(pc) if released else 0.0, _fill_level(tails, L, c, ctx),
-                  max((c[i] for i in tails[num_due_tails:]), default=0.0))
+    # largest score first, to the cheapest pack with room, up to the ceiling
+    light_level = ctx.balance.light if K == costs.shape[1] else np.array([ctx.light_pack_cost])
+    ceiling = max(max(max(v) for v in pc) if released else 0.0,
+                  fill_level(tails, L, c, light_level, C, ctx.config.balance_tolerance),
+                  max((s[i] for i in tails[num_due_tails:]), default=0.0))
     rest = tails[num_due_tails:]
-    before = (pc[:], pt[:], [t[:] for t in tail_of])
-    left = _place_tails(rest, L, c, due, pc, pt, tail_of, C, ceiling)
+    before = ([v[:] for v in pc], pt[:], [t[:] for t in tail_of])
+    left = place_tails(rest, L, c, due, pc, pt, tail_of, C, ceiling)
     over = sum(L[i] for i in left if items[i][ARRIVAL] == ctx.window)
     if over and len(left) > 1:
         # many short samples left over: hold back the longest new tails instead (about as
@@ -232,12 +265,12 @@ def plan_wfap(items: list[Item], ctx: WindowContext) -> tuple[list[list[Item]], 
         held, freed = set(), 0.0
         rate = ceiling / C  # a held tail frees its cost's worth of tokens at the fill level
         for i in rest:  # new tails come last, longest first
-            if items[i][ARRIVAL] == ctx.window and freed + c[i] / rate <= over:
+            if items[i][ARRIVAL] == ctx.window and freed + s[i] / rate <= over:
                 held.add(i)
-                freed += c[i] / rate
-        pc[:], pt[:] = before[0][:], before[1][:]
+                freed += s[i] / rate
+        pc[:], pt[:] = [v[:] for v in before[0]], before[1][:]
         tail_of[:] = [t[:] for t in before[2]]
-        left2 = _place_tails([i for i in rest if i not in held], L, c, due, pc, pt, tail_of, C, ceiling) + sorted(held)
+        left2 = place_tails([i for i in rest if i not in held], L, c, due, pc, pt, tail_of, C, ceiling) + sorted(held)
         if len(left2) < len(left):
             left = left2
         else:
@@ -245,124 +278,8 @@ def plan_wfap(items: list[Item], ctx: WindowContext) -> tuple[list[list[Item]], 
     carry.extend(items[i] for i in left)
 
     if ctx.config.local_search and P > 1:
-        _local_search(pc, pt, tail_of, anchor_of, L, c, C)
+        local_search(pc, pt, tail_of, anchor_of, L, c, C)
     for j in range(P):
         packs[j] = [items[i] for i in anchor_of[j] + tail_of[j]]
     carry.sort(key=lambda it: (it[ARRIVAL], it[SEQ], it[START]))
     return packs, carry, newly_split
-
-
-def _fill_level(tails: list[int], L: list[int], c: list[float], ctx: WindowContext) -> float:
-    """Cost of a pack filled to the cap with the window's small tails (each at most 1/8 of a
-    light pack), plus half the balance tolerance: the level packs may reach, so that a pack
-    holding an expensive tail stops below the cap instead of becoming the straggler."""
-    small_cost = ctx.light_pack_cost / 8
-    tok = cst = 0
-    for i in tails:
-        if c[i] <= small_cost:
-            tok += L[i]
-            cst += c[i]
-    if not tok:
-        tok = sum(L[i] for i in tails)
-        cst = sum(c[i] for i in tails)
-    rho = cst / tok if tok else 0.0
-    return rho * ctx.max_tokens * (1.0 + (ctx.config.balance_tolerance - 1.0) / 2)
-
-
-def _place_tails(tails: list[int], L: list[int], c: list[float], due: list[bool], pc: list[float], pt: list[int],
-                 tail_of: list[list[int]], C: int, ceiling: float) -> list[int]:
-    """Greedy: each tail (in the given order) to the cheapest pack with room, unless that
-    pack would pass ``ceiling`` (overdue tails ignore the ceiling). Returns the tails left.
-
-    Packs without room for the current tail are parked by room and come back once the
-    tails get short enough (the order is by decreasing cost, hence length, within each
-    phase; a longer tail starts a new phase), so each tail costs O(log P)."""
-    P = len(pc)
-    push, pop, replace = heapq.heappush, heapq.heappop, heapq.heapreplace
-    heap: list[tuple[float, int]] = []
-    parked: list[tuple[int, int]] = []  # (-room, pack)
-    left: list[int] = []
-    prev = -1
-    for i in tails:
-        li = L[i]
-        if li > prev:  # new phase: rebuild heap and parking
-            heap = [(pc[j], j) for j in range(P) if C - pt[j] >= li]
-            parked = [(pt[j] - C, j) for j in range(P) if C - pt[j] < li]
-            heapq.heapify(heap)
-            heapq.heapify(parked)
-        prev = li
-        while parked and -parked[0][0] >= li:
-            j = pop(parked)[1]
-            push(heap, (pc[j], j))
-        ci = c[i]
-        if not heap or (heap[0][0] + ci > ceiling and not due[i]):
-            left.append(i)
-            continue
-        j = heap[0][1]
-        tail_of[j].append(i)
-        pc[j] += ci
-        room = C - pt[j] - li
-        pt[j] += li
-        if room >= li:
-            replace(heap, (pc[j], j))
-        else:
-            pop(heap)
-            push(parked, (-room, j))
-    return left
-
-
-def _local_search(pc: list[float], pt: list[int], tail_of: list[list[int]], anchor_of: list[list[int]],
-                  L: list[int], c: list[float], C: int, max_steps: int | None = None) -> None:
-    """Move or swap one tail between the most and least expensive pack while that lowers
-    the pair's maximum (hence, step by step, the window's). In place."""
-    P = len(pc)
-    steps = max_steps if max_steps is not None else 2 * P
-    for _ in range(steps):
-        p = max(range(P), key=lambda j: (pc[j], -j))
-        q = min(range(P), key=lambda j: (pc[j], j))
-        gap = pc[p] - pc[q]
-        if gap <= 1e-12 * max(pc[p], 1e-30) or not tail_of[p]:
-            return
-        tp = np.asarray(tail_of[p])
-        lp = np.asarray([L[i] for i in tail_of[p]])
-        cp = np.asarray([c[i] for i in tail_of[p]])
-        best_val = pc[p]
-        best = None
-        # move a tail p -> q
-        ok = (pt[q] + lp <= C) & (cp < gap)
-        if len(tail_of[p]) + len(anchor_of[p]) < 2:
-            ok[:] = False  # never empty a pack
-        if ok.any():
-            val = np.where(ok, np.maximum(pc[p] - cp, pc[q] + cp), np.inf)
-            k = int(np.argmin(val))
-            if val[k] < best_val:
-                best_val, best = float(val[k]), ("move", int(tp[k]), -1)
-        # swap a tail of p with a cheaper tail of q
-        if tail_of[q]:
-            tq = np.asarray(tail_of[q])
-            lq = np.asarray([L[i] for i in tail_of[q]])
-            cq = np.asarray([c[i] for i in tail_of[q]])
-            d = cp[:, None] - cq[None, :]
-            dl = lp[:, None] - lq[None, :]
-            ok2 = (d > 0) & (d < gap) & (pt[q] + dl <= C) & (pt[p] - dl <= C)
-            if ok2.any():
-                val = np.where(ok2, np.maximum(pc[p] - d, pc[q] + d), np.inf)
-                a, b = np.unravel_index(int(np.argmin(val)), val.shape)
-                if val[a, b] < best_val:
-                    best_val, best = float(val[a, b]), ("swap", int(tp[a]), int(tq[b]))
-        if best is None:
-            return
-        kind, i, u = best
-        tail_of[p].remove(i)
-        tail_of[q].append(i)
-        pc[p] -= c[i]
-        pc[q] += c[i]
-        pt[p] -= L[i]
-        pt[q] += L[i]
-        if kind == "swap":
-            tail_of[q].remove(u)
-            tail_of[p].append(u)
-            pc[q] -= c[u]
-            pc[p] += c[u]
-            pt[q] -= L[u]
-            pt[p] += L[u]

@@ -11,6 +11,7 @@ Numpy only.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -64,9 +65,64 @@ class WindowContext:
         """The item has waited ``max_defer`` windows: it must be placed in this window."""
         return self.window - item[ARRIVAL] >= self.config.max_defer
 
+    @functools.cached_property
+    def balance(self) -> "BalanceModels":
+        """The cost models whose worse balance ``wfap`` minimises (see :class:`BalanceModels`)."""
+        return balance_models(self.config, self.cost_model, self.ref_cost_per_token)
+
     def is_due(self, item: Item) -> bool:
         """The item goes first: it is overdue, or the stream ends."""
         return self.final or self.window - item[ARRIVAL] >= self.config.max_defer
+
+
+@dataclass(frozen=True)
+class BalanceModels:
+    """The ``K`` cost models a planner balances at once, and how their costs are scaled.
+
+    Without ``price_band``: ``K = 1``, the cost model itself, costs unscaled. With it: the
+    cost model with its attention pair price times ``low`` and times ``high``, each cost
+    divided by that model's light pack cost (so ``light = 1`` and costs of both models
+    compare); a pack's *score* is then the larger of its two scaled costs.
+
+    Attributes:
+        models: the K cost models.
+        scale: (K,) factor applied to each model's costs.
+        ref: (K,) scaled cost per token of a full pack of short documents.
+        light: (K,) scaled cost of a pack filled to the cap with short documents.
+    """
+
+    models: tuple[CostModel, ...]
+    scale: np.ndarray
+    ref: np.ndarray
+    light: np.ndarray
+
+    def costs(self, lengths: np.ndarray) -> np.ndarray:
+        """(n, K) scaled cost of each span length under each model."""
+        return np.stack([m.doc_cost(lengths) * s for m, s in zip(self.models, self.scale.tolist())], axis=1)
+
+
+def scale_attention_price(cost_model: CostModel, factor: float) -> CostModel:
+    """``cost_model`` with every attention pair price (causal and masked) times ``factor``."""
+    masked = cost_model.masked_attn_s_per_pair
+    return cost_model.replace(attn_s_per_pair=cost_model.attn_s_per_pair * factor,
+                              masked_attn_s_per_pair=None if masked is None else masked * factor)
+
+
+def balance_models(config: PackingConfig, cost_model: CostModel, ref: float | None = None) -> BalanceModels:
+    """The :class:`BalanceModels` of ``config.price_band`` (``ref``: the cost model's
+    :func:`ref_cost_per_token`, when known)."""
+    C = int(config.max_tokens)
+    if config.price_band is None:
+        r = ref_cost_per_token(config, cost_model) if ref is None else ref
+        return BalanceModels((cost_model,), np.ones(1), np.array([r]), np.array([r * C]))
+    models = tuple(scale_attention_price(cost_model, k) for k in config.price_band)
+    refs = np.array([ref_cost_per_token(config, m) for m in models])
+    if not (refs > 0).all():
+        raise ValueError(f"price_band={config.price_band!r}: a pack of short documents costs 0 s under the cost "
+                         f"model {cost_model.name!r} with its attention price scaled by {config.price_band[0]:g} "
+                         "(it prices only attention): raise the band's low end above 0 (set price_band)")
+    scale = 1.0 / (refs * C)
+    return BalanceModels(models, scale, refs * scale, np.ones(len(models)))
 
 
 def ref_cost_per_token(config: PackingConfig, cost_model: CostModel) -> float:

@@ -1,0 +1,149 @@
+"""WFAP's tail placement, fill level and local search (steps 4 and 5 of
+:mod:`~atac_hf.packing.planners.wfap`).
+
+Every item and pack has ``K`` costs (one per balance model, see
+:class:`~atac_hf.packing.planners.window.BalanceModels`; ``K = 1`` without a price band);
+a pack's *score* is the largest of its ``K`` costs, and "cheapest", "ceiling" and "lowers
+the maximum" all speak of scores. With ``K = 1`` the score is the cost.
+
+Numpy only; deterministic (ties by pack index and data order).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+__all__ = ["fill_level", "place_tails", "local_search"]
+
+
+def fill_level(tails: list[int], L: list[int], c: list[list[float]], light: np.ndarray, max_tokens: int,
+               tolerance: float) -> float:
+    """Score of a pack filled to the cap with the window's small tails (each at most 1/8 of a
+    light pack at every model), plus half the balance tolerance: the level packs may reach,
+    so that a pack holding an expensive tail stops below the cap instead of becoming the
+    straggler."""
+    K = len(light)
+    small = (light / 8).tolist()
+    tok, cst = 0, [0.0] * K
+    for i in tails:
+        ci = c[i]
+        if all(ci[k] <= small[k] for k in range(K)):
+            tok += L[i]
+            cst = [a + b for a, b in zip(cst, ci)]
+    if not tok:
+        tok = sum(L[i] for i in tails)
+        cst = [sum(c[i][k] for i in tails) for k in range(K)]
+    rho = max(cst) / tok if tok else 0.0
+    return rho * max_tokens * (1.0 + (tolerance - 1.0) / 2)
+
+
+def place_tails(tails: list[int], L: list[int], c: list[list[float]], due: list[bool], pc: list[list[float]],
+                pt: list[int], tail_of: list[list[int]], C: int, ceiling: float) -> list[int]:
+    """Greedy: each tail (in the given order) to the pack of lowest score with room, unless
+    that pack's score would pass ``ceiling`` (overdue tails ignore the ceiling). Updates
+    ``pc`` (rebinding each changed pack's list), ``pt`` and ``tail_of``; returns the tails left.
+
+    Packs without room for the current tail are parked by room and come back once the
+    tails get short enough (the order is by decreasing score, hence length, within each
+    phase; a longer tail starts a new phase), so each tail costs O(log P)."""
+    P = len(pc)
+    push, pop, replace = heapq.heappush, heapq.heappop, heapq.heapreplace
+    heap: list[tuple[float, int]] = []
+    parked: list[tuple[int, int]] = []  # (-room, pack)
+    left: list[int] = []
+    prev = -1
+    one = len(pc[0]) == 1 if P else True
+    for i in tails:
+        li = L[i]
+        if li > prev:  # new phase: rebuild heap and parking
+            heap = [(max(pc[j]), j) for j in range(P) if C - pt[j] >= li]
+            parked = [(pt[j] - C, j) for j in range(P) if C - pt[j] < li]
+            heapq.heapify(heap)
+            heapq.heapify(parked)
+        prev = li
+        while parked and -parked[0][0] >= li:
+            j = pop(parked)[1]
+            push(heap, (max(pc[j]), j))
+        ci = c[i]
+        if not heap:
+            left.append(i)
+            continue
+        j = heap[0][1]
+        new = [pc[j][0] + ci[0]] if one else [a + b for a, b in zip(pc[j], ci)]
+        score = new[0] if one else max(new)
+        if score > ceiling and not due[i]:
+            left.append(i)
+            continue
+        tail_of[j].append(i)
+        pc[j] = new
+        room = C - pt[j] - li
+        pt[j] += li
+        if room >= li:
+            replace(heap, (score, j))
+        else:
+            pop(heap)
+            push(parked, (-room, j))
+    return left
+
+
+def local_search(pc: list[list[float]], pt: list[int], tail_of: list[list[int]], anchor_of: list[list[int]],
+                 L: list[int], c: list[list[float]], C: int, max_steps: int | None = None) -> None:
+    """Move or swap one tail between the pack of highest and of lowest score while that
+    lowers the pair's higher score (hence, step by step, the window's). In place."""
+    P = len(pc)
+    steps = max_steps if max_steps is not None else 2 * P
+    for _ in range(steps):
+        sc = [max(v) for v in pc]
+        p = max(range(P), key=lambda j: (sc[j], -j))
+        q = min(range(P), key=lambda j: (sc[j], j))
+        gap = sc[p] - sc[q]
+        if gap <= 1e-12 * max(sc[p], 1e-30) or not tail_of[p]:
+            return
+        pcp, pcq = np.asarray(pc[p]), np.asarray(pc[q])
+        tp = np.asarray(tail_of[p])
+        lp = np.asarray([L[i] for i in tail_of[p]])
+        cp = np.asarray([c[i] for i in tail_of[p]])  # (m, K)
+        best_val = sc[p]
+        best = None
+        # move a tail p -> q
+        ok = pt[q] + lp <= C
+        if len(tail_of[p]) + len(anchor_of[p]) < 2:
+            ok[:] = False  # never empty a pack
+        if ok.any():
+            val = np.maximum((pcp[None, :] - cp).max(axis=1), (pcq[None, :] + cp).max(axis=1))
+            val = np.where(ok & (val < sc[p]), val, np.inf)
+            k = int(np.argmin(val))
+            if val[k] < best_val:
+                best_val, best = float(val[k]), ("move", int(tp[k]), -1)
+        # swap a tail of p with a tail of q
+        if tail_of[q]:
+            tq = np.asarray(tail_of[q])
+            lq = np.asarray([L[i] for i in tail_of[q]])
+            cq = np.asarray([c[i] for i in tail_of[q]])
+            d = cp[:, None, :] - cq[None, :, :]  # (m, n, K)
+            dl = lp[:, None] - lq[None, :]
+            ok2 = (pt[q] + dl <= C) & (pt[p] - dl <= C)
+            if ok2.any():
+                val = np.maximum((pcp - d).max(axis=2), (pcq + d).max(axis=2))
+                val = np.where(ok2 & (val < sc[p]), val, np.inf)
+                a, b = np.unravel_index(int(np.argmin(val)), val.shape)
+                if val[a, b] < best_val:
+                    best_val, best = float(val[a, b]), ("swap", int(tp[a]), int(tq[b]))
+        if best is None:
+            return
+        kind, i, u = best
+        tail_of[p].remove(i)
+        tail_of[q].append(i)
+        pc[p] = [a - b for a, b in zip(pc[p], c[i])]
+        pc[q] = [a + b for a, b in zip(pc[q], c[i])]
+        pt[p] -= L[i]
+        pt[q] += L[i]
+        if kind == "swap":
+            tail_of[q].remove(u)
+            tail_of[p].append(u)
+            pc[q] = [a - b for a, b in zip(pc[q], c[u])]
+            pc[p] = [a + b for a, b in zip(pc[p], c[u])]
+            pt[q] -= L[u]
+            pt[p] += L[u]
