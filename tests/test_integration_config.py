@@ -356,12 +356,19 @@ def test_more_user_errors_are_clear(tmp_path, monkeypatch):
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(ValueError, match=r"is not valid JSON"):
         ATACConfig.from_yaml(tmp_path / "bad.json")
+    # tensor parallelism composes with CP now (issue 19): accepted from the launch config and from code
     env = {"ACCELERATE_USE_PARALLELISM_CONFIG": "true", "PARALLELISM_CONFIG_CP_SIZE": "2",
            "PARALLELISM_CONFIG_TP_SIZE": "2"}
-    with pytest.raises(ValueError, match=r"tp_size=2 / sp_size=1: ATP-CP does not compose with tensor"):
-        build_parallelism_config(ATACConfig(cp_size=2), 4, environ=env)
-    with pytest.raises(ValueError, match=r"tp_size=2 / sp_size=1: ATP-CP does not compose"):
-        as_atac_parallelism_config(ParallelismConfig(tp_size=2, cp_size=1, dp_shard_size=1, dp_replicate_size=1))
+    pc = build_parallelism_config(ATACConfig(cp_size=2), 4, environ=env)
+    assert (pc.tp_size, pc.cp_size, pc.dp_shard_size, pc.dp_replicate_size) == (2, 2, 1, 1)
+    pc = as_atac_parallelism_config(ParallelismConfig(tp_size=2, cp_size=1, dp_shard_size=1, dp_replicate_size=1))
+    assert pc.tp_size == 2
+    # sequence parallelism (DeepSpeed Ulysses) still does not compose
+    with pytest.raises(ValueError, match=r"parallelism_config_sp_size=2: ATP-CP does not compose with sequence"):
+        build_parallelism_config(ATACConfig(cp_size=1), 2,
+                                 environ={"ACCELERATE_USE_PARALLELISM_CONFIG": "true", "PARALLELISM_CONFIG_SP_SIZE": "2"})
+    with pytest.raises(ValueError, match=r"sp_size=2: ATP-CP does not compose with sequence parallelism"):
+        as_atac_parallelism_config(ParallelismConfig(sp_size=2, cp_size=1, dp_shard_size=1, dp_replicate_size=1))
     args = SimpleNamespace(world_size=2, label_smoothing_factor=0.0, average_tokens_across_devices=True,
                            per_device_train_batch_size=1, per_device_eval_batch_size=1)
     monkeypatch.setenv("WORLD_SIZE", "2")

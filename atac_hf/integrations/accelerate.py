@@ -10,9 +10,12 @@ Why each piece exists (details and removal conditions in :mod:`._hf_compat`):
   windows. The add-on shards and masks exactly itself, so the hooks stay off:
   :class:`ATACAccelerator` overrides ``_prepare_cp``; for an accelerator created elsewhere
   (Trainer's) :func:`bypass_torch_cp_hooks` does the same per instance, reversibly.
-* The mesh puts CP innermost (``dp_replicate, dp_shard, cp``): the ranks of one CP group
-  are consecutive, Accelerate's prepared DataLoaders give them the same batches, and
-  DDP/FSDP average gradients over dp x cp.
+* The mesh puts CP innermost (``dp_replicate, dp_shard, cp``), or next to TP
+  (``..., cp, tp``): the ranks of one CP group are consecutive (TP ranks apart), Accelerate's
+  prepared DataLoaders give every CP and TP rank of a replica the same batches, and DDP/FSDP
+  average gradients over dp x cp. Tensor parallelism (``tp_size > 1``): see
+  :mod:`.tensor_parallel` (Accelerate wraps no DDP then; :meth:`ATACAccelerator.backward`
+  averages the gradients over dp x cp itself).
 
 Plain loop::
 
@@ -43,12 +46,14 @@ from accelerate.utils import DistributedType, InitProcessGroupKwargs
 from ._hf_compat import bypass_torch_cp_hooks, validate_parallelism_on_cpu
 from .config import ATACConfig
 from .sharder import BatchSharder, count_targets, model_kv_bytes_per_token, prepare_model, unwrap_base_model
+from .tensor_parallel import apply_tensor_parallel, dp_cp_group, remap_optimizer_params, sync_tp_gradients
 
 __all__ = [
     "ATACAccelerator",
     "ATACParallelismConfig",
     "build_parallelism_config",
     "bypass_torch_cp_hooks",
+    "check_tp_layout",
     "cp_coordinates",
 ]
 
@@ -74,35 +79,54 @@ def _env_int(environ: Mapping[str, str], key: str, default: int = 1) -> int:
 
 
 def build_parallelism_config(config: ATACConfig, world_size: int, *, fsdp: bool = False,
-                             environ: Mapping[str, str] | None = None) -> ATACParallelismConfig:
-    """The mesh for ``config.cp_size`` over ``world_size`` processes: CP innermost, DP outside.
+                             environ: Mapping[str, str] | None = None, tp_size: int | None = None
+                             ) -> ATACParallelismConfig:
+    """The mesh for ``config.cp_size`` (and ``tp_size``) over ``world_size`` processes.
 
-    Sizes from an ``accelerate launch`` config (``PARALLELISM_CONFIG_*``) are honoured; when its
-    DP sizes are left at 1 they are derived (``world_size // cp_size``). Without one: with
-    ``cp_size > 1`` or FSDP, ``dp_shard = world // cp`` (Accelerate requires a ``dp_shard``
-    axis next to CP; without FSDP the model is still wrapped in DDP); else ``dp_replicate``.
+    Axes in Accelerate's order ``dp_replicate, dp_shard, cp, tp``: TP innermost, then CP, DP
+    outside, so a TP group and then a CP group are consecutive ranks (one node; see
+    ``docs/INTEGRATION.md``, multi-node layouts). Sizes from an ``accelerate launch`` config
+    (``PARALLELISM_CONFIG_*``, ``parallelism_config_tp_size`` included) are honoured; when its DP
+    sizes are left at 1 they are derived (``world_size // (cp_size x tp_size)``). Without one:
+    with ``cp_size > 1``, ``tp_size > 1`` or FSDP, ``dp_shard = world // (cp x tp)`` (Accelerate
+    requires a ``dp_shard`` axis next to CP/TP; without FSDP the model is still wrapped in DDP,
+    or, with TP, its gradients averaged by the add-on); else ``dp_replicate``.
+
+    Args:
+        tp_size: TP ranks; ``None``: the launch config's ``parallelism_config_tp_size`` or 1.
 
     Raises:
-        ValueError: ``cp_size`` does not divide ``world_size`` (names both), a launch config whose
-            sizes do not multiply to the world size, or ``tp_size``/``sp_size`` > 1 (not supported).
+        ValueError: ``cp_size x tp_size`` not dividing ``world_size`` (names them), a launch config
+            whose sizes do not multiply to the world size or whose tp size disagrees with
+            ``tp_size``, or ``sp_size > 1`` (not supported).
     """
     env = os.environ if environ is None else environ
     cp = int(config.cp_size)
     world = int(world_size)
     if world < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size!r}")
-    if world % cp:
+    launch = env.get("ACCELERATE_USE_PARALLELISM_CONFIG", "").lower() == "true"
+    launch_tp = _env_int(env, "PARALLELISM_CONFIG_TP_SIZE") if launch else 1
+    if tp_size is not None and launch and int(tp_size) != launch_tp:
+        raise ValueError(f"tp_size={tp_size} disagrees with parallelism_config_tp_size={launch_tp} (accelerate "
+                         "launch config): set them to the same value")
+    tp = int(tp_size) if tp_size is not None else launch_tp
+    if tp < 1:
+        raise ValueError(f"tp_size={tp} must be >= 1 (parallelism_config_tp_size)")
+    if world % (cp * tp):
         divisors = [d for d in range(1, world + 1) if world % d == 0]
+        what = f"cp_size={cp}" if tp == 1 else f"cp_size={cp} x tp_size={tp} = {cp * tp}"
         raise ValueError(
-            f"cp_size={cp} does not divide the world size {world} (processes launched): set cp_size to one of "
-            f"{divisors}, or launch a multiple of {cp} processes (accelerate launch --num_processes)"
+            f"{what} does not divide the world size {world} (processes launched): choose sizes whose product is "
+            f"one of {divisors}, or launch a multiple of {cp * tp} processes (accelerate launch --num_processes)"
         )
-    dp = world // cp
-    if env.get("ACCELERATE_USE_PARALLELISM_CONFIG", "").lower() == "true":
-        tp, sp = _env_int(env, "PARALLELISM_CONFIG_TP_SIZE"), _env_int(env, "PARALLELISM_CONFIG_SP_SIZE")
-        if tp > 1 or sp > 1:
-            raise ValueError(f"parallelism_config_tp_size={tp} / sp_size={sp}: ATP-CP does not compose with tensor "
-                             "or sequence parallelism yet; set them to 1 in the launch config")
+    dp = world // (cp * tp)
+    nested = cp > 1 or tp > 1 or fsdp
+    if launch:
+        sp = _env_int(env, "PARALLELISM_CONFIG_SP_SIZE")
+        if sp > 1:
+            raise ValueError(f"parallelism_config_sp_size={sp}: ATP-CP does not compose with sequence parallelism "
+                             "(DeepSpeed Ulysses); set it to 1 in the launch config and use cp_size")
         launch_cp = _env_int(env, "PARALLELISM_CONFIG_CP_SIZE")
         if launch_cp != cp:
             raise ValueError(f"cp_size={cp} (ATAC config) disagrees with parallelism_config_cp_size={launch_cp} "
@@ -110,27 +134,43 @@ def build_parallelism_config(config: ATACConfig, world_size: int, *, fsdp: bool 
         rep = _env_int(env, "PARALLELISM_CONFIG_DP_REPLICATE_SIZE")
         shard = _env_int(env, "PARALLELISM_CONFIG_DP_SHARD_SIZE")
         if rep * shard == 1 and dp > 1:
-            rep, shard = (1, dp) if (cp > 1 or fsdp) else (dp, 1)
-        if rep * shard * cp != world:
+            rep, shard = (1, dp) if nested else (dp, 1)
+        if rep * shard * cp * tp != world:
             raise ValueError(
-                f"the launch config's parallelism_config (dp_replicate={rep} x dp_shard={shard} x cp={cp} = "
-                f"{rep * shard * cp}) does not match the world size {world}; fix the sizes or --num_processes"
+                f"the launch config's parallelism_config (dp_replicate={rep} x dp_shard={shard} x cp={cp} x tp={tp} "
+                f"= {rep * shard * cp * tp}) does not match the world size {world}; fix the sizes or --num_processes"
             )
     else:
-        rep, shard = (1, dp) if (cp > 1 or fsdp) else (dp, 1)
-    return ATACParallelismConfig(dp_replicate_size=rep, dp_shard_size=shard, tp_size=1, cp_size=cp, sp_size=1,
+        rep, shard = (1, dp) if nested else (dp, 1)
+    return ATACParallelismConfig(dp_replicate_size=rep, dp_shard_size=shard, tp_size=tp, cp_size=cp, sp_size=1,
                                  cp_backend="torch")
 
 
 def as_atac_parallelism_config(pc: ParallelismConfig) -> ATACParallelismConfig:
-    """The same sizes as an :class:`ATACParallelismConfig` (a user-built ``ParallelismConfig``)."""
+    """The same sizes as an :class:`ATACParallelismConfig` (a user-built ``ParallelismConfig``).
+
+    Raises:
+        ValueError: ``sp_size > 1`` (sequence parallelism does not compose with ATP-CP).
+    """
     if isinstance(pc, ATACParallelismConfig):
         return pc
-    if pc.tp_size > 1 or pc.sp_size > 1:
-        raise ValueError(f"parallelism_config tp_size={pc.tp_size} / sp_size={pc.sp_size}: ATP-CP does not compose "
-                         "with tensor or sequence parallelism yet")
+    if pc.sp_size > 1:
+        raise ValueError(f"parallelism_config sp_size={pc.sp_size}: ATP-CP does not compose with sequence "
+                         "parallelism (DeepSpeed Ulysses); set sp_size=1 and use cp_size")
     return ATACParallelismConfig(dp_replicate_size=pc.dp_replicate_size, dp_shard_size=pc.dp_shard_size,
-                                 tp_size=1, cp_size=pc.cp_size, sp_size=1, cp_backend=pc.cp_backend)
+                                 tp_size=pc.tp_size, cp_size=pc.cp_size, sp_size=1, cp_backend=pc.cp_backend)
+
+
+def check_tp_layout(pc: ParallelismConfig, *, fsdp: bool) -> None:
+    """Refuse the TP layouts the add-on does not run: FSDP with ``tp_size > 1``.
+
+    Raises:
+        ValueError: names the sizes and what to change.
+    """
+    if pc.tp_size > 1 and fsdp:
+        raise ValueError(f"tp_size={pc.tp_size} with FSDP: atac-hf runs tensor parallelism with plain data "
+                         "parallelism only (the add-on averages gradients over dp x cp); drop the FSDP plugin "
+                         "(distributed_type: MULTI_GPU), or set tp_size=1 and shard parameters with FSDP2")
 
 
 def cp_coordinates(accelerator: Accelerator, cp_size: int, *, timeout_s: float | None = None) -> tuple[int, Any]:
@@ -169,13 +209,17 @@ class ATACAccelerator(Accelerator):
 
     Per batch: :meth:`shard` (plan + shard + loss normaliser), then the usual
     ``accelerator.backward(loss)``. Each rank's loss is its share of the pack's loss scaled by
-    ``num_processes x gradient_accumulation_steps``, so DDP/FSDP's gradient mean (and the
-    division in ``backward``) leaves exactly the single-device gradient; :meth:`reduce_loss`
-    gives the pack's loss.
+    ``num_processes / tp_size x gradient_accumulation_steps``, so DDP/FSDP's gradient mean over
+    dp x cp (with TP: :meth:`backward`'s own mean over dp x cp) and the division in
+    ``backward`` leave exactly the single-device gradient; :meth:`reduce_loss` gives the pack's
+    loss. With ``tp_size > 1`` (``parallelism_config=ParallelismConfig(tp_size=T, cp_size=C)``
+    or ``parallelism_config_tp_size``) :meth:`prepare` shards the model with its own
+    ``tp_plan``; call ``accelerator.backward`` (not ``loss.backward()``).
 
     Raises:
-        ValueError: ``cp_size`` not dividing the number of processes, an attention backend that
-            cannot run here.
+        ValueError: ``cp_size x tp_size`` not dividing the number of processes, an attention
+            backend that cannot run here, ``tp_size > 1`` with FSDP, and at :meth:`prepare` a
+            model without a ``tp_plan`` or whose heads ``tp_size`` does not divide.
     """
 
     def __init__(self, atac_config: ATACConfig | None = None, *, cpu: bool | None = None,
@@ -186,18 +230,21 @@ class ATACAccelerator(Accelerator):
         # which Accelerator.__init__ would read too late (PartialState is created only once)
         init = next((h for h in kwargs.get("kwargs_handlers") or () if isinstance(h, InitProcessGroupKwargs)), None)
         state = PartialState(cpu=cpu, **(init.to_kwargs() if init is not None else {}))
+        fsdp = _fsdp_requested(kwargs)
         if parallelism_config is None:
-            parallelism_config = build_parallelism_config(config, state.num_processes, fsdp=_fsdp_requested(kwargs))
+            parallelism_config = build_parallelism_config(config, state.num_processes, fsdp=fsdp)
         else:
             parallelism_config = as_atac_parallelism_config(parallelism_config)
             if parallelism_config.cp_size != config.cp_size:
                 raise ValueError(f"parallelism_config.cp_size={parallelism_config.cp_size} disagrees with "
                                  f"atac_config.cp_size={config.cp_size}")
+        check_tp_layout(parallelism_config, fsdp=fsdp)
         super().__init__(cpu=cpu, parallelism_config=parallelism_config, **kwargs)
         config.check_runtime(self.device.type)
         self.atac_config = config
         self.cp_rank, self.cp_group = cp_coordinates(self, config.cp_size, timeout_s=config.collective_timeout_s)
-        self.dp_size = self.num_processes // config.cp_size
+        self.tp_size = int(parallelism_config.tp_size)
+        self.dp_size = self.num_processes // (config.cp_size * self.tp_size)
         self.sharder: BatchSharder | None = None
 
     def _prepare_cp(self, *args: Any) -> tuple:
@@ -205,14 +252,25 @@ class ATACAccelerator(Accelerator):
         return args
 
     def prepare(self, *args: Any, **kwargs: Any):
-        """``Accelerator.prepare``; models are checked and switched to ``attn_implementation="atac_cp"`` first."""
+        """``Accelerator.prepare``; models are checked and switched to ``attn_implementation="atac_cp"`` first.
+
+        With ``tp_size > 1`` each model is sharded with its own ``tp_plan`` on the mesh's "tp"
+        axis first (:func:`~.tensor_parallel.apply_tensor_parallel`), and the optimizers passed
+        in the same call are pointed at the sharded parameters.
+        """
+        optimizers = [o for o in args if isinstance(o, torch.optim.Optimizer)]
         for obj in args:
             if isinstance(obj, torch.nn.Module):
+                old = dict(obj.named_parameters())
                 self._setup_model(obj)
+                if self.tp_size > 1:
+                    remap_optimizer_params(optimizers, old, dict(obj.named_parameters()))
         return super().prepare(*args, **kwargs)
 
     def _setup_model(self, model: torch.nn.Module) -> None:
         prepare_model(model, self.atac_config)
+        if self.tp_size > 1:
+            apply_tensor_parallel(model, self.torch_device_mesh["tp"])
         base_config = unwrap_base_model(model).config
         try:
             dtype_bytes = next(model.parameters()).element_size()
@@ -221,8 +279,20 @@ class ATACAccelerator(Accelerator):
         self.sharder = BatchSharder(
             self.atac_config, cp_rank=self.cp_rank, cp_group=self.cp_group,
             cost_model=self.atac_config.cost_model(base_config, dtype_bytes=min(dtype_bytes, 2)),
-            kv_bytes_per_token=model_kv_bytes_per_token(model), device_type=self.device.type,
+            kv_bytes_per_token=model_kv_bytes_per_token(model) / self.tp_size, device_type=self.device.type,
         )
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``Accelerator.backward``; with ``tp_size > 1``, at a gradient-sync step the gradients are then
+        averaged over dp x cp (Accelerate does not wrap a TP model in DDP)."""
+        super().backward(loss, **kwargs)
+        if self.tp_size > 1 and self.sync_gradients:
+            if not self._models:
+                raise RuntimeError("accelerator.backward with tp_size > 1 needs the model prepared first: call "
+                                   "accelerator.prepare(model, optimizer)")
+            group = dp_cp_group(self.torch_device_mesh)
+            for model in self._models:
+                sync_tp_gradients(model, group)
 
     def packed_dataloader(self, dataset: Any, *, seed: int = 0, shuffle: bool | None = None, **loader_kwargs: Any):
         """A prepared DataLoader of WFAP packs for ``dataset`` and its sampler (call ``sampler.set_epoch``).
@@ -241,12 +311,13 @@ class ATACAccelerator(Accelerator):
     def count_items(self, batches: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> int:
         """Global target count of the step: ``batches`` counted here, summed over DP replicas.
 
-        Collective: every rank calls it with its own batches (CP ranks of a replica hold the same).
+        Collective: every rank calls it with its own batches (the CP and TP ranks of a replica
+        hold the same, so the world sum is divided by ``cp_size x tp_size``).
         """
         n = torch.tensor(float(count_targets(batches)), device=self.device)
         if self.num_processes > 1:
             dist.all_reduce(n)
-        return int(round(n.item() / self.atac_config.cp_size))
+        return int(round(n.item() / (self.atac_config.cp_size * self.tp_size)))
 
     def shard(self, batch: Mapping[str, Any], *, num_items_in_batch: int | None = None) -> dict:
         """This rank's inputs for ``model(**inputs)``: plan the pack, shard it, set the loss normaliser.
@@ -258,19 +329,21 @@ class ATACAccelerator(Accelerator):
 
         Returns:
             ``shard_batch``'s dict; its ``num_items_in_batch`` is the global count divided by
-            ``num_processes x gradient_accumulation_steps`` (see the class docstring).
+            ``num_processes / tp_size x gradient_accumulation_steps`` (see the class docstring).
         """
         if self.sharder is None:
             raise RuntimeError("call accelerator.prepare(model, ...) before shard(): it selects the atac_cp "
                                "attention and builds the planner's cost model")
         n = self.count_items(batch) if num_items_in_batch is None else num_items_in_batch
-        norm = max(float(n), 1.0) / (self.num_processes * self.gradient_accumulation_steps)
+        norm = max(float(n), 1.0) / (self.num_processes // self.tp_size * self.gradient_accumulation_steps)
         return self.sharder(batch, num_items_in_batch=norm)
 
     def reduce_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """The micro-batch's loss (its share of the step's mean) from the per-rank loss of :meth:`shard`.
 
-        Collective. Without gradient accumulation this is the step's loss.
+        Collective. Without gradient accumulation this is the step's loss. (With TP every TP rank
+        holds the same loss, scaled by ``num_processes / tp_size``: the world sum over
+        ``num_processes`` is the same figure.)
         """
         total = loss.detach().clone()
         if self.num_processes > 1:

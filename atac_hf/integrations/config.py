@@ -28,13 +28,15 @@ from typing import Any, Mapping
 
 from .config_files import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, path_repr, read_config_file, short_repr, short_text
 
-__all__ = ["ATACConfig", "ENV_PREFIX", "ATTENTION_BACKENDS", "COST_PRESETS", "MAX_CONFIG_BYTES", "MAX_CONFIG_DEPTH",
+__all__ = ["ATACConfig", "ENV_PREFIX", "ATTENTION_BACKENDS", "COST_PRESETS", "KV_EXCHANGES", "MAX_CONFIG_BYTES", "MAX_CONFIG_DEPTH",
            "MIN_COLLECTIVE_TIMEOUT_S", "MAX_COLLECTIVE_TIMEOUT_S", "short_repr"]
 
 ENV_PREFIX = "ATAC_"
 ENV_CONFIG_FILE = "ATAC_CONFIG"
 # "auto": flash (flash-attn) or varlen (torch's varlen_attn) on CUDA, sdpa elsewhere
 ATTENTION_BACKENDS = ("sdpa", "flash", "flex", "varlen", "varlen_reference", "auto")
+#: Legal ``kv_exchange`` values besides None (the strategy's own): ``plan_shards``'s.
+KV_EXCHANGES = ("auto", "all_gather", "all_to_all")
 # "default": the package's default cost model; the others: HARDWARE_PRESETS keys, with the
 # model's dimensions read from its config.
 COST_PRESETS = ("default", "A800", "H100", "H200")
@@ -97,6 +99,12 @@ class ATACConfig:
             a CP group that is a mesh subgroup, when DP > 1, otherwise gets torch's 30 minutes).
             When the CP group is the whole world it is the default group: the value then
             applies to every collective of the run. From 1 s to one day.
+        kv_exchange: how the K/V of documents split over the CP group travel
+            (:func:`~atac_hf.sharding.plan_shards`'s ``kv_exchange``): ``all_gather`` (every rank
+            receives every split document's K/V), ``all_to_all`` (each rank receives only the key
+            prefixes its chunks attend to), ``auto`` (the one the cost model estimates faster,
+            per pack) or ``None`` (default: the sharding strategy's own; ``atp``: ``auto``, the
+            baselines: ``all_gather``).
     """
 
     cp_size: int = 1
@@ -113,6 +121,7 @@ class ATACConfig:
     min_chunk: int | None = None
     debug: bool = False
     collective_timeout_s: float | None = None
+    kv_exchange: str | None = None
 
     def __post_init__(self) -> None:
         from ..packing.config import STRATEGIES as PACKING_STRATEGIES
@@ -171,6 +180,10 @@ class ATACConfig:
                              "(set collective_timeout_s / ATAC_COLLECTIVE_TIMEOUT_S)")
         if t is not None:
             object.__setattr__(self, "collective_timeout_s", float(t))
+        if self.kv_exchange is not None and (not isinstance(self.kv_exchange, str)
+                                             or self.kv_exchange not in KV_EXCHANGES):
+            raise ValueError(f"unknown kv_exchange {r(self.kv_exchange)}; legal values: None, "
+                             f"{list(KV_EXCHANGES)} (set kv_exchange / {ENV_PREFIX}KV_EXCHANGE)")
         for name in ("cp_size", "max_tokens", "window_size", "max_tokens_per_rank", "min_chunk"):
             if getattr(self, name) is not None:  # numpy ints become plain ints (YAML/JSON-serialisable)
                 object.__setattr__(self, name, int(getattr(self, name)))
@@ -384,7 +397,7 @@ def _parse_env(key: str, name: str, raw: str) -> Any:
         if not isinstance(value, dict):
             raise ValueError(f"{key} must be a JSON object, got {type(value).__name__}")
         return value
-    if name == "cost_profile":
+    if name in ("cost_profile", "kv_exchange"):
         return None if text.lower() in _NONE else text
     if name == "collective_timeout_s":
         if text.lower() in _NONE:

@@ -211,7 +211,8 @@ class BatchSharder:
         t0 = time.perf_counter()
         lengths = doc_lengths_from_batch(batch)
         plan = plan_shards(lengths, self.cp_size, self.strategy, self.cost_model,
-                           max_tokens_per_rank=self.config.max_tokens_per_rank, min_chunk=self.min_chunk)
+                           max_tokens_per_rank=self.config.max_tokens_per_rank, min_chunk=self.min_chunk,
+                           kv_exchange=self.config.kv_exchange)
         # plan_shards gives every rank a token whenever the pack has >= cp_size tokens; a smaller
         # pack (e.g. one short document, left by even_batches at the end of a pass) cannot run
         if self.cp_size > 1 and plan.num_tokens < self.cp_size:

@@ -40,11 +40,13 @@ from transformers import Trainer, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 from transformers.utils import logging as hf_logging
 
-from .accelerate import as_atac_parallelism_config, build_parallelism_config, bypass_torch_cp_hooks, cp_coordinates
+from .accelerate import as_atac_parallelism_config, build_parallelism_config, bypass_torch_cp_hooks, check_tp_layout
+from .accelerate import cp_coordinates
 from .config import ATACConfig
 from .data import build_packed_dataloader, build_streaming_dataloader, check_collator, check_dataset_columns
 from .data import is_streaming_dataset
 from .sharder import BatchSharder, model_kv_bytes_per_token, prepare_model, unwrap_base_model
+from .tensor_parallel import apply_tensor_parallel, dp_cp_group, remap_optimizer_params, sync_tp_gradients
 
 __all__ = ["ATACTrainer", "SAMPLER_STATE_NAME"]
 
@@ -173,6 +175,7 @@ class ATACTrainer(Trainer):
                 raise ValueError(f"args.parallelism_config.cp_size={pc.cp_size} disagrees with "
                                  f"atac_config.cp_size={config.cp_size}")
             args.parallelism_config = pc
+        check_tp_layout(args.parallelism_config, fsdp=fsdp)
         if data_collator is not None and type(data_collator) is not PackedDataCollator:
             probe = next((d for d in [train_dataset, *evals.values()] if d is not None), None)
             if probe is not None and hasattr(probe, "__getitem__") and hasattr(probe, "__len__"):
@@ -189,10 +192,19 @@ class ATACTrainer(Trainer):
         self.atac_config = config
         self.cp_rank, self.cp_group = cp_coordinates(self.accelerator, config.cp_size,
                                                      timeout_s=config.collective_timeout_s)
-        self.dp_size = self.args.world_size // config.cp_size
+        self.atac_tp_size = int(args.parallelism_config.tp_size)
+        self.atac_tp_rank = 0
+        if self.atac_tp_size > 1:  # the model's own tp_plan on the mesh's "tp" axis (after the checks above)
+            mesh = self.accelerator.torch_device_mesh
+            old = dict(self.model.named_parameters())
+            apply_tensor_parallel(self.model, mesh["tp"])
+            remap_optimizer_params([o for o in (self.optimizer,) if o is not None], old,
+                                   dict(self.model.named_parameters()))
+            self.atac_tp_rank = int(mesh["tp"].get_local_rank())
+        self.dp_size = self.args.world_size // (config.cp_size * self.atac_tp_size)
         base = unwrap_base_model(self.model)
         half = self.args.bf16 or self.args.fp16
-        kv_per_token = model_kv_bytes_per_token(base)
+        kv_per_token = model_kv_bytes_per_token(base) / self.atac_tp_size  # each TP rank moves its own heads
         if half and next(base.parameters()).element_size() == 4:
             kv_per_token /= 2  # K/V are computed in the autocast dtype
         self.atac_sharder = BatchSharder(
@@ -257,17 +269,27 @@ class ATACTrainer(Trainer):
         return contextlib.nullcontext, local
 
     def _track_num_input_tokens(self, inputs):
-        # Trainer sums the count over the world: count this rank's share of the pack, not the full copy
+        # Trainer sums the count over the world: count this rank's share of the pack, not the full
+        # copy, and only once per TP group (its ranks hold the same tokens)
         local = getattr(self, "_atac_local_ids", None)
-        if self.atac_config.cp_size > 1 and local is not None:
+        if (self.atac_config.cp_size > 1 or self.atac_tp_size > 1) and local is not None:
             main = getattr(self.model, "main_input_name", "input_ids")
             inputs = {k: v for k, v in inputs.items() if k != main and k != "attention_mask"}
-            inputs[main] = local
+            inputs[main] = local if self.atac_tp_rank == 0 else local[:, :0]
         return super()._track_num_input_tokens(inputs)
 
     def floating_point_ops(self, inputs: dict[str, Any]) -> int:
-        """Trainer's estimate for the full pack, divided by ``cp_size`` (each rank computes its share)."""
-        return super().floating_point_ops(inputs) // self.atac_config.cp_size
+        """Trainer's estimate for the full pack, divided by ``cp_size x tp_size`` (each rank computes its share)."""
+        return super().floating_point_ops(inputs) // (self.atac_config.cp_size * self.atac_tp_size)
+
+    def training_step(self, model: torch.nn.Module, inputs: dict[str, Any], *args: Any, **kwargs: Any):
+        """Trainer's step; with ``tp_size > 1`` the gradients are averaged over dp x cp at each
+        gradient-sync step (Accelerate wraps a TP model in no DDP; Trainer has scaled the loss by
+        ``world / tp_size``, so the mean is the sum of the CP and DP shares)."""
+        loss = super().training_step(model, inputs, *args, **kwargs)
+        if self.atac_tp_size > 1 and self.accelerator.sync_gradients:
+            sync_tp_gradients(model, dp_cp_group(self.accelerator.torch_device_mesh))
+        return loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         if self.atac_config.cp_size > 1 and not prediction_loss_only:
@@ -285,7 +307,8 @@ class ATACTrainer(Trainer):
         docs = torch.tensor(float(self._atac_docs_trained), dtype=torch.float64, device=self.args.device)
         if self.args.world_size > 1 and dist.is_initialized():
             dist.all_reduce(docs)
-        real = float(docs.item()) / self.atac_config.cp_size  # every CP rank of a replica saw the same packs
+        # every CP and TP rank of a replica saw the same packs
+        real = float(docs.item()) / (self.atac_config.cp_size * self.atac_tp_size)
         steps = self.state.global_step - self._initial_global_step
         # Trainer reports num_train_samples x steps run / max_steps: hand it the figure that gives `real`
         num_train_samples = real * max(self.state.max_steps, 1) / max(steps, 1)

@@ -1,0 +1,252 @@
+"""Tensor parallelism (TP) x ATP-CP: the model's own ``tp_plan`` on the TP axis of the accelerator's mesh.
+
+The mesh (Accelerate's order) is ``dp_replicate, dp_shard, cp, tp``: TP innermost (its ranks
+are consecutive, on one node: TP all-reduces activations in every layer), CP next. With
+``tp_size=T`` and ``cp_size=C`` global rank ``r`` has TP coordinate ``r % T``, CP coordinate
+``(r // T) % C`` and DP replica ``r // (T x C)``; Accelerate's prepared DataLoaders give every
+rank of a replica the same batch.
+
+What runs where:
+
+* The q/k/v projections are column-sharded by the model's ``tp_plan`` (transformers'
+  ``apply_tensor_parallelism``, DTensor): each TP rank computes the local heads ``H / T`` and
+  ``K / T``, and the ``atac_cp`` attention runs on them. K/V move only inside the CP group of
+  that TP rank (``mesh["cp"]``: the ranks with the same TP and DP coordinates).
+* Every TP rank of a CP rank holds the same tokens: the plan is a pure function of the pack,
+  and every rank of a replica gets the same pack.
+* Gradients: TP ranks compute the same (replicated) loss; DTensor's backward gives each its
+  shard's gradient. Accelerate does not wrap a TP model in DDP, so :func:`sync_tp_gradients`
+  averages gradients over ``mesh["dp_cp"]`` (the ranks holding the same shard); with each
+  rank's loss scaled by ``(world / T) x grad_accum`` (what Trainer does, and
+  :meth:`ATACAccelerator.shard`) that mean is the sum of the CP and DP shares: the
+  single-device gradient.
+
+Supported: plain TP x CP x DP (no FSDP). FSDP2 with ``tp_size > 1`` and PEFT under TP are
+refused (untested here).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["apply_tensor_parallel", "check_tp_model", "remap_optimizer_params", "sync_tp_gradients"]
+
+
+def _text_config(config: Any) -> Any:
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def check_tp_model(model: torch.nn.Module, tp_size: int) -> dict[str, str]:
+    """The model's resolved TP plan for ``tp_size`` (one entry per module or parameter), or a clear refusal.
+
+    Raises:
+        ValueError: a PEFT-wrapped model, a model that is not a transformers ``PreTrainedModel``,
+            one without a ``tp_plan`` (``base_model_tp_plan`` unset), or ``tp_size`` not dividing its
+            attention heads or key/value heads; each names the model class, ``tp_size`` and what to do.
+    """
+    from .sharder import unwrap_base_model
+
+    base = unwrap_base_model(model)
+    name = type(base).__name__
+    if base is not model and hasattr(model, "get_base_model"):
+        raise ValueError(f"tp_size={tp_size} with a PEFT-wrapped {name}: tensor parallelism under PEFT adapters is "
+                         "not supported by atac-hf; set tp_size=1 (parallelism_config) or train without PEFT")
+    if not hasattr(base, "_resolve_parallel_plans") or not hasattr(base, "tp_plan"):
+        raise ValueError(f"tp_size={tp_size} needs a transformers PreTrainedModel with a tp_plan; {name} is not one: "
+                         "set tp_size=1 (parallelism_config / parallelism_config_tp_size)")
+    if not base.tp_plan:
+        raise ValueError(
+            f"tp_size={tp_size}: {name} (model_type {getattr(base.config, 'model_type', '?')!r}) has no tensor "
+            "parallel plan (config.base_model_tp_plan is empty), so it cannot be split over TP ranks; set tp_size=1 "
+            "(parallelism_config / parallelism_config_tp_size) and use cp_size / DP instead, or give the config a "
+            "base_model_tp_plan"
+        )
+    cfg = _text_config(base.config)
+    heads = int(getattr(cfg, "num_attention_heads", 0) or 0)
+    kv = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    for field, n in (("num_attention_heads", heads), ("num_key_value_heads", kv)):
+        if n and n % tp_size:
+            legal = [d for d in range(1, min(heads, kv) + 1) if heads % d == 0 and kv % d == 0]
+            raise ValueError(f"tp_size={tp_size} does not divide {name}'s {field}={n} (each TP rank holds whole "
+                             f"heads); set tp_size to one of {legal}")
+    from transformers.distributed import DistributedConfig
+
+    plan, _, _ = base._resolve_parallel_plans(DistributedConfig(tp_size=int(tp_size)))
+    return plan
+
+
+def _mesh_ranks(mesh: Any) -> list[int]:
+    return [int(r) for r in mesh.mesh.flatten().tolist()]
+
+
+def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: Any) -> torch.nn.Module:
+    """Shard ``model`` in place with its own ``tp_plan`` over ``tp_mesh`` (a 1-D DeviceMesh, the "tp" axis).
+
+    Idempotent: a model already sharded on the same ranks is left alone. Before sharding,
+    every parameter and buffer is broadcast from global rank 0 (as DDP does at wrap time), so
+    every DP/CP replica shards the same weights. Sets ``config.distributed_config`` (tp_size)
+    so Accelerate recognises the model as tensor-parallel and ``save_pretrained`` gathers the
+    shards. Collective (every rank).
+
+    Raises:
+        ValueError: see :func:`check_tp_model`; parameters already DTensors on other ranks (a
+            model loaded with ``tp_plan`` on another mesh).
+    """
+    from torch.distributed.tensor import DTensor
+    from transformers.distributed import DistributedConfig
+
+    from .sharder import unwrap_base_model
+
+    tp = int(tp_mesh.size())
+    base = unwrap_base_model(model)
+    sharded = [p for p in base.parameters() if isinstance(p, DTensor)]
+    if sharded:
+        want = _mesh_ranks(tp_mesh)
+        other = {tuple(_mesh_ranks(p.device_mesh)) for p in sharded} - {tuple(want)}
+        if other:
+            raise ValueError(
+                f"{type(base).__name__} is already sharded (DTensor parameters on ranks {sorted(other)[0]}), not on "
+                f"this rank's TP group {want} (tp_size={tp}): build or load the model without tp_plan / "
+                "distributed_config and let ATACTrainer / ATACAccelerator apply its tp_plan on the mesh"
+            )
+        return model
+    plan = check_tp_model(model, tp)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        with torch.no_grad():
+            for t in list(base.parameters()) + list(base.buffers()):
+                dist.broadcast(t.data, src=0)
+    from transformers.distributed.tensor_parallel import apply_tensor_parallelism
+
+    aliases = _tied_aliases(base, plan)
+    # "replicated_with_grad_allreduce" (Qwen3's per-head q_norm/k_norm: each TP rank's gradient
+    # covers its own heads) all-reduces .grad in a post-accumulate hook, i.e. after every
+    # micro-batch: under gradient accumulation the earlier micro-batches are summed again
+    # (tp_size - 1 extra times). These sums are done once per optimizer step in
+    # sync_tp_gradients instead, on the accumulated gradient.
+    params = dict(base.named_parameters())
+    partial = sorted(k for k, v in plan.items() if v == _PARTIAL_GRAD_STYLE and k in params)
+    apply_tensor_parallelism(base, tp_mesh, {k: v for k, v in plan.items()
+                                             if k not in aliases and v != _PARTIAL_GRAD_STYLE})
+    for alias, owner in aliases.items():  # tied weights (lm_head = embed_tokens): point at the one shard
+        module_name, _, param_name = alias.rpartition(".")
+        setattr(base.get_submodule(module_name), param_name, base.get_parameter(owner))
+    base.config.distributed_config = DistributedConfig(tp_size=tp)
+    base._atac_tp_partial_grads = tuple(partial)
+    base._atac_tp_group = tp_mesh.get_group()
+    return model
+
+
+_PARTIAL_GRAD_STYLE = "replicated_with_grad_allreduce"
+
+
+#: Tensor dim a TP style shards a 2-D weight on (tied weights must agree).
+_WEIGHT_SHARD_DIM = {"embedding_rowwise": 0, "colwise": 0, "colwise_gather_output": 0, "colwise_rep": 0,
+                     "embedding_colwise": 1, "rowwise": 1, "rowwise_rep": 1, "rowwise_split_input": 1}
+
+
+def _tied_aliases(base: torch.nn.Module, plan: dict[str, str]) -> dict[str, str]:
+    """``{alias: owner}`` for parameter names that share one tensor with an earlier name (tied weights).
+
+    transformers' ``apply_tensor_parallelism`` indexes the de-duplicated parameters, so an alias
+    in the plan would fail; it is re-pointed at the owner's shard instead.
+
+    Raises:
+        ValueError: tied weights whose plan entries shard different dims.
+    """
+    first: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    for name, p in base.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            aliases[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    for alias, owner in aliases.items():
+        a, o = plan.get(alias), plan.get(owner)
+        if a is None and o is None:
+            continue
+        da, do = _WEIGHT_SHARD_DIM.get(a, -1), _WEIGHT_SHARD_DIM.get(o, -2)
+        if da != do:
+            raise ValueError(f"tied weights {owner!r} ({o}) and {alias!r} ({a}) are split differently by "
+                             f"{type(base).__name__}'s tp_plan; untie them (tie_word_embeddings=False) or set tp_size=1")
+    return aliases
+
+
+def remap_optimizer_params(optimizers: Iterable[Any], old: dict[str, torch.nn.Parameter],
+                           new: dict[str, torch.nn.Parameter]) -> None:
+    """Point optimizers built before :func:`apply_tensor_parallel` at the sharded parameters (by name).
+
+    Raises:
+        ValueError: an optimizer that has already stepped (its state belongs to the full tensors).
+    """
+    by_id = {id(p): new[n] for n, p in old.items() if n in new and new[n] is not p}
+    if not by_id:
+        return
+    for opt in optimizers:
+        inner = getattr(opt, "optimizer", opt)
+        if any(id(p) in by_id for p in inner.state):
+            raise ValueError("the optimizer has already stepped: with tp_size > 1 pass it to prepare() (or to the "
+                             "Trainer) before any optimizer.step(), so its state is built on the sharded parameters")
+        for group in inner.param_groups:
+            group["params"] = [by_id.get(id(p), p) for p in group["params"]]
+
+
+def sync_tp_gradients(model: torch.nn.Module, group: Any) -> None:
+    """Finish the gradients of a model sharded by :func:`apply_tensor_parallel`, once per optimizer step.
+
+    1. Sum over the TP group the gradients of replicated parameters that see only this rank's
+       heads (the ``replicated_with_grad_allreduce`` entries of the plan, e.g. Qwen3's
+       ``q_norm``/``k_norm``).
+    2. Average every gradient over ``group`` (the ranks that hold the same TP shard:
+       ``mesh["dp_cp"]``); DTensor gradients on their local shards.
+
+    Bucketed by dtype and device (one all_reduce each). Linear in the gradients, so it may run
+    after every micro-batch too (only more traffic).
+    """
+    from torch.distributed.tensor import DTensor
+
+    from .sharder import unwrap_base_model
+
+    base = unwrap_base_model(model)
+    partial = getattr(base, "_atac_tp_partial_grads", ())
+    if partial:
+        grads = [g for g in (base.get_parameter(n).grad for n in partial) if g is not None]
+        _all_reduce(grads, base._atac_tp_group, average=False)
+    if group is None or dist.get_world_size(group) == 1:
+        return
+    grads = []
+    for p in model.parameters():
+        g = p.grad
+        if g is not None:
+            grads.append(g._local_tensor if isinstance(g, DTensor) else g)
+    _all_reduce(grads, group, average=True)
+
+
+def _all_reduce(grads: list[torch.Tensor], group: Any, *, average: bool) -> None:
+    """SUM (or mean) ``grads`` in place over ``group``, one flat all_reduce per dtype and device."""
+    n = dist.get_world_size(group)
+    buckets: dict[tuple, list[torch.Tensor]] = {}
+    for g in grads:
+        buckets.setdefault((g.dtype, g.device), []).append(g)
+    for bucket in buckets.values():
+        flat = torch.cat([g.reshape(-1) for g in bucket])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        if average:
+            flat /= n
+        offset = 0
+        for g in bucket:
+            k = g.numel()
+            g.copy_(flat[offset:offset + k].view_as(g))
+            offset += k
+
+
+def dp_cp_group(mesh: Any) -> Any:
+    """The process group of the ranks holding the same TP shard (``mesh["dp_cp"]``), or None if only TP."""
+    if mesh is None:
+        return None
+    try:
+        return mesh["dp_cp"].get_group()
+    except (KeyError, RuntimeError, ValueError):
+        return None
