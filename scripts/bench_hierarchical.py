@@ -136,7 +136,8 @@ def run(scenario, kw, workload, model, args):
         "slower_packs": int(sum(h > f * (1 + 1e-9) for h, f in zip(rows["hier_block"], rows["flat_block"]))),
         "flat_imb": max(rows["flat_imb"]), "hier_imb": max(rows["hier_imb"]),
         "a2a_packs": int(sum(rows["a2a"])), "sub_packs": int(sum(rows["sub"])),
-        "plan_ms": statistics.median(rows["plan_ms"]),
+        "plan_ms": statistics.median(rows["plan_ms"]), "plan_p99": float(np.percentile(rows["plan_ms"], 99)),
+        "plan_max": max(rows["plan_ms"]), "hier_ratio": mean("hier_recv_max") / mean("hier_ag") if mean("hier_ag") else 0.0,
         "cand_ratio": (mean("cand_recv_max") / mean("cand_ag")) if rows["cand_ag"] else float("nan"),
         "cand_block": mean("cand_block"), "cand_imb": max(rows["cand_imb"]) if rows["cand_imb"] else float("nan"),
     }
@@ -154,14 +155,16 @@ def to_markdown(results, cmd):
            f"Reproduce: `{cmd}`", "",
            "| scenario | model | workload | packs | K/V recv / rank, flat AG (MB) | hier max (MB) | hier mean (MB) | "
            "AG of hier's split docs (MB) | layer time summed, flat -> hier (ms x layers) | speedup | packs slower "
-           "| packs a2a / hierarchical | max/mean at 0.5x,2x attn: flat, hier | ATP plan CPU time (ms, median) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| packs a2a / hierarchical | hier K/V max / AG of its split docs | max/mean at 0.5x,2x attn: flat, hier "
+           "| ATP plan CPU time (ms, median / p99 / max) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         out.append(f"| {r['scenario']} | {r['model']} | {r['workload']} | {r['packs']} | {r['flat_recv_mb']:.1f} | "
                    f"{r['hier_recv_mb']:.1f} | {r['hier_recv_mean_mb']:.1f} | {r['ag_same_mb']:.1f} | "
                    f"{r['step_flat_ms']:.0f} -> {r['step_hier_ms']:.0f} | {r['speedup']:.3f}x | "
-                   f"{r['slower_packs']} | {r['a2a_packs']} / {r['sub_packs']} | {r['flat_imb']:.3f}, "
-                   f"{r['hier_imb']:.3f} | {r['plan_ms']:.1f} |")
+                   f"{r['slower_packs']} | {r['a2a_packs']} / {r['sub_packs']} | {r['hier_ratio']:.2f} | "
+                   f"{r['flat_imb']:.3f}, {r['hier_imb']:.3f} | {r['plan_ms']:.1f} / {r['plan_p99']:.1f} / "
+                   f"{r['plan_max']:.1f} |")
     out += ["", "The hierarchical candidate alone (`plan_subgroups`, best anchor share by estimated block time), "
             "whether or not ATP takes it:", "",
             "| scenario | model | workload | K/V recv max / AG of the same split docs | block time vs flat | "

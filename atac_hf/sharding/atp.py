@@ -25,10 +25,9 @@ __all__ = ["SUBGROUP_MARGIN", "TWO_WAY_TOLERANCE", "plan_atp"]
 #: (robust to the cost model's error in their relative price) over the one level in
 #: estimated cost alone, unless its estimated block time is more than this fraction higher.
 TWO_WAY_TOLERANCE = 0.02
-#: ATP takes the hierarchical plan (anchors over sub-groups of ranks, levelled in estimated
-#: cost only) over the flat one only when the flat plan's K/V exchange is exposed (not hidden
-#: behind local attention) and the hierarchical plan's estimated block time is lower by this
-#: fraction: where the exchange is hidden, the flat plan's token-and-pair levelling is worth more.
+#: ATP takes the hierarchical plan (anchors over sub-groups of ranks) over the flat one where its
+#: estimated block time is no higher and, with attention priced at 0.5x and 2x, it is at most
+#: this fraction slower than the flat plan (levelled in tokens and pairs, robust to that error).
 SUBGROUP_MARGIN = 0.02
 
 
@@ -122,20 +121,16 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
             if plan.block_time_s <= anchor_plan.block_time_s * (1 + TWO_WAY_TOLERANCE):
                 anchor_plan = plan
     # Hierarchical placement: anchors over sub-groups of just enough ranks (only those move
-    # their K/V); see atac_hf.sharding.subgroups.
-    exposed = anchor_plan is None or anchor_plan.block_time_s > float(anchor_plan.rank_compute_s.max()) * (1 + 1e-9)
-    # no plan's slowest rank computes less than the mean of the exact work, so where even that
-    # bound is not SUBGROUP_MARGIN below the flat plan, no sub-group plan can win: skip building them
-    if exposed and anchor_plan is not None and \
-            anchor_plan.block_time_s * (1 - SUBGROUP_MARGIN) <= _work_lower_bound(lengths, C, cm):
-        exposed = False
-    for share in ANCHOR_SHARES if exposed else ():
-        sub = plan_subgroups(lengths, C, cm, anchor_share=share, max_tokens_per_rank=max_tokens_per_rank,
-                             min_chunk=min_chunk)
-        if sub is not None and (anchor_plan is None
-                                or sub.block_time_s < anchor_plan.block_time_s * (1 - SUBGROUP_MARGIN)
-                                and _robustly_faster(sub, anchor_plan, cm)):
-            anchor_plan = sub
+    # their K/V; see atac_hf.sharding.subgroups), taken where it is estimated no slower. No plan's
+    # slowest rank computes less than the mean of the exact work: where the flat plan is at that
+    # bound already, none can beat it, and the candidates are not built.
+    if C >= 3 and (anchor_plan is None or anchor_plan.block_time_s > _work_lower_bound(lengths, C, cm)):
+        for share in ANCHOR_SHARES:
+            sub = plan_subgroups(lengths, C, cm, anchor_share=share, max_tokens_per_rank=max_tokens_per_rank,
+                                 min_chunk=min_chunk)
+            if sub is not None and (anchor_plan is None or sub.block_time_s <= anchor_plan.block_time_s
+                                    and _robustly_no_worse(sub, anchor_plan, cm)):
+                anchor_plan = sub
     # Head-tail inside every document, moving only the K/V of documents it splits,
     # is a candidate too (ATP is never worse than per_doc); its block time is costed
     # without building it first, and the plan is built only if it can win.
@@ -358,15 +353,29 @@ def _place_tails(num_docs, tails, cost, attn, toks, base_load, base_tok, cap):
     return owner, np.asarray(load), np.asarray(tok, dtype=np.int64), np.asarray(tail_attn)
 
 
-def _robustly_faster(a: ShardPlan, b: ShardPlan, cm: CostModel) -> bool:
-    """Whether plan ``a`` stays faster than ``b`` when attention costs half or twice what ``cm``
-    says (the cost model's error in the price ratio of attention and token-wise work)."""
-    for k, lin in ((0.5, 1.0), (2.0, 1.0)):
-        alt = cm.replace(attn_s_per_pair=cm.attn_s_per_pair * k, masked_attn_s_per_pair=None
-                         if cm.masked_attn_s_per_pair is None else cm.masked_attn_s_per_pair * k,
-                         linear_s_per_token=cm.linear_s_per_token * lin)
-        ta, tb = (finish_plan(p.doc_lengths, p.cp_size, p.strategy, list(p.segments), p.gathered_docs, alt,
-                              p.kv_exchange).block_time_s for p in (a, b))
-        if ta >= tb:
+def _robustly_no_worse(a: ShardPlan, b: ShardPlan, cm: CostModel) -> bool:
+    """Whether plan ``a`` stays within :data:`SUBGROUP_MARGIN` of ``b``'s block time when attention
+    costs half or twice what ``cm`` says (the cost model's error in the price ratio of attention
+    and token-wise work): a plan levelled in estimated cost alone is taken over a flat plan
+    levelled in tokens and pairs only where the price ratio being off would not undo it."""
+    for k in (0.5, 2.0):
+        m = cm.masked_attn_s_per_pair
+        alt = cm.replace(attn_s_per_pair=cm.attn_s_per_pair * k, masked_attn_s_per_pair=None if m is None else m * k)
+        if _block_at(a, alt) > _block_at(b, alt) * (1 + SUBGROUP_MARGIN):
             return False
     return True
+
+
+def _block_at(plan: ShardPlan, cm: CostModel) -> float:
+    """``plan``'s block time re-costed by ``cm`` with its exchange time kept (what
+    :func:`finish_plan` gives for a model with other compute prices and the same link)."""
+    segs = plan.segments
+    allseg = np.concatenate(segs)
+    rank_of = np.repeat(np.arange(plan.cp_size), [len(x) for x in segs])
+    local = ~plan.gathered_mask()[allseg[:, 0]]
+    C = plan.cp_size
+    compute = np.bincount(rank_of, weights=cm.segment_cost(allseg[:, 1], allseg[:, 2]), minlength=C)
+    local_attn = np.bincount(rank_of[local], weights=cm.attention_cost(allseg[local, 1], allseg[local, 2]),
+                             minlength=C)
+    exposed = np.maximum(local_attn, plan.comm_s) if len(plan.gathered_docs) else local_attn
+    return float(np.max(compute - local_attn + exposed))

@@ -144,8 +144,8 @@ def finish_plan(lengths, C, strategy, segments, gathered_docs, cm: CostModel, ex
     ``gathered_docs=None`` gathers exactly the documents held by several ranks.
     ``exchange``: ``"all_gather"``, ``"all_to_all"`` (only the needed K/V rows, priced by
     :meth:`~atac_hf.cost.CostModel.a2a_pair_cost`: the busiest rank's links), or ``"auto"``:
-    the one with the lower estimated block time (all-gather on ties: where it is hidden
-    behind every rank's local attention, the all-to-all is not even costed)."""
+    the all-to-all where its exchange is estimated faster than the all-gather's (whether or not
+    either is hidden behind local attention), else the all-gather."""
     # cost what the ranks will run: touching chunks of one document are one kernel call
     segments = [merge_adjacent(s) for s in segments]
     gathered = np.zeros(len(lengths), dtype=bool)
@@ -166,8 +166,9 @@ def finish_plan(lengths, C, strategy, segments, gathered_docs, cm: CostModel, ex
                              minlength=C)
     compute = np.bincount(rank_of, weights=cost, minlength=C)
     kind = "all_gather"
-    # the all-to-all can only be faster where the all-gather is not hidden behind local attention
-    if exchange != "all_gather" and C > 1 and len(gdocs) and (exchange == "all_to_all" or comm > local_attn.min()):
+    # "auto" takes the all-to-all where its exchange is estimated faster, hidden or not (it then
+    # moves fewer bytes over links that other traffic shares)
+    if exchange != "all_gather" and C > 1 and len(gdocs):
         a2a = cm.a2a_pair_cost(a2a_pair_counts(segments, gathered, cm.sliding_window))
         if exchange == "all_to_all" or a2a < comm:
             kind, comm = "all_to_all", a2a

@@ -3,46 +3,57 @@
 A document too expensive to stay whole on one rank but too cheap to be worth splitting over
 all C ranks is split over just enough ranks to hold its work; only those ranks exchange its
 K/V (with the all-to-all exchange, :mod:`atac_hf.sharding.exchange`). A document's *share*
-is its cost over a rank's share of the pack (``total / C``), under the cost model with
-attention priced at 0.5x, 1x and 2x (the price ratio of attention and token-wise work is
-what a cost model gets least right); its *worst share* is the largest of the three. Steps:
+is its estimated cost over a rank's share of the pack (``total / C``). Steps:
 
-1. Anchors are the documents whose worst share exceeds ``anchor_share`` and that are long
-   enough to cut (``>= 4 * min_chunk`` tokens), most expensive first.
+1. Anchors are the documents whose share exceeds ``anchor_share`` and that are long enough
+   to cut (``>= 4 * min_chunk`` tokens), most expensive first.
 2. The anchors are laid end to end on a line of C slots (cutting stock), each as long as its
-   worst share, scaled so that the C slots would hold every document of the pack: each
-   anchor covers the ranks its interval overlaps, so its level (the number of ranks it is
-   split over) follows from its cost, from 1 (whole) to C, and the ranks of a sub-group are
-   consecutive (in one node where the group fits one). A rank's share of an anchor is its
-   overlap with the anchor's interval.
-3. Each anchor is split head-tail *nested* over its sub-group: the rank with the largest
-   share takes the outermost head and tail chunks (it receives only the rest of the
-   document), the next one the next chunks inward, the smallest share the middle. A rank's
-   head and tail chunks are mirror images of equal size (one token apart), so its share of
-   the attention work equals its share of the tokens; no length needs to divide anything
-   and nothing is padded.
-4. The other documents (tails) go whole, most expensive first, to the rank with token room
-   whose worst load over the three models stays lowest; a local search then moves or swaps
-   tails off the worst-loaded rank while that helps.
+   share: each anchor covers the ranks its interval overlaps, so its level (the number of
+   ranks it is split over) follows from its cost, from 1 (whole) to C, and the ranks of a
+   sub-group are consecutive. With ``cm.node_size``, an anchor that fits in one node but
+   whose interval would cross a node boundary starts at that boundary instead (the gap goes
+   to whole documents): its K/V then never leave the node.
+3. The other documents (tails) go whole, most expensive first, to the rank with token room
+   whose load stays lowest in the worst of three units, each over its per-rank mean: estimated
+   cost, tokens and causal attention pairs (``two_way``; estimated cost only otherwise). A
+   local search then moves or swaps tails off the worst-loaded rank while that helps.
+4. Where anchors share ranks they form a *chain* of consecutive ranks; each chain's anchors
+   are re-laid on the room its ranks have left after the tails, so every rank of a chain
+   ends level with the others. Two re-splits compete on estimated block time: one levels the
+   estimated cost (every anchor split by its share); the *two-way* one levels tokens and
+   causal attention pairs separately (the token line sets a rank's share of each anchor,
+   where its chunks sit sets its pairs), so the chain stays level whatever the true price
+   ratio of token-wise work and attention; it is taken unless it costs over
+   :data:`~atac_hf.sharding.atp.TWO_WAY_TOLERANCE` more by the estimate.
+5. Each anchor is split head-tail *nested* over its sub-group: the rank with the largest
+   share takes the outermost head and tail chunks (it holds the document's first and last
+   tokens), the next one the next chunks inward, the smallest share the middle. No length
+   needs to divide anything and nothing is padded.
 
 :func:`~atac_hf.sharding.atp.plan_atp` builds this plan for a few ``anchor_share`` values
 and keeps it where its estimated block time (compute + exposed K/V exchange, all-gather or
-all-to-all, whichever is estimated faster) beats the flat anchor-tail plan. Pure numpy.
+all-to-all, whichever is estimated faster) is no higher than the flat anchor-tail plan's.
+Pure numpy (and small pure-Python loops over ranks).
 """
 
 from __future__ import annotations
+
+import bisect
 
 import numpy as np
 
 from ..cost import CostModel
 from .plan import ShardPlan
-from .segments import finish_plan, row_offsets, sort_segments
+from .segments import causal_pairs, finish_plan, row_offsets, sort_segments
 
 __all__ = ["ANCHOR_SHARES", "plan_subgroups"]
 
 #: ``anchor_share`` values ATP tries: a document is an anchor when it costs more than this
 #: fraction of a rank's share of the pack.
-ANCHOR_SHARES = (1.0, 0.5, 0.25)
+ANCHOR_SHARES = (0.5, 0.25)
+#: The two-way re-split of a chain is kept unless its estimated block time is more than this
+#: fraction above the cost-level one (the same rule as ATP's flat two-way split).
+TWO_WAY_TOLERANCE = 0.02
 
 
 def plan_subgroups(lengths, C: int, cm: CostModel, *, anchor_share: float = 1.0, max_tokens_per_rank=None,
@@ -52,13 +63,14 @@ def plan_subgroups(lengths, C: int, cm: CostModel, *, anchor_share: float = 1.0,
     Args:
         lengths: (D,) document lengths in row order.
         C: ranks.
-        cm: cost model.
+        cm: cost model (``cm.node_size``, when set, keeps sub-groups inside a node).
         anchor_share: anchors cost more than this fraction of ``total / C``.
         max_tokens_per_rank: token cap per rank (None: no cap).
-        min_chunk: an anchor has at least ``4 * min_chunk`` tokens.
+        min_chunk: an anchor has at least ``4 * min_chunk`` tokens; a rank's share of it at
+            least ``2 * min_chunk``.
         strategy: the name the plan carries.
-        two_way: level the ranks under the cost model with attention priced at 0.5x, 1x and
-            2x at once (see the module docstring); False: under ``cm`` alone.
+        two_way: place tails and re-split chains level in tokens and attention pairs too
+            (see the module docstring); False: in estimated cost only.
 
     Returns:
         The plan (K/V exchange chosen by estimated time), or None when the cap cannot be kept,
@@ -66,75 +78,118 @@ def plan_subgroups(lengths, C: int, cm: CostModel, *, anchor_share: float = 1.0,
         proper sub-group (2..C-1 ranks).
     """
     L = np.asarray(lengths, dtype=np.int64)
-    D = len(L)
     cap = np.inf if max_tokens_per_rank is None else float(max_tokens_per_rank)
+    if C < 2:
+        return None
     whole = cm.doc_cost(L)
     total = float(whole.sum())
-    if C < 2 or total <= 0:
+    if total <= 0:
         return None
-    models = [cm] + ([_scaled(cm, 0.5), _scaled(cm, 2.0)] if two_way else [])
-    costs = np.stack([whole] + [m.doc_cost(L) for m in models[1:]])  # (M, D)
-    slots = costs.sum(axis=1) / C
-    share = costs / slots[:, None]  # (M, D) in rank shares
-    worst = share.max(axis=0)
-    size = worst / (worst.sum() / C)  # the slot line: worst shares, C slots hold every document
     order = np.argsort(-whole, kind="stable")
-    is_anchor = np.zeros(D, dtype=bool)
-    is_anchor[order[(worst[order] > anchor_share) & (L[order] >= 4 * min_chunk)]] = True
-    load = np.zeros((len(models), C))
-    tok = np.zeros(C, dtype=np.int64)
-    segs: list[list[tuple[int, int, int]]] = [[] for _ in range(C)]
-    pos = 0.0
-    groups = []  # the (rank, tokens) pieces of each split anchor
-    whole_docs = []  # anchors whose interval lies in one slot: placed whole there
-    for d in order[is_anchor[order]].tolist():
-        start, end = pos, pos + float(size[d])
-        pos = end
-        pieces = _pieces(start, end, 1.0, C, int(L[d]), min_chunk)
-        if len(pieces) == 1:
-            whole_docs.append((d, pieces[0][0]))
-            continue
-        _nest(d, int(L[d]), pieces, segs)
-        groups.append(pieces)
-        for r, n in pieces:
-            tok[r] += n
-            load[:, r] += costs[:, d] * n / int(L[d])
-    for d, r in whole_docs:
-        segs[r].append((d, 0, int(L[d])))
-        tok[r] += int(L[d])
-        load[:, r] += costs[:, d]
-    if tok.max(initial=0) > cap:
+    anchors = order[(whole[order] > anchor_share * total / C) & (L[order] >= 4 * min_chunk)]
+    if not len(anchors):
         return None
+    pairs = causal_pairs(L).astype(np.float64)
+    # (3, D) work of each document in rank shares: estimated cost, tokens, pairs
+    unit = np.stack([whole / (total / C), L * (C / float(L.sum())), pairs * (C / float(pairs.sum()))])
+    if not two_way:
+        unit = unit[:1]
+    node = C if cm.node_size is None else max(1, min(C, int(cm.node_size)))
+    spans, ranges = _slot_line(unit[0, anchors], C, node)
+    planned = []  # (anchor, pieces) of the anchors on 2+ ranks; one whose interval lies in one slot is a tail
+    is_anchor = np.zeros(len(L), dtype=bool)
+    for d, (start, end) in zip(anchors.tolist(), spans):
+        pieces = _pieces((start, end), list(range(C + 1)), int(L[d]), min_chunk)
+        if len(pieces) > 1:
+            planned.append((d, pieces))
+            is_anchor[d] = True
+    if not any(2 <= len(p) < C for _, p in planned):  # no anchor on a proper sub-group: the flat plan's job
+        return None
+    chains = _chains(planned, ranges)
     tails = order[~is_anchor[order]]
-    owner = _place_tails(tails, share, L, load / slots[:, None], tok, cap)
+    owner = _place_tails(tails, unit, L, planned, chains, C, cap)
     if owner is None:
         return None
+    # what each rank holds apart from the split anchors: its tails
+    held: list[list[tuple[int, int, int]]] = [[] for _ in range(C)]
     for d, r in zip(tails.tolist(), owner.tolist()):
-        segs[r].append((d, 0, int(L[d])))
-    if tok.min() == 0 and L.sum() >= C:  # every rank gets a token (transformers cannot run on none)
-        return None
-    if not any(2 <= len(g) < C for g in groups):  # no anchor on a proper sub-group: the flat plan's job
-        return None
+        held[r].append((d, 0, int(L[d])))
+    base = np.zeros((3, C))  # cost, tokens, pairs of what each rank holds whole
+    np.add.at(base[0], owner, whole[tails])
+    np.add.at(base[1], owner, L[tails].astype(np.float64))
+    np.add.at(base[2], owner, pairs[tails])
     offsets = row_offsets(L)
-    per_rank = [sort_segments(np.asarray(s, dtype=np.int64).reshape(-1, 3), offsets) for s in segs]
-    return finish_plan(L, C, strategy, per_rank, None, cm, "auto")
+    best = None
+    for mode in (("cost", "two_way") if two_way else ("cost",)):
+        segs = _split_chains(chains, L, whole, pairs, base, C, min_chunk, mode)
+        per_rank = [sort_segments(np.asarray(h + s, dtype=np.int64).reshape(-1, 3), offsets)
+                    for h, s in zip(held, segs)]
+        n_tok = np.array([int((p[:, 2] - p[:, 1]).sum()) for p in per_rank])
+        if n_tok.max() > cap or (n_tok.min() == 0 and L.sum() >= C):
+            continue  # every rank gets a token (transformers cannot run on none)
+        # the two re-splits exchange about the same K/V: compared on their slowest rank's compute
+        slowest = float(rank_compute(per_rank, cm).max())
+        if best is None or (mode == "two_way" and slowest <= best[0] * (1 + TWO_WAY_TOLERANCE)):
+            best = (slowest, per_rank)
+    return None if best is None else finish_plan(L, C, strategy, best[1], None, cm, "auto")
 
 
-def _pieces(start: float, end: float, slot: float, C: int, n: int, min_chunk: int) -> list[tuple[int, int]]:
-    """(rank, tokens) of an anchor of ``n`` tokens covering ``[start, end)`` of the slot line;
-    pieces under ``2 * min_chunk`` tokens are merged into their neighbour."""
-    r0 = min(C - 1, int(start // slot))
-    r1 = min(C - 1, max(r0, int(np.ceil(end / slot - 1e-9)) - 1))
-    cost = end - start
-    shares = []
-    for r in range(r0, r1 + 1):
-        lo = max(start, r * slot)
-        hi = end if r == r1 else min(end, (r + 1) * slot)
-        shares.append(max(hi - lo, 0.0) / cost)
-    want = np.asarray(shares) * n
-    got = np.floor(want).astype(np.int64)
-    got[np.argsort(-(want - got), kind="stable")[: n - int(got.sum())]] += 1
-    pieces = [(r0 + i, int(k)) for i, k in enumerate(got) if k > 0]
+def rank_compute(per_rank: list[np.ndarray], cm: CostModel) -> np.ndarray:
+    """(C,) estimated compute seconds of each rank's segments (no exchange)."""
+    allseg = np.concatenate(per_rank)
+    rank_of = np.repeat(np.arange(len(per_rank)), [len(x) for x in per_rank])
+    return np.bincount(rank_of, weights=cm.segment_cost(allseg[:, 1], allseg[:, 2]), minlength=len(per_rank))
+
+
+def _slot_line(size: np.ndarray, C: int, node: int) -> tuple[list[tuple[float, float]], list[tuple[int, int]]]:
+    """(start, end) of each anchor on the line of C unit slots (rank r holds ``[r, r + 1)``),
+    and the rank ranges ``[lo, hi)`` the anchors were laid in (the nodes, or the whole group).
+
+    The anchors are laid end to end, stretched to cover every slot, so that every rank holds a
+    share of some anchor (all ranks are then joined in chains and end level). With nodes
+    (``node < C``) and every anchor fitting one node, the anchors are first dealt to nodes
+    (most expensive first, to the node with the least anchor work per rank) and each node's
+    anchors cover that node's slots only: their K/V never leave it.
+    """
+    nodes = [(lo, min(C, lo + node)) for lo in range(0, C, node)]
+    if len(nodes) == 1 or float(size.max()) > node:
+        nodes, where = [(0, C)], np.zeros(len(size), dtype=np.int64)
+    else:
+        work = np.zeros(len(nodes))
+        where = np.zeros(len(size), dtype=np.int64)
+        width = np.array([hi - lo for lo, hi in nodes], dtype=np.float64)
+        for i, s in enumerate(size.tolist()):
+            k = int(np.argmin((work + s) / width))
+            where[i] = k
+            work[k] += s
+    out = [(0.0, 0.0)] * len(size)
+    for k, (lo, hi) in enumerate(nodes):
+        mine = np.flatnonzero(where == k)
+        if not len(mine):
+            continue
+        edges = lo + np.concatenate([[0.0], np.cumsum(size[mine])]) * ((hi - lo) / float(size[mine].sum()))
+        for j, i in enumerate(mine.tolist()):
+            out[i] = (float(edges[j]), float(edges[j + 1]))
+    return out, nodes
+
+
+def _pieces(span, edges, n: int, min_chunk: int) -> list[tuple[int, int]]:
+    """(rank, tokens) of an anchor of ``n`` tokens covering ``span = [start, end)`` of a line
+    whose rank ``r`` holds ``[edges[r], edges[r + 1])``; tokens in proportion to the overlaps
+    (largest remainders rounded up), pieces under ``2 * min_chunk`` tokens merged into their
+    neighbour. Pure Python: a few ranks per anchor."""
+    start, end = float(span[0]), float(span[1])
+    C = len(edges) - 1
+    r0 = min(C - 1, max(0, bisect.bisect_right(edges, start) - 1))
+    r1 = min(C - 1, max(r0, bisect.bisect_left(edges, end - 1e-9 * max(1.0, end)) - 1))
+    share = [max(min(float(edges[r + 1]), end) - max(float(edges[r]), start), 0.0) for r in range(r0, r1 + 1)]
+    share[-1] = max(share[-1], end - max(float(edges[r1]), start))  # past the line's end (rounding): the last rank
+    tot = sum(share)
+    want = [x / tot * n for x in share] if tot > 0 else [n / len(share)] * len(share)
+    got = [int(w) for w in want]
+    for i in sorted(range(len(want)), key=lambda i: (-(want[i] - got[i]), i))[: n - sum(got)]:
+        got[i] += 1
+    pieces = [(r0 + i, k) for i, k in enumerate(got) if k > 0]
     while len(pieces) > 1 and min(k for _, k in pieces) < 2 * min_chunk:
         i = min(range(len(pieces)), key=lambda j: pieces[j][1])
         j = i - 1 if i > 0 and (i == len(pieces) - 1 or pieces[i - 1][1] <= pieces[i + 1][1]) else i + 1
@@ -143,93 +198,161 @@ def _pieces(start: float, end: float, slot: float, C: int, n: int, min_chunk: in
     return pieces
 
 
-def _nest(d: int, n: int, pieces: list[tuple[int, int]], segs: list) -> None:
-    """Nested head-tail chunks of document ``d``: largest share outermost, the smallest the middle."""
+def _chains(planned: list, ranges: list[tuple[int, int]]) -> list[tuple[int, int, list]]:
+    """The chains: every rank range ``[lo, hi)`` the anchors were laid in that holds split
+    anchors, as (first rank, last rank, its anchors (doc, pieces) in line order). Its anchors
+    are re-laid over all its ranks, so a chain never breaks where an anchor happened to end on
+    a rank edge."""
+    out = []
+    for lo, hi in ranges:
+        mine = [(d, p) for d, p in planned if lo <= p[0][0] < hi]
+        if mine:
+            out.append((lo, hi - 1, mine))
+    return out
+
+
+def _level(base: np.ndarray, amount: float) -> np.ndarray:
+    """Water filling: how much of ``amount`` each rank takes so the ranks that take any end at
+    one level above ``base`` ((k,) loads); (k,) rooms summing to ``amount``."""
+    srt = np.sort(base)
+    levels = (amount + np.cumsum(srt)) / np.arange(1, len(srt) + 1)
+    k = int(np.flatnonzero(levels >= srt)[-1])
+    return np.maximum(levels[k] - base, 0.0)
+
+
+def _split_chains(chains, L, whole, pairs, base, C, min_chunk, mode):
+    """Per rank, the nested segments of every split anchor, each chain re-laid on the room its
+    ranks have left (``base``: (3, C) cost, tokens, pairs held whole). ``mode``: ``"cost"``
+    levels the estimated cost; ``"two_way"`` levels tokens, then pairs by where chunks sit."""
+    segs: list[list[tuple[int, int, int]]] = [[] for _ in range(C)]
+    for a, b, members in chains:
+        docs = np.array([d for d, _ in members], dtype=np.int64)
+        if mode == "cost":
+            sizes = whole[docs]
+            rooms = _level(base[0, a:b + 1], float(sizes.sum()))
+        else:
+            sizes = L[docs].astype(np.float64)
+            rooms = _level(base[1, a:b + 1], float(sizes.sum()))
+        edges = np.concatenate([[0.0], np.cumsum(rooms)]).tolist()
+        spans = np.concatenate([[0.0], np.cumsum(sizes)]).tolist()
+        split = []
+        for i, d in enumerate(docs.tolist()):
+            pieces = _pieces(spans[i:i + 2], edges, int(L[d]), min_chunk)
+            split.append((d, [(a + r, k) for r, k in pieces]))
+        if mode == "cost":
+            for d, pieces in split:
+                _nest(d, int(L[d]), pieces, segs)
+            continue
+        # pair targets: the chain level in pairs, less what each rank holds whole
+        need = np.zeros(C)
+        ranks = np.arange(a, b + 1)
+        need[ranks] = (base[2, ranks].sum() + pairs[docs].sum()) / len(ranks) - base[2, ranks]
+        mirror = np.zeros((len(split), C))  # pairs of a mirrored share: n (L + 1) / 2
+        for i, (d, pieces) in enumerate(split):
+            for r, k in pieces:
+                mirror[i, r] = k * (int(L[d]) + 1) / 2.0
+        later = np.cumsum(mirror[::-1], axis=0)[::-1]
+        for i, (d, pieces) in enumerate(split):
+            target = need - (later[i + 1] if i + 1 < len(split) else 0.0)
+            ahead = {r for _, p in split[i + 1:] for r, _ in p}
+            cont = next((r for r, _ in reversed(pieces) if r in ahead), None)
+            need -= _nest(d, int(L[d]), pieces, segs, target, min_chunk, cont)
+    return segs
+
+
+def _nest(d: int, n: int, pieces: list[tuple[int, int]], segs: list, target=None, min_chunk: int = 1,
+          cont: int | None = None) -> np.ndarray:
+    """Nested head-tail chunks of document ``d``: largest share outermost, the smallest the middle.
+
+    Without ``target`` a rank's head and tail chunks are equal (within a token); with it
+    ((C,) pairs wanted per rank), each rank's head/tail proportion is chosen to bring its
+    causal pairs nearest its target (a longer head, a shorter tail: fewer pairs, linearly),
+    heads and tails kept at ``min_chunk`` tokens or more where they exist and the outermost
+    rank keeping the document's first token. ``cont``: a rank of ``pieces`` that holds later
+    anchors of its chain, which passes the pairs on (see :func:`_split_chains`). Returns the
+    (C,) pairs each rank got."""
+    got = np.zeros(len(segs))
     H, E = 0, n
     ordered = sorted(pieces, key=lambda p: (-p[1], p[0]))
+    if target is not None and len(ordered) > 1:
+        # a rank that holds later anchors too takes what the others leave: it goes innermost
+        # (unless outermost), and its target is the document's pairs less the others' targets
+        target = target.copy()
+        if cont is not None and any(r == cont for r, _ in ordered):
+            if ordered[0][0] != cont:
+                ordered = [p for p in ordered if p[0] != cont] + [p for p in ordered if p[0] == cont]
+            target[cont] = causal_pairs(n) - sum(target[r] for r, _ in ordered if r != cont)
     for i, (r, k) in enumerate(ordered):
         if i == len(ordered) - 1:
             segs[r].append((d, H, E))
+            got[r] += causal_pairs(E) - causal_pairs(H)
             continue
         h = (k + 1) // 2
-        segs[r].append((d, H, H + h))
+        if target is not None:
+            a, b = H, E - k
+            base = (causal_pairs(E) - causal_pairs(a)) + (a - b) * (a + b + 1) / 2.0
+            h = int(np.clip(np.rint((target[r] - base) / (a - b)), 0, k)) if a < b else h
+            if i == 0 and h == 0:  # the largest share holds the first token
+                h = min(k, min_chunk)
+            if k >= 2 * min_chunk and (0 < h < min_chunk or 0 < k - h < min_chunk):
+                h = int(np.clip(h, min_chunk, k - min_chunk))
+        if h:
+            segs[r].append((d, H, H + h))
         if k - h:
             segs[r].append((d, E - (k - h), E))
+        got[r] += causal_pairs(H + h) - causal_pairs(H) + causal_pairs(E) - causal_pairs(E - (k - h))
         H, E = H + h, E - (k - h)
+    return got
 
 
-def _scaled(cm: CostModel, k: float) -> CostModel:
-    """``cm`` with every attention pair price times ``k``."""
-    m = cm.masked_attn_s_per_pair
-    return cm.replace(attn_s_per_pair=cm.attn_s_per_pair * k, masked_attn_s_per_pair=None if m is None else m * k)
-
-
-def _place_tails(tails, share, L, load, tok, cap, max_rounds: int | None = None) -> np.ndarray | None:
-    """Whole documents, most expensive first, each to the rank with token room whose worst
-    load over the cost models (``share``: (M, D) document costs, ``load``: (M, C) rank loads,
-    both in rank shares; updated) stays lowest, ties to the lower rank; then a local search
-    moves or swaps documents off the worst-loaded rank while that lowers its pair's worst load
-    (at most ``max_rounds``, default twice the number of documents). Returns the (T,) rank of
-    each document, or None if one fits nowhere under the cap."""
-    T = len(tails)
-    owner = np.zeros(T, dtype=np.int64)
-    for i, d in enumerate(tails.tolist()):
-        n = int(L[d])
-        worst = (load + share[:, d:d + 1]).max(axis=0)
-        worst[tok + n > cap] = np.inf
-        r = int(np.argmin(worst))
-        if not np.isfinite(worst[r]):
+def _place_tails(tails, unit, L, planned, chains, C: int, cap: float) -> np.ndarray | None:
+    """Whole documents (``tails``, most expensive first) to ranks: each to the *bin* (a chain of
+    ranks, or a rank in none) with token room whose worst load over the units (``unit``: (M, D)
+    document work in rank shares; a bin's load is over its number of ranks, counting the split
+    anchors it holds) stays lowest, ties to the lower bin; inside the bin, to the rank with room
+    and the least estimated cost (the chain's re-split levels its ranks afterwards). Returns
+    the (T,) rank of each document, or None if one fits nowhere under the cap."""
+    M = unit.shape[0]
+    bin_of = list(range(C))
+    members = [[r] for r in range(C)]
+    for a, b, _ in chains:
+        for r in range(a, b + 1):
+            bin_of[r] = a
+        members[a] = list(range(a, b + 1))
+        for r in range(a + 1, b + 1):
+            members[r] = []
+    bins = [b for b in range(C) if members[b]]
+    width = {b: float(len(members[b])) for b in bins}
+    bload = {b: [0.0] * M for b in bins}
+    cost = [0.0] * C
+    toks = [0] * C
+    for d, pieces in planned:
+        n_d = int(L[d])
+        for r, k in pieces:
+            f = k / n_d
+            for m in range(M):
+                bload[bin_of[r]][m] += float(unit[m, d]) * f
+            cost[r] += float(unit[0, d]) * f
+            toks[r] += k
+    if max(toks) > cap:
+        return None
+    owner = np.zeros(len(tails), dtype=np.int64)
+    rows = unit[:, tails].T.tolist()
+    for i, (w, n) in enumerate(zip(rows, L[tails].tolist())):
+        best, pick = np.inf, -1
+        for b in bins:
+            if min(toks[r] for r in members[b]) + n > cap:
+                continue
+            lb = bload[b]
+            v = max((lb[m] + w[m]) for m in range(M)) / width[b]
+            if v < best:
+                best, pick = v, b
+        if pick < 0:
             return None
-        load[:, r] += share[:, d]
-        tok[r] += n
+        r = min((q for q in members[pick] if toks[q] + n <= cap), key=lambda q: (cost[q], q))
+        for m in range(M):
+            bload[pick][m] += w[m]
+        cost[r] += w[0]
+        toks[r] += n
         owner[i] = r
-    if T == 0:
-        return owner
-    S = share[:, tails]  # (M, T)
-    n_t = L[tails].astype(np.int64)
-    for _ in range(2 * T if max_rounds is None else max_rounds):
-        worst = load.max(axis=0)
-        hi = int(np.argmax(worst))
-        mine = np.flatnonzero(owner == hi)
-        if not len(mine):
-            break
-        best, move = worst[hi] * (1 - 1e-9), None
-        # move document t of hi to rank q: (k, C)
-        hi_after = (load[:, hi:hi + 1] - S[:, mine]).max(axis=0)  # (k,)
-        q_after = (load[:, None, :] + S[:, mine, None]).max(axis=0)  # (k, C)
-        q_after[:, hi] = np.inf
-        q_after[tok[None, :] + n_t[mine, None] > cap] = np.inf
-        val = np.maximum(hi_after[:, None], q_after)
-        k, q = np.unravel_index(int(np.argmin(val)), val.shape)
-        if val[k, q] < best:
-            best, move = val[k, q], ("move", int(mine[k]), int(q))
-        # swap document t of hi with document u of another rank: (k, T)
-        other = owner != hi
-        if other.any():
-            delta = S[:, other][:, None, :] - S[:, mine][:, :, None]  # (M, k, U): hi gains u, loses t
-            hi_sw = (load[:, hi, None, None] + delta).max(axis=0)
-            ou = owner[other]
-            q_sw = (load[:, ou][:, None, :] - delta).max(axis=0)
-            dn = n_t[other][None, :] - n_t[mine][:, None]
-            q_sw[(tok[hi] + dn > cap) | (tok[ou][None, :] - dn > cap)] = np.inf
-            val = np.maximum(hi_sw, q_sw)
-            k, u = np.unravel_index(int(np.argmin(val)), val.shape)
-            if val[k, u] < best:
-                best, move = val[k, u], ("swap", int(mine[k]), int(np.flatnonzero(other)[u]))
-        if move is None:
-            break
-        kind, t, x = move
-        if kind == "move":
-            load[:, hi] -= S[:, t]
-            load[:, x] += S[:, t]
-            tok[hi] -= n_t[t]
-            tok[x] += n_t[t]
-            owner[t] = x
-        else:
-            q = int(owner[x])
-            load[:, hi] += S[:, x] - S[:, t]
-            load[:, q] += S[:, t] - S[:, x]
-            tok[hi] += n_t[x] - n_t[t]
-            tok[q] += n_t[t] - n_t[x]
-            owner[t], owner[x] = q, hi
     return owner
