@@ -171,3 +171,15 @@ def test_tp_lowers_block_time_but_not_by_the_full_factor():
     ratio = a.pack_time_s.sum() / b.pack_time_s.sum()
     assert 1.5 < ratio < 2.0  # TP 2 halves compute; the TP all-reduces and per-call overheads remain
     assert b.kv_bytes.mean() < a.kv_bytes.mean()
+
+
+def test_simulate_cli_says_whether_the_layout_runs(capsys):
+    p = argparse.ArgumentParser(prog="atac-hf")
+    add_parser(p.add_subparsers(dest="command", required=True))
+    common = ["simulate", "--workload", "sft", "--model", "1b", "--hardware", "H100", "--dp", "2", "--cp", "2",
+              "--micro-batches", "2", "--max-tokens", "8K", "--steps", "1", "--combos", "named"]
+    for extra, expect in ((["--pp", "2"], "(what-if: PP 2: HF has no pipeline parallelism)"),
+                          (["--pp", "1", "--tp", "2"], "(runs with the atac-hf integration)")):
+        args = p.parse_args(common + extra)
+        assert args.func(args) == 0
+        assert expect in capsys.readouterr().out

@@ -172,8 +172,9 @@ def run_simulate(args: argparse.Namespace) -> int:
         print(json.dumps({**res.to_dict(), "workload_info": workload_info(args.workload, lengths, seed=args.seed)},
                          default=float))
         return 0
-    print(f"{cluster.describe()}; workload {res.workload}; {res.num_samples} samples simulated; "
-          f"{time.perf_counter() - t0:.1f} s")
+    what_if = "; ".join(cluster.what_if_reasons())
+    print(f"{cluster.describe()} ({'what-if: ' + what_if if what_if else 'runs with the atac-hf integration'}); "
+          f"workload {res.workload}; {res.num_samples} samples simulated; {time.perf_counter() - t0:.1f} s")
     print(combo_table(res))
     print(COMBO_LEGEND)
     d = res.to_dict()
