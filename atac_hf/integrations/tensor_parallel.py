@@ -57,7 +57,7 @@ def check_tp_model(model: torch.nn.Module, tp_size: int) -> dict[str, str]:
     if not hasattr(base, "_resolve_parallel_plans") or not hasattr(base, "tp_plan"):
         raise ValueError(f"tp_size={tp_size} needs a transformers PreTrainedModel with a tp_plan; {name} is not one: "
                          "set tp_size=1 (parallelism_config / parallelism_config_tp_size)")
-    if not base.tp_plan:
+    if not _layer_rules(base):
         raise ValueError(
             f"tp_size={tp_size}: {name} (model_type {getattr(base.config, 'model_type', '?')!r}) has no tensor "
             "parallel plan (config.base_model_tp_plan is empty), so it cannot be split over TP ranks; set tp_size=1 "
@@ -76,6 +76,16 @@ def check_tp_model(model: torch.nn.Module, tp_size: int) -> dict[str, str]:
 
     plan, _, _ = base._resolve_parallel_plans(DistributedConfig(tp_size=int(tp_size)))
     return plan
+
+
+def _layer_rules(base: torch.nn.Module) -> dict[str, str]:
+    """The model's TP rules other than those for its input/output embeddings (a causal LM class
+    has an ``lm_head`` rule of its own even when its decoder has no plan at all)."""
+    skip = set()
+    for get in ("get_input_embeddings", "get_output_embeddings"):
+        module = getattr(base, get, lambda: None)()
+        skip.update(n for n, m in base.named_modules() if module is not None and m is module)
+    return {k: v for k, v in (base.tp_plan or {}).items() if k not in skip}
 
 
 def _mesh_ranks(mesh: Any) -> list[int]:
