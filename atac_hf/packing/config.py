@@ -93,8 +93,11 @@ class PackingConfig:
             pack's cost over the window's mean is monotone in the price, so the band's ends
             bound every price inside it): heavy samples are those heavy at either end,
             released in runs of similar length, and tails go where the worse end stays
-            lowest. ``None`` (the default): balance the cost model's estimate alone.
-            ``(0, 1000)`` about balances token-wise work and attention pairs separately.
+            lowest. ``(0.5, 2.0)`` holds the balance when the attention price is off by up
+            to 2x either way (docs/BENCHMARKS.md "Robustness to cost-model error"). Default
+            ``None``: balance the cost model's estimate alone (slightly tighter windows when
+            the cost model is exact). ``(0, 1000)`` about balances token-wise work and
+            attention pairs separately.
         band_placement: ``wfap`` with ``price_band``: tails and local search balance the
             band too (True, the default); False: only the deferral (which samples are
             heavy, which run is released) uses the band, tails balance the cost model alone.

@@ -80,7 +80,7 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
                  overlength: str = "split", window_size: int | None = None, num_replicas: int = 1,
                  shuffle: bool = False, seed: int = 0, cost_model: CostModel | None = None,
                  num_proc: int | None = None, desc: str = "Packing", progress: bool = True,
-                 return_metrics: bool = False, **packing_options: Any) -> Any:
+                 return_metrics: bool = False, split_fill: bool = False, **packing_options: Any) -> Any:
     """Pack a tokenized ``datasets.Dataset`` (or each split of a ``DatasetDict``) into packed rows.
 
     Args:
@@ -102,6 +102,12 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
         desc: progress bar label.
         progress: show progress bars.
         return_metrics: also return the packing metrics (see below).
+        split_fill: with ``strategy="bfd"`` and ``overlength="split"``: also plan the whole
+            pass at once, pouring the overlength samples into the room the whole samples
+            leave (:mod:`atac_hf.packing.split_fill`), and keep that plan when it needs fewer
+            packs: within about 1% of ``ceil(tokens / max_tokens)`` where the windowed bfd
+            leaves 1-5% (docs/BENCHMARKS.md, "Split mode"). It cuts overlength samples into
+            more, shorter fragments (each >= ``min_fragment``); samples that fit stay whole.
         **packing_options: further :class:`~atac_hf.packing.config.PackingConfig` fields
             (``min_fragment``, ``max_defer``, ``balance_split``, strategy options).
 
@@ -129,7 +135,7 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
     kwargs = dict(max_tokens=max_tokens, packs_per_window=packs_per_window, strategy=strategy,
                   overlength=overlength, window_size=window_size, num_replicas=num_replicas, shuffle=shuffle,
                   seed=seed, cost_model=cost_model, num_proc=num_proc, progress=progress,
-                  return_metrics=return_metrics, **packing_options)
+                  return_metrics=return_metrics, split_fill=split_fill, **packing_options)
     if isinstance(dataset, datasets.DatasetDict):
         packed = {k: pack_dataset(v, desc=f"{desc} {k}", **kwargs) for k, v in dataset.items()}
         if return_metrics:
@@ -168,12 +174,12 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
     order = np.random.default_rng([seed, 0]).permutation(lengths.size) if shuffle else None
     with tqdm(total=lengths.size, desc=f"{desc}: planning", disable=not progress, unit="samples") as bar:
         spans, offsets = plan_packs(lengths, config, order=order, cost_model=cost_model, window_size=window_size,
-                                    num_replicas=num_replicas, progress=bar)
+                                    num_replicas=num_replicas, progress=bar, split_fill=split_fill)
     out = _build_table(table, rows, token_cols, spans, offsets, progress=progress, desc=desc)
     from datasets.fingerprint import Hasher
 
     fingerprint = Hasher.hash([dataset._fingerprint, config.to_dict(), token_cols, window_size, num_replicas,
-                               shuffle, seed, None if cost_model is None else repr(cost_model)])
+                               shuffle, seed, None if cost_model is None else repr(cost_model), split_fill])
     result = _as_dataset(datasets, out, dataset, token_cols, fingerprint)
     metrics = _metrics(lengths, spans, offsets, config, cost_model or default_cost_model())
     logger.info("pack_dataset: %d samples -> %d packs (%.4fx the lower bound ceil(tokens / max_tokens)), "

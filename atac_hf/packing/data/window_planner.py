@@ -40,6 +40,7 @@ import numpy as np
 from ...cost import CostModel, default_cost_model
 from ..config import MAX_LENGTH, MAX_PACKS_PER_WINDOW, PackingConfig
 from ..metrics import pack_costs
+from ..split_fill import plan_split_fill
 from ..stream import StreamPacker
 from ..validate import _is_int, _short, check_dealable, check_lengths, check_overlength, check_planner_state
 
@@ -388,7 +389,8 @@ def _coalesce(pack: list[Span]) -> list[Span]:
 
 def plan_packs(lengths: Sequence[int], config: PackingConfig, *, order: Sequence[int] | None = None,
                cost_model: CostModel | None = None, window_size: int | None = None, num_replicas: int = 1,
-               even_batches: bool = True, progress: Any = None) -> tuple[np.ndarray, np.ndarray]:
+               even_batches: bool = True, progress: Any = None,
+               split_fill: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Pack a whole pass over samples of known lengths, window by window.
 
     Args:
@@ -397,6 +399,11 @@ def plan_packs(lengths: Sequence[int], config: PackingConfig, *, order: Sequence
         order: sample indices in the order they enter windows (default: 0, 1, ...).
         cost_model, window_size, num_replicas, even_batches: see :class:`WFAPBatchSampler`.
         progress: an object with ``update(n)`` (a tqdm bar), advanced by samples planned.
+        split_fill: (``strategy="bfd"``, ``overlength="split"`` only) also plan the whole
+            pass at once with :func:`~atac_hf.packing.split_fill.plan_split_fill` (whole
+            samples best-fit decreasing, overlength samples poured into the room left) and
+            keep that plan when it needs fewer packs; its packs are then dealt window by
+            window as usual. Only samples longer than the cap are cut either way.
 
     Returns:
         ``(spans, offsets)``: ``spans`` (num_spans, 3) int64 rows ``(sample, start, end)``;
@@ -404,11 +411,17 @@ def plan_packs(lengths: Sequence[int], config: PackingConfig, *, order: Sequence
 
     Raises:
         ValueError / TypeError: bad lengths (:func:`~atac_hf.packing.validate.check_lengths`),
-            an ``order`` that is not a permutation of the sample indices, or (``even_batches``)
-            a pass that cannot be dealt to ``num_replicas`` in equal batch counts.
+            an ``order`` that is not a permutation of the sample indices, ``split_fill`` with
+            another strategy or overlength policy, or (``even_batches``) a pass that cannot be
+            dealt to ``num_replicas`` in equal batch counts.
     """
     lengths = check_lengths(lengths, "lengths")
     _check_common(config, window_size, num_replicas)
+    if not isinstance(split_fill, (bool, np.bool_)):
+        raise TypeError(f"split_fill={_short(split_fill)} must be True or False (set split_fill)")
+    if split_fill and (config.strategy, config.overlength) != ("bfd", "split"):
+        raise ValueError(f"split_fill=True needs strategy='bfd' and overlength='split', got strategy="
+                         f"{config.strategy!r}, overlength={config.overlength!r} (set those, or split_fill=False)")
     if order is None:
         order = np.arange(lengths.size)
     else:
@@ -431,6 +444,15 @@ def plan_packs(lengths: Sequence[int], config: PackingConfig, *, order: Sequence
             progress.update(len(ids))
         if p >= order.size:
             break
+    if split_fill and bool((ordered > config.max_tokens).any()):
+        filled = plan_split_fill(ordered, config.max_tokens, config.min_fragment, sample_ids=order)
+        dealer = WindowPlanner(config, cost_model, window_size=window_size, num_replicas=num_replicas,
+                               even_batches=even_batches)
+        P = config.packs_per_window
+        filled = [pk for k in range(0, len(filled), P)
+                  for pk in dealer._emit(filled[k:k + P], final=k + P >= len(filled))]
+        if len(filled) < len(packs):
+            packs = filled
     offsets = np.zeros(len(packs) + 1, dtype=np.int64)
     np.cumsum([len(pk) for pk in packs], out=offsets[1:])
     spans = np.array([s for pk in packs for s in pk], dtype=np.int64).reshape(-1, 3)
