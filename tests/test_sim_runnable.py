@@ -24,7 +24,7 @@ def _cl(**kw):
 
 # ---------------------------------------------------------------------------- labels
 @pytest.mark.parametrize("kw", [dict(), dict(cp_size=8), dict(tp_size=2, cp_size=4), dict(tp_size=8, cp_size=2),
-                                dict(dp_size=1, cp_size=1), dict(tp_size=2, cp_size=8, dp_size=4)])
+                                dict(dp_size=1, cp_size=1, model="1b"), dict(tp_size=2, cp_size=8, dp_size=4)])
 def test_dp_cp_tp_layouts_are_runnable(kw):
     cl = _cl(**kw)
     assert cl.runnable and cl.what_if_reasons() == ()
@@ -39,6 +39,21 @@ def test_pipeline_parallelism_is_a_what_if():
     assert not many.runnable and "TP 16 > 8 K/V heads" in many.what_if_reasons()[0]
     both = _cl(model="1b", tp_size=16, pp_size=2)
     assert len(both.what_if_reasons()) == 2
+
+
+def test_model_states_that_do_not_fit_are_a_what_if():
+    # 70B at TP 8 under DDP (FSDP x TP is refused): 16 bytes x 70.6B / 8 = 141 GB per GPU > 80 GB
+    tp = _cl(model="70b", tp_size=8, cp_size=4)
+    assert tp.model_state_bytes_per_gpu() == pytest.approx(141e9, rel=0.01)
+    (reason,) = tp.what_if_reasons()
+    assert "model states 141 GB per GPU (TP with DDP: FSDP x TP is refused) exceed the H100's 80 GB" == reason
+    assert not _cl(model="70b", tp_size=8, cp_size=4, hardware="A800").runnable
+    # the same model with FSDP2 over DP 4 x CP 8 (35 GB per GPU) runs; on one CP 2 group it does not
+    assert _cl(model="70b", dp_size=4, cp_size=8).runnable
+    assert "FSDP2 over DP x CP" in _cl(model="70b", dp_size=1, cp_size=2).what_if_reasons()[0]
+    assert _cl(model="8b", tp_size=2, cp_size=8).runnable  # 64 GB: fits an 80 GB GPU
+    assert not _cl(model="13b", tp_size=2, cp_size=8).runnable  # 104 GB does not
+    assert _cl(model="13b", tp_size=2, cp_size=8, hardware="H200").runnable  # 141 GB GPUs
 
 
 def test_scenario_labels_come_from_the_cluster():

@@ -112,8 +112,9 @@ def default_grid(workload_file: str | None = None) -> list[Scenario]:
         Scenario(f"8b-64K-cp4-pp1-{tag}", c("8b", "H100", 64, 4, 1, 2, 4), real, 16),  # 1 node: DP 2 x CP 4
         Scenario(FEATURED_SCENARIO, c("8b", "H100", 128, 8, 1, 2, 4), real, 16),  # 2 nodes: CP 8 in, DP across
         Scenario(f"8b-64K-cp4-pp1-tp2-{tag}", c("8b", "H100", 64, 4, 1, 2, 4, tp=2), real, 16),  # TP2 x CP4 / node
-        Scenario(f"13b-128K-cp8-pp1-tp2-{tag}", c("13b", "H100", 128, 8, 1, 2, 4, tp=2), real, 16),  # CP over 2 nodes
-        Scenario("70b-128K-cp4-pp1-tp8-longtail", c("70b", "H100", 128, 4, 1, 2, 4, tp=8), "longtail", 16),
+        Scenario(f"8b-128K-cp8-pp1-tp2-{tag}", c("8b", "H100", 128, 8, 1, 2, 4, tp=2), real, 16),  # CP over 2 nodes
+        Scenario("13b-64K-cp4-pp1-tp4-longtail", c("13b", "H100", 64, 4, 1, 2, 4, tp=4), "longtail", 16),
+        Scenario("70b-128K-cp8-pp1-longtail", c("70b", "H100", 128, 8, 1, 4, 4), "longtail", 16),  # FSDP2 x CP 8
     ]
     # what WFAP's opt-in balance splits (balance_split=True: they cut attention work) would add
     grid.append(Scenario(PAPER_SPLIT, grid[0].cluster, real, grid[0].num_steps, {"balance_split": True},

@@ -214,8 +214,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="run the simulator's scenario grid and print (or write) the benchmark report",
                        description="Simulate the default grid (model sizes, 32K-128K packs, CP 2-8, TP 1-8, PP 1/4, "
                                    "DP>1; built-in workloads plus the shipped wlbllm lengths) and print the comparison. "
-                                   "Each scenario is marked runnable (a layout the atac-hf integration runs: DP/FSDP2, "
-                                   "CP, TP) or what-if (PP); the geometric means are over the runnable ones, the "
+                                   "Each scenario is marked runnable (a layout the atac-hf integration runs: FSDP2/DP x "
+                                   "CP, DDP x TP x CP) or what-if (PP, or model states that do not fit); the geometric means are over the runnable ones, the "
                                    "what-if ones are summarised apart. "
                                    "With --output FILE.md, (re)write that file's '## Simulator (pipeline-level)' "
                                    "section and put the PNG plots beside it; without it nothing is written.")

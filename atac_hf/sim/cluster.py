@@ -16,8 +16,10 @@ the TP group (:meth:`ClusterConfig.tp_comm_s_per_token`, not overlapped).
 Runnable or what-if (:meth:`ClusterConfig.what_if_reasons`): the atac-hf integration runs
 DP (replicated or FSDP2-sharded), CP and TP (``ParallelismConfig(dp_replicate, dp_shard,
 tp, cp)``); a layout it cannot run (pipeline parallelism: HF has none) is a what-if.
-The simulator does not tell DP replication from FSDP2 sharding: both are priced as one
-gradient all-reduce per step, not overlapped.
+The integration runs TP with plain DDP only (it refuses FSDP x TP), FSDP2 without TP: a
+layout whose model states cannot fit in GPU memory that way is a what-if too. The simulator
+does not otherwise tell DP replication from FSDP2 sharding: both are priced as one gradient
+all-reduce per step, not overlapped.
 
 Numpy only.
 """
@@ -35,7 +37,13 @@ import numpy as np
 
 from ..cost import HARDWARE_PRESETS, MODEL_PRESETS, CostModel, HardwarePreset, ModelDims
 
-__all__ = ["ClusterConfig", "RUNNABLE_AXES"]
+__all__ = ["ClusterConfig", "RUNNABLE_AXES", "GPU_MEMORY_BYTES", "STATE_BYTES_PER_PARAM"]
+
+#: Memory of one GPU of each hardware preset, bytes (the presets' spec sheets: A800/H100 SXM 80 GB, H200 141 GB).
+GPU_MEMORY_BYTES = {"A800": 80e9, "H100": 80e9, "H200": 141e9}
+#: Model-state bytes per parameter in mixed-precision Adam training (bf16 weights and gradients,
+#: fp32 master weights and two moments: ZeRO's 16).
+STATE_BYTES_PER_PARAM = 16
 
 #: Mesh axes the atac-hf integration runs (``ParallelismConfig(dp_replicate, dp_shard, tp, cp)``;
 #: ``dp`` covers both replicated and FSDP2-sharded data parallelism).
@@ -182,9 +190,10 @@ class ClusterConfig:
         """Why the atac-hf integration cannot run this layout today; ``()`` when it can.
 
         The integration runs DP (replicated or FSDP2), CP and TP (see :data:`RUNNABLE_AXES`).
-        A what-if: ``pp_size > 1`` (HF has no pipeline parallelism), or ``tp_size`` above the
+        A what-if: ``pp_size > 1`` (HF has no pipeline parallelism), ``tp_size`` above the
         model's ``num_kv_heads`` (transformers' ``tp_plan`` splits K/V heads column-wise, it
-        cannot replicate them the way Megatron does). TP also needs a model with a ``tp_plan``,
+        cannot replicate them the way Megatron does), or model states that do not fit in the
+        GPU's memory the way the integration holds them (:meth:`model_state_bytes_per_gpu`). TP also needs a model with a ``tp_plan``,
         which the model presets (Llama/Qwen-like) have; a custom model is assumed to have one.
         """
         out = []
@@ -192,7 +201,27 @@ class ClusterConfig:
             out.append(f"PP {self.pp_size}: HF has no pipeline parallelism")
         if self.tp_size > self.dims.num_kv_heads:
             out.append(f"TP {self.tp_size} > {self.dims.num_kv_heads} K/V heads: tp_plan cannot replicate K/V heads")
+        mem = GPU_MEMORY_BYTES.get(self.hardware.upper())
+        states = self.model_state_bytes_per_gpu()
+        if mem is not None and states > mem:
+            how = "TP with DDP: FSDP x TP is refused" if self.tp_size > 1 else "FSDP2 over DP x CP"
+            out.append(f"model states {states / 1e9:.0f} GB per GPU ({how}) exceed the {self.hw.name}'s "
+                       f"{mem / 1e9:.0f} GB")
         return tuple(out)
+
+    def model_state_bytes_per_gpu(self) -> float:
+        """Weights, gradients and Adam states per GPU the way the integration holds them.
+
+        :data:`STATE_BYTES_PER_PARAM` x (layers + untied embedding and LM head), divided over TP
+        and PP stages, and with ``tp_size == 1`` also over the ``dp x cp`` ranks FSDP2 shards
+        over; with TP the integration runs plain DDP, so DP and CP ranks each hold a full TP
+        shard. Activations are left out (they depend on checkpointing), so a layout that passes
+        this check may still need activation checkpointing to fit.
+        """
+        d = self.dims
+        params = d.num_layers * d.params_per_layer + 2 * d.vocab_size * d.hidden_size
+        shards = self.tp_size * self.pp_size * (self.dp_size * self.cp_size if self.tp_size == 1 else 1)
+        return STATE_BYTES_PER_PARAM * params / shards
 
     @property
     def runnable(self) -> bool:

@@ -62,7 +62,7 @@ def plot_speedups(summary: dict[str, Any], path: str) -> str:
     what_if = [i for i, r in enumerate(rows) if not r.get("runnable", True)]
     if what_if:  # rows come runnable first (summarise_grid): shade the what-if block
         ax.axvspan(min(what_if) - 0.5, max(what_if) + 0.5, color="0.92", zorder=0,
-                   label="what-if: PP (HF has none), not in the headline")
+                   label="what-if (e.g. PP: HF has none), not in the headline")
     ax.set_xticks(x, [r["scenario"] + ("" if r.get("runnable", True) else " (what-if)") for r in rows],
                   rotation=35, ha="right", fontsize=8)
     ax.set_ylabel("throughput speedup")

@@ -115,8 +115,8 @@ def _aggregate(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def headline(summary: dict[str, Any]) -> str:
     """One sentence each: the geometric means over the runnable scenarios, then over the what-if ones."""
     out = []
-    for key, what in ((None, "runnable scenarios (layouts the atac-hf integration runs: DP/FSDP2, CP, TP)"),
-                      ("what_if_summary", "what-if scenarios (pipeline parallelism, which HF does not have)")):
+    for key, what in ((None, "runnable scenarios (layouts the atac-hf integration runs: FSDP2/DP x CP, DDP x TP x CP)"),
+                      ("what_if_summary", "what-if scenarios (layouts it cannot run, e.g. pipeline parallelism)")):
         s = summary if key is None else summary.get(key, {})
         n = s.get("num_scenarios", 0)
         if not n:
@@ -172,8 +172,10 @@ def markdown_section(summary: dict[str, Any], results: Sequence[Any], *, command
            "the cut, so such speed is not free). The stream is finite and every packer is flushed at its end: "
            "all combinations train exactly the same samples, and the start and end of the stream are measured.", "",
            "*runs*: whether the atac-hf integration runs the scenario's layout today (DP replicated or FSDP2, CP "
-           "and TP: `ParallelismConfig(dp_replicate, dp_shard, tp, cp)`), derived from its cluster; a *what-if* "
-           "(pipeline parallelism: HF has none) is priced the same way but is not part of the headline. TP is "
+           "and TP: `ParallelismConfig(dp_replicate, dp_shard, tp, cp)`, TP with DDP only, as the integration "
+           "refuses FSDP x TP), derived from its cluster; a *what-if* (pipeline parallelism, which HF does not "
+           "have, or model states of 16 bytes per parameter that do not fit the GPU held that way) is priced "
+           "the same way but is not part of the headline. TP is "
            "priced as it runs: heads, weights and MLP divided over TP, each CP rank exchanging only its local K/V "
            "heads within its CP group (over the network once TP x CP exceeds a node's 8 GPUs), plus 4 ring "
            "all-reduces of the activations per layer (2 forward, 2 backward) over the TP group. DP replication "
