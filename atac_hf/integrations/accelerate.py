@@ -45,6 +45,7 @@ from accelerate.utils import DistributedType, InitProcessGroupKwargs
 
 from ._hf_compat import bypass_torch_cp_hooks, validate_parallelism_on_cpu
 from .config import ATACConfig
+from .layout import warn_placement
 from .sharder import BatchSharder, count_targets, model_kv_bytes_per_token, prepare_model, unwrap_base_model
 from .tensor_parallel import apply_tensor_parallel, dp_cp_group, remap_optimizer_params, sync_tp_gradients
 
@@ -239,6 +240,7 @@ class ATACAccelerator(Accelerator):
                 raise ValueError(f"parallelism_config.cp_size={parallelism_config.cp_size} disagrees with "
                                  f"atac_config.cp_size={config.cp_size}")
         check_tp_layout(parallelism_config, fsdp=fsdp)
+        warn_placement(parallelism_config, fsdp=fsdp)
         super().__init__(cpu=cpu, parallelism_config=parallelism_config, **kwargs)
         config.check_runtime(self.device.type)
         self.atac_config = config

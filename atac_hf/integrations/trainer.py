@@ -45,6 +45,7 @@ from .accelerate import cp_coordinates
 from .config import ATACConfig
 from .data import build_packed_dataloader, build_streaming_dataloader, check_collator, check_dataset_columns
 from .data import is_streaming_dataset
+from .layout import warn_placement
 from .sharder import BatchSharder, model_kv_bytes_per_token, prepare_model, unwrap_base_model
 from .tensor_parallel import apply_tensor_parallel, dp_cp_group, remap_optimizer_params, sync_tp_gradients
 
@@ -176,6 +177,7 @@ class ATACTrainer(Trainer):
                                  f"atac_config.cp_size={config.cp_size}")
             args.parallelism_config = pc
         check_tp_layout(args.parallelism_config, fsdp=fsdp)
+        warn_placement(args.parallelism_config, fsdp=fsdp)
         if data_collator is not None and type(data_collator) is not PackedDataCollator:
             probe = next((d for d in [train_dataset, *evals.values()] if d is not None), None)
             if probe is not None and hasattr(probe, "__getitem__") and hasattr(probe, "__len__"):
