@@ -205,22 +205,38 @@ def plan_wfap(items: list[Item], ctx: WindowContext) -> tuple[list[list[Item]], 
         ctx_costs = ctx.cost_model.doc_cost(lens)[:, None]
     else:
         ctx_costs = costs
-    K = ctx_costs.shape[1]
-    L = lens.tolist()
-    c = ctx_costs.tolist()  # per item, its K costs
-    score = ctx_costs.max(axis=1)
-    s = score.tolist()
+    meta = np.array([(it[ARRIVAL], it[SEQ], it[START]) for it in items], dtype=np.int64).reshape(-1, 3)
     # overdue items (and the fragments of overdue samples split just now) go first and
     # ignore the ceiling; at the end of the stream the others may still wait a window
-    meta = np.array([(it[ARRIVAL], it[SEQ], it[START]) for it in items], dtype=np.int64).reshape(-1, 3)
     due_arr = ctx.window - meta[:, 0] >= ctx.config.max_defer
     due_arr[n_orig:] = True
-    due = due_arr.tolist()
+    light_level = ctx.balance.light if ctx_costs.shape[1] == costs.shape[1] else np.array([ctx.light_pack_cost])
+    plan = _place(items, lens, ctx_costs, light_level, heavy, released, due_arr, meta, ctx)
+    anchor_of, tail_of, left = plan
+    carry.extend(items[i] for i in left)
+    for j in range(P):
+        packs[j] = [items[i] for i in anchor_of[j] + tail_of[j]]
+    carry.sort(key=lambda it: (it[ARRIVAL], it[SEQ], it[START]))
+    return packs, carry, newly_split
 
+
+def _place(items: list[Item], lens: np.ndarray, costs: np.ndarray, light_level: np.ndarray, heavy: np.ndarray,
+           released: list[int], due_arr: np.ndarray, meta: np.ndarray,
+           ctx: WindowContext) -> tuple[list[list[int]], list[list[int]], list[int]]:
+    """Steps 3-5 with item costs ``costs`` ((n, K)): ``(anchor_of, tail_of, left)``, the
+    item indices of each pack's anchors and tails and of the items left over."""
+    P, C = ctx.num_packs, ctx.max_tokens
+    K = costs.shape[1]
+    L = lens.tolist()
+    c = costs.tolist()  # per item, its K costs
+    score = costs.max(axis=1)
+    s = score.tolist()
+    due = due_arr.tolist()
     pc = [[0.0] * K for _ in range(P)]  # per pack, its K costs
     pt = [0] * P
     anchor_of: list[list[int]] = [[] for _ in range(P)]  # never moved by local search
     tail_of: list[list[int]] = [[] for _ in range(P)]
+    carry: list[int] = []
 
     def place_anchors(group: list[int]) -> None:  # largest score first, to the cheapest pack with room
         for i in sorted(group, key=lambda i: (-s[i], items[i][SEQ], items[i][START])):
@@ -230,7 +246,7 @@ def plan_wfap(items: list[Item], ctx: WindowContext) -> tuple[list[list[Item]], 
                 if pt[j] + L[i] <= C and (best < 0 or sj < best_score):
                     best, best_score = j, sj
             if best < 0:
-                carry.append(items[i])
+                carry.append(i)
                 continue
             anchor_of[best].append(i)
             pc[best] = [a + b for a, b in zip(pc[best], c[i])]
@@ -245,14 +261,12 @@ def plan_wfap(items: list[Item], ctx: WindowContext) -> tuple[list[list[Item]], 
     num_due_tails = int(due_arr[light].sum())
     # 3. overdue anchors and tails, then the other anchors
     place_anchors([i for i in released if due[i]])
-    left = place_tails(tails[:num_due_tails], L, c, due, pc, pt, tail_of, C, math.inf)
-    carry.extend(items[i] for i in left)
+    carry.extend(place_tails(tails[:num_due_tails], L, c, due, pc, pt, tail_of, C, math.inf))
     place_anchors([i for i in released if not due[i]])
     # 4. the other tails: those carried before first, then the new ones; within each,
     # largest score first, to the cheapest pack with room, up to the ceiling
-    light_level = ctx.balance.light if K == costs.shape[1] else np.array([ctx.light_pack_cost])
     ceiling = max(max(max(v) for v in pc) if released else 0.0,
-                  fill_level(tails, L, c, light_level, C, ctx.config.balance_tolerance),
+                  fill_level(tails, lens, costs, light_level, C, ctx.config.balance_tolerance),
                   max((s[i] for i in tails[num_due_tails:]), default=0.0))
     rest = tails[num_due_tails:]
     before = ([v[:] for v in pc], pt[:], [t[:] for t in tail_of])
@@ -275,11 +289,7 @@ def plan_wfap(items: list[Item], ctx: WindowContext) -> tuple[list[list[Item]], 
             left = left2
         else:
             pc[:], pt[:], tail_of[:], left = first
-    carry.extend(items[i] for i in left)
-
+    carry.extend(left)
     if ctx.config.local_search and P > 1:
         local_search(pc, pt, tail_of, anchor_of, L, c, C)
-    for j in range(P):
-        packs[j] = [items[i] for i in anchor_of[j] + tail_of[j]]
-    carry.sort(key=lambda it: (it[ARRIVAL], it[SEQ], it[START]))
-    return packs, carry, newly_split
+    return anchor_of, tail_of, carry

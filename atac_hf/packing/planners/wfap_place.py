@@ -18,24 +18,22 @@ import numpy as np
 __all__ = ["fill_level", "place_tails", "local_search"]
 
 
-def fill_level(tails: list[int], L: list[int], c: list[list[float]], light: np.ndarray, max_tokens: int,
+def fill_level(tails: list[int], lens: np.ndarray, costs: np.ndarray, light: np.ndarray, max_tokens: int,
                tolerance: float) -> float:
     """Score of a pack filled to the cap with the window's small tails (each at most 1/8 of a
     light pack at every model), plus half the balance tolerance: the level packs may reach,
     so that a pack holding an expensive tail stops below the cap instead of becoming the
-    straggler."""
-    K = len(light)
-    small = (light / 8).tolist()
-    tok, cst = 0, [0.0] * K
-    for i in tails:
-        ci = c[i]
-        if all(ci[k] <= small[k] for k in range(K)):
-            tok += L[i]
-            cst = [a + b for a, b in zip(cst, ci)]
-    if not tok:
-        tok = sum(L[i] for i in tails)
-        cst = [sum(c[i][k] for i in tails) for k in range(K)]
-    rho = max(cst) / tok if tok else 0.0
+    straggler. ``lens``: (n,) and ``costs``: (n, K) of every item; ``tails``: indices."""
+    idx = np.asarray(tails, dtype=np.int64)
+    if idx.size == 0:
+        return 0.0
+    ct = costs[idx]
+    small = (ct <= (light / 8)[None, :]).all(axis=1)
+    if not small.any():
+        small[:] = True
+    tok = int(lens[idx][small].sum())
+    cst = ct[small].sum(axis=0)
+    rho = float(cst.max()) / tok if tok else 0.0
     return rho * max_tokens * (1.0 + (tolerance - 1.0) / 2)
 
 
@@ -55,6 +53,7 @@ def place_tails(tails: list[int], L: list[int], c: list[list[float]], due: list[
     left: list[int] = []
     prev = -1
     one = len(pc[0]) == 1 if P else True
+    two = len(pc[0]) == 2 if P else False
     for i in tails:
         li = L[i]
         if li > prev:  # new phase: rebuild heap and parking
@@ -71,8 +70,17 @@ def place_tails(tails: list[int], L: list[int], c: list[list[float]], due: list[
             left.append(i)
             continue
         j = heap[0][1]
-        new = [pc[j][0] + ci[0]] if one else [a + b for a, b in zip(pc[j], ci)]
-        score = new[0] if one else max(new)
+        p = pc[j]
+        if one:
+            new = [p[0] + ci[0]]
+            score = new[0]
+        elif two:
+            a, b = p[0] + ci[0], p[1] + ci[1]
+            new = [a, b]
+            score = a if a > b else b
+        else:
+            new = [a + b for a, b in zip(p, ci)]
+            score = max(new)
         if score > ceiling and not due[i]:
             left.append(i)
             continue
