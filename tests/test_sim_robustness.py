@@ -83,3 +83,32 @@ def test_simulate_cli_robustness_report(tmp_path, capsys):
     for bad in ("0", "a,b", "1,-2", "inf"):
         with pytest.raises(SystemExit):
             p.parse_args(["simulate", "--eval-attn-scale", bad])
+
+
+def test_1f1b_formula_timing_beside_the_schedule():
+    lengths, cluster = _setup()
+    # one stage: the formula is the schedule (a stage runs its micro-batches back to back)
+    flat = ClusterConfig(**{**cluster.to_dict(), "pp_size": 1})
+    res = simulate(lengths, flat, combos=COMBOS, num_steps=3)
+    for combo in res.combos.values():
+        np.testing.assert_allclose(combo.formula_step_s, combo.step_time_s, rtol=1e-12)
+        np.testing.assert_allclose(combo.formula_lb_s, combo.lb_time_s, rtol=1e-12)
+    # two stages: both timings report, and the formula's bound is its own (balanced) formula
+    runs = run_robustness(lengths, cluster, scales=(1.0,), combos=COMBOS, num_steps=3)
+    rows = robustness_rows(runs)
+    assert all(np.isfinite(r["formula_lb_ratio"]) and r["formula_lb_ratio"] >= 0.99 for r in rows)
+    assert all(r["delay_max"] >= 0 and r["delay_mean"] >= 0 for r in rows)
+    assert "time/LB (1F1B formula)" in robustness_table(rows)
+
+
+def test_window_stats_steady_and_time_weighted():
+    from atac_hf.sim.robustness import time_weighted_imbalance, window_imbalance_stats
+
+    lengths, cluster = _setup()
+    res = simulate(lengths, cluster, combos=[("wfap", "atp")], num_steps=4)
+    cm = cluster.cost_model()
+    mean, worst = window_imbalance_stats(res, "wfap", cm)
+    s_mean, s_worst = window_imbalance_stats(res, "wfap", cm, steady=True)
+    assert 1.0 <= mean <= worst and 1.0 <= s_mean <= s_worst <= worst
+    tw = time_weighted_imbalance(res, "wfap", cm)
+    assert 1.0 <= tw <= worst

@@ -25,7 +25,7 @@ from .results import SimResult
 from .simulate import simulate
 
 __all__ = ["DEFAULT_SCALES", "RobustnessRun", "run_robustness", "robustness_rows", "robustness_table",
-           "scale_attention", "window_imbalance_stats"]
+           "scale_attention", "window_imbalance_stats", "time_weighted_imbalance", "formula_lb_ratio"]
 
 #: Attention price ratios of the evaluation model to the planning one.
 DEFAULT_SCALES = (0.5, 1.0, 2.0)
@@ -77,23 +77,52 @@ def run_robustness(lengths: Any, cluster: ClusterConfig, *, scales: Sequence[flo
             for label, m in models]
 
 
-def window_imbalance_stats(result: SimResult, packing: str, cost_model: CostModel) -> tuple[float, float]:
-    """(mean, worst) over full windows of max/mean pack cost, costed by ``cost_model``.
-
-    Windows with fewer packs than the step's (the stream's last, flushed ones) are left out,
-    as in the packing benchmark.
-    """
+def _window_ratios(result: SimResult, packing: str, cost_model: CostModel, steady: bool) -> list[tuple[float, float]]:
+    """(max, mean) pack cost of every full window (``steady``: only those before the
+    stream's last fed window, i.e. neither the last window of arrivals nor a flush one)."""
     per_step = result.cluster.packs_per_step
-    ratios = []
-    for win in result.packs.get(packing, []):
-        if len(win) < per_step:
+    fed = len(result.windows.get(packing, [])) if steady else None
+    out = []
+    for w, win in enumerate(result.packs.get(packing, [])):
+        if len(win) < per_step or (fed is not None and w >= fed - 1):
             continue
         c = pack_costs(win, cost_model)
         if c.mean() > 0:
-            ratios.append(float(c.max() / c.mean()))
+            out.append((float(c.max()), float(c.mean())))
+    return out
+
+
+def window_imbalance_stats(result: SimResult, packing: str, cost_model: CostModel, *,
+                           steady: bool = False) -> tuple[float, float]:
+    """(mean, worst) over full windows of max/mean pack cost, costed by ``cost_model``.
+
+    Windows with fewer packs than the step's (the stream's last, flushed ones) are left out,
+    as in the packing benchmark. ``steady``: also the stream's last window of arrivals and
+    the flush windows (the end of a finite stream leaves windows that no planner can fill
+    evenly: few samples left, or only the held-back heavy ones).
+    """
+    ratios = [m / a for m, a in _window_ratios(result, packing, cost_model, steady)]
     if not ratios:
         return float("nan"), float("nan")
     return float(np.mean(ratios)), float(np.max(ratios))
+
+
+def time_weighted_imbalance(result: SimResult, packing: str, cost_model: CostModel) -> float:
+    """Sum over full windows of the costliest pack over the sum of the mean pack: the time
+    share balance costs when windows run their packs side by side (a window's weight is its
+    cost, so a small window at the stream's end weighs little)."""
+    pairs = _window_ratios(result, packing, cost_model, False)
+    return sum(m for m, _ in pairs) / sum(a for _, a in pairs) if pairs else float("nan")
+
+
+def formula_lb_ratio(combo: Any) -> float:
+    """A combination's time over its balance bound, both timed by the closed-form 1F1B
+    formula (:mod:`.onef1b`) instead of the event schedule; NaN for a result that does not
+    carry that timing (e.g. one read back from JSON)."""
+    steps, lbs = getattr(combo, "formula_step_s", None), getattr(combo, "formula_lb_s", None)
+    if steps is None or lbs is None or not lbs.sum() > 0:
+        return float("nan")
+    return float(steps.sum() / lbs.sum())
 
 
 def robustness_rows(runs: Sequence[RobustnessRun]) -> list[dict[str, Any]]:
@@ -110,6 +139,9 @@ def robustness_rows(runs: Sequence[RobustnessRun]) -> list[dict[str, Any]]:
                 "eval": run.label,
                 "combo": label,
                 "lb_ratio": combo.lb_ratio,
+                "formula_lb_ratio": formula_lb_ratio(combo),
+                "delay_mean": combo.delay_mean,
+                "delay_max": combo.delay_max,
                 "atac_speedup": (res.speedup("ATAC", label) if atac is not None and label != "ATAC"
                                  else float("nan")),
                 "window_imbalance": win_mean,
@@ -125,11 +157,12 @@ def robustness_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) 
     """The rows as a table (plain text or markdown)."""
     from .report import _render
 
-    head = ["timed by", "combination", "time/LB", "ATAC speedup", "window max/mean", "worst window",
-            "CP max/mean", "worst pack", "K/V MB/layer"]
+    head = ["timed by", "combination", "time/LB", "time/LB (1F1B formula)", "ATAC speedup", "window max/mean",
+            "worst window", "CP max/mean", "worst pack", "K/V MB/layer", "delay mean/max"]
     fmt = lambda v, f: "-" if v != v else format(v, f)  # noqa: E731 (NaN -> "-")
-    body = [[r["eval"], r["combo"], fmt(r["lb_ratio"], ".3f"), fmt(r["atac_speedup"], ".2f"),
-             fmt(r["window_imbalance"], ".3f"), fmt(r["window_imbalance_worst"], ".3f"),
-             fmt(r["cp_imbalance"], ".3f"), fmt(r["cp_imbalance_worst"], ".3f"), fmt(r["kv_mb_per_layer"], ".1f")]
+    body = [[r["eval"], r["combo"], fmt(r["lb_ratio"], ".3f"), fmt(r["formula_lb_ratio"], ".3f"),
+             fmt(r["atac_speedup"], ".2f"), fmt(r["window_imbalance"], ".3f"), fmt(r["window_imbalance_worst"], ".3f"),
+             fmt(r["cp_imbalance"], ".3f"), fmt(r["cp_imbalance_worst"], ".3f"), fmt(r["kv_mb_per_layer"], ".1f"),
+             f"{r['delay_mean']:.2f}/{r['delay_max']}"]
             for r in rows]
     return _render(head, body, markdown)
