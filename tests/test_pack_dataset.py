@@ -4,6 +4,8 @@ bfd_split), the metrics it reports, and its errors."""
 
 from __future__ import annotations
 
+import warnings
+
 import datasets
 import numpy as np
 import pyarrow as pa
@@ -11,6 +13,7 @@ import pytest
 
 from atac_hf.packing import PackingConfig, pack_lengths
 from atac_hf.packing.data.dataset import dataset_lengths, pack_dataset
+from atac_hf.packing.data.window_planner import plan_packs
 from atac_hf.packing.planners.window import overlength_pieces
 
 datasets.disable_progress_bars()
@@ -158,3 +161,26 @@ def test_split_mode_fills_packs_near_the_lower_bound(seed):
     m = PackingConfig(max_tokens=C, packs_per_window=1).min_fragment
     assert all(e - s >= m for p in res.packs for i, s, e in p if e - s < L[i])
     assert len(res.packs) <= 1.15 * lb + 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the overlength warning
+        spans, offsets = plan_packs(L, PackingConfig(max_tokens=C, packs_per_window=64, strategy="bfd"),
+                                    split_fill=True)
+    assert len(offsets) - 1 <= 1.01 * lb + 1  # the whole-pass split-mode planner (tests/test_packing_split.py)
+    assert all(e - s >= m for i, s, e in spans.tolist() if e - s < L[i])
+
+
+def test_split_fill_rows_metrics_and_dataset_dict():
+    lengths = [29, 13, 10, 39, 7, 13, 26, 31, 25, 34, 2, 16, 23, 18, 16]  # windowed bfd: 21 packs
+    ds, ids = _source(lengths)
+    kw = dict(max_tokens=CAP, packs_per_window=4, strategy="bfd", progress=False, return_metrics=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out, met = pack_dataset(ds, split_fill=True, **kw)
+        _windowed, met0 = pack_dataset(ds, **kw)
+        dd, dmet = pack_dataset(datasets.DatasetDict({"train": ds}), split_fill=True, **kw)
+    _check_rows(out, ids, lengths)
+    assert met["num_packs"] == met["lower_bound_packs"] == 19 < met0["num_packs"] == 21
+    assert dd["train"]["spans"] == out["spans"] and dmet["train"]["num_packs"] == met["num_packs"]
+    assert out._fingerprint != _windowed._fingerprint
+    with pytest.raises(ValueError, match=r"split_fill=True needs strategy='bfd' and overlength='split'"):
+        pack_dataset(ds, max_tokens=CAP, split_fill=True, progress=False)

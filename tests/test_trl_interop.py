@@ -53,6 +53,24 @@ def test_trl_bfd_random_cases_same_pack_count(seed):
     assert sorted(map(sum, ours["seq_lengths"])) == sorted(map(sum, theirs["seq_lengths"]))
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_split_fill_needs_no_more_packs_than_trl_bfd_split(seed):
+    """Split mode case by case against TRL's bfd_split (which has no min_fragment): our bfd
+    with split_fill and the default min_fragment, on the benchmark's class (a cap, 100-399
+    samples of 1 to 3x it; docs/BENCHMARKS.md "Split mode")."""
+    rng = np.random.default_rng(seed)
+    cap = int(rng.integers(64, 512)) if seed % 2 == 0 else int(rng.integers(4096, 32768))
+    lengths = rng.integers(1, 3 * cap, size=int(rng.integers(100, 400)))
+    ds = datasets.Dataset.from_dict({"input_ids": [[1] * int(n) for n in lengths]})
+    theirs = trl_data.pack_dataset(ds, cap, strategy="bfd_split")
+    with pytest.warns(UserWarning, match="longer than max_tokens"):
+        ours, met = pack_dataset(ds, max_tokens=cap, strategy="bfd", split_fill=True, progress=False,
+                                 return_metrics=True)
+    assert met["num_split"] > 0 and len(ours) <= len(theirs)
+    assert len(ours) <= 1.01 * met["lower_bound_packs"] + 1
+    assert met["fragment_lengths"]["min"] >= min(128, cap // 8)  # the default min_fragment
+
+
 def test_trl_rows_in_packed_collator_match_trl_collator():
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
