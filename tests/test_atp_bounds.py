@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from atac_hf.sharding import STRATEGIES, plan_shards
-from atac_hf.sharding.atp import _work_lower_bound
+from atac_hf.sharding.atp import _per_doc_lower_bound, _work_lower_bound
+from atac_hf.sharding.baselines import per_doc_block_time
 from atac_hf.sim.robustness import scale_attention
 
 from test_sharding import COSTS
@@ -28,3 +29,14 @@ def test_work_lower_bound_is_below_every_plans_slowest_rank(lengths, cp, cost, w
         for strategy in STRATEGIES:
             plan = plan_shards(lengths, cp, strategy, cm_)
             assert float(plan.rank_compute_s.max()) >= bound * (1 - 1e-12), (strategy, cost)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.one_of(st.integers(1, 64), st.integers(1, 20_000)), min_size=1, max_size=30),
+       cp=st.integers(2, 8), cost=st.sampled_from(sorted(COSTS)), window=st.sampled_from([None, 7, 300]))
+def test_per_doc_lower_bound_is_below_its_block_time(lengths, cp, cost, window):
+    """ATP skips costing the per_doc layout where this bound is already above its own plan."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    cm = COSTS[cost].replace(sliding_window=window)
+    for cm_ in (cm, scale_attention(cm, 0.5)):
+        assert _per_doc_lower_bound(lengths, cp, cm_) <= per_doc_block_time(lengths, cp, cm_) * (1 + 1e-12)

@@ -72,3 +72,21 @@ def test_block_at_matches_finish_plan(lens, C):
         again = finish_plan(plan.doc_lengths, C, "atp", list(plan.segments), plan.gathered_docs, alt,
                             plan.kv_exchange)
         assert _block_at(plan, alt) == pytest.approx(again.block_time_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("lens", [[24, 2424, 12072, 831, 3851, 787, 1889, 3087, 1467, 58, 4358],
+                                  [8973, 2881, 3560, 3117, 1078, 2518, 2041, 1419, 4074, 2073]])
+def test_atp_stays_level_whatever_the_attention_price(lens):
+    """Issue 15: whole documents levelled in estimated cost alone tilt when attention costs 4x or
+    0.25x what the model says; ATP splits one more anchor two-way (level in tokens and pairs)
+    instead, still moving far less K/V than per_doc."""
+    from atac_hf.sim.robustness import scale_attention
+
+    cm = CostModel.from_model("8b", "H100")
+    plan = plan_shards(lens, 2, "atp", cm)
+    assert len(plan.sharded_docs) >= 1  # not vacuous: the whole-document plan would be 1.07-1.13 at 4x
+    for k in (0.25, 0.5, 2.0, 4.0):
+        again = finish_plan(plan.doc_lengths, 2, "atp", list(plan.segments), plan.gathered_docs,
+                            scale_attention(cm, k), plan.kv_exchange)
+        assert again.imbalance < 1.02, (k, again.imbalance)
+    assert plan.kv_tokens <= 0.5 * plan_shards(lens, 2, "per_doc", cm).kv_tokens

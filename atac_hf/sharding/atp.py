@@ -19,16 +19,20 @@ from .plan import ShardPlan
 from .subgroups import ANCHOR_SHARES, plan_subgroups
 from .segments import causal_pairs, finish_plan, head_tail_segments, per_doc_segments, row_offsets, sort_segments
 
-__all__ = ["SUBGROUP_MARGIN", "TWO_WAY_TOLERANCE", "plan_atp"]
+__all__ = ["ROBUST_EXTRA_ANCHORS", "SUBGROUP_MARGIN", "TWO_WAY_TOLERANCE", "plan_atp"]
 
 #: ATP takes the plan whose ranks are level in tokens and in attention pairs separately
 #: (robust to the cost model's error in their relative price) over the one level in
 #: estimated cost alone, unless its estimated block time is more than this fraction higher.
 TWO_WAY_TOLERANCE = 0.02
 #: ATP takes the hierarchical plan (anchors over sub-groups of ranks) over the flat one where its
-#: estimated block time is no higher and, with attention priced at 0.5x and 2x, it is at most
-#: this fraction slower than the flat plan (levelled in tokens and pairs, robust to that error).
-SUBGROUP_MARGIN = 0.02
+#: estimated block time is no higher, and no more than this fraction higher with attention priced
+#: at 0.25x-4x (the flat plan is levelled in tokens and pairs: robust to that error; a plan that
+#: is faster only near the estimate's own price ratio is not taken).
+SUBGROUP_MARGIN = 0.0
+#: Where ATP's best plan is not level in tokens and pairs separately (whole documents only, or
+#: anchors that cannot level both), it tries up to this many more anchors split two-way.
+ROBUST_EXTRA_ANCHORS = 2
 
 
 def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1, max_anchors=None, **_) -> ShardPlan:
@@ -69,28 +73,57 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
     anchor_len = np.concatenate([[0], np.cumsum(lengths[cand])])
     zeros_c = np.zeros(C)
 
-    not_tail = np.zeros(D, dtype=bool)
-    not_tail[cand[:j0]] = True
-    best = None
-    stale = 0
-    for j in range(j0, jmax + 1):
-        if j > j0:
-            not_tail[cand[j - 1]] = True
+    def attempt(j):
+        """(block, owner, bounds) of the j most expensive anchors over all ranks, tails placed
+        longest first; None where the cap forbids it."""
+        not_tail = np.zeros(D, dtype=bool)
+        not_tail[cand[:j]] = True
         tails = order[~not_tail[order]]
         placed = _place_tails(D, tails, whole[tails], whole_attn[tails], lengths[tails],
                               zeros_c, np.zeros(C, np.int64), cap)
         if placed is None:
-            continue  # tails do not fit under the cap: more anchors needed
+            return None  # tails do not fit under the cap: more anchors needed
         owner, load, tok, tail_attn = placed
         bounds = None
         if j:
             filled = _water_fill(cm, lengths[cand[:j]], whole[cand[:j]], load, tok, cap)
             if filled is None:
-                continue
+                return None
             bounds, added = filled
             load = load + added
         comm = float(cm.comm_cost(int(anchor_len[j]), C))
-        block = float(np.max(load - tail_attn + np.maximum(tail_attn, comm if j else 0.0)))
+        return float(np.max(load - tail_attn + np.maximum(tail_attn, comm if j else 0.0))), owner, bounds, load
+
+    def build(j, owner, bounds):
+        """The plan of ``attempt(j)``, its anchors re-split two-way where that is within
+        TWO_WAY_TOLERANCE; and whether it is (level in tokens and pairs separately)."""
+        anchors = cand[:j]
+        per_rank = head_tail_segments(anchors, bounds, C) if j else [np.zeros((0, 3), np.int64)] * C
+        tails = np.flatnonzero(owner >= 0)
+        tail_segs = []
+        for rr in range(C):
+            t = tails[owner[tails] == rr]
+            tail_segs.append(np.stack([t, np.zeros(len(t), np.int64), lengths[t]], axis=1))
+        with_tails = lambda anchor_segs: [sort_segments(np.concatenate([a, t]), offsets)  # noqa: E731
+                                          for a, t in zip(anchor_segs, tail_segs)]
+        plan = finish_plan(lengths, C, "atp", with_tails(per_rank), np.sort(anchors), cm, "auto")
+        # The same anchors and tails with every rank level in tokens and in attention pairs
+        # separately: balanced whatever the true price ratio of the two (the cost model's is
+        # off by 5-20% on CPU); taken unless the estimate says it costs over TWO_WAY_TOLERANCE.
+        two_way = _two_way_anchor_segments(lengths, C, anchors, owner, cap, min_chunk) if j else None
+        if two_way is not None:
+            robust = finish_plan(lengths, C, "atp", with_tails(two_way), np.sort(anchors), cm, "auto")
+            if robust.block_time_s <= plan.block_time_s * (1 + TWO_WAY_TOLERANCE):
+                return robust, True
+        return plan, False
+
+    best = None
+    stale = 0
+    for j in range(j0, jmax + 1):
+        got = attempt(j)
+        if got is None:
+            continue
+        block, owner, bounds, load = got
         if best is None or block < best[0] * (1 - 1e-9):
             best = (block, j, owner, bounds)
             stale = 0
@@ -101,28 +134,31 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
             break
     anchor_plan = None
     if best is not None:
-        _, j, owner, bounds = best
-        anchors = cand[:j]
-        per_rank = head_tail_segments(anchors, bounds, C) if j else [np.zeros((0, 3), np.int64)] * C
-        tails = np.flatnonzero(owner >= 0)
-        tail_segs = []
-        for rr in range(C):
-            t = tails[owner[tails] == rr]
-            tail_segs.append(np.stack([t, np.zeros(len(t), np.int64), lengths[t]], axis=1))
-        with_tails = lambda anchor_segs: [sort_segments(np.concatenate([a, t]), offsets)  # noqa: E731
-                                          for a, t in zip(anchor_segs, tail_segs)]
-        anchor_plan = finish_plan(lengths, C, "atp", with_tails(per_rank), np.sort(anchors), cm, "auto")
-        # The same anchors and tails with every rank level in tokens and in attention pairs
-        # separately: balanced whatever the true price ratio of the two (the cost model's is
-        # off by 5-20% on CPU); taken unless the estimate says it costs over TWO_WAY_TOLERANCE.
-        two_way = _two_way_anchor_segments(lengths, C, anchors, owner, cap, min_chunk) if j else None
-        if two_way is not None:
-            plan = finish_plan(lengths, C, "atp", with_tails(two_way), np.sort(anchors), cm, "auto")
-            if plan.block_time_s <= anchor_plan.block_time_s * (1 + TWO_WAY_TOLERANCE):
+        anchor_plan, level_two_ways = build(*best[1:])
+        # A plan of whole documents (or whose anchors cannot level tokens and pairs) is level in
+        # estimated cost only: one or two more anchors, split two-way, make it level whatever the
+        # price ratio; taken where that costs at most TWO_WAY_TOLERANCE more by the estimate.
+        for j in range(best[1] + 1, min(jmax, best[1] + ROBUST_EXTRA_ANCHORS) + 1) if not level_two_ways else ():
+            got = attempt(j)
+            if got is None:
+                continue
+            plan, ok = build(j, got[1], got[2])
+            if ok and plan.block_time_s <= anchor_plan.block_time_s * (1 + TWO_WAY_TOLERANCE):
                 anchor_plan = plan
+                break
+    # Head-tail inside every document, moving only the K/V of documents it splits,
+    # is a candidate too (ATP is never worse than per_doc); its block time is costed
+    # without building it first, and the plan is built only if it can win.
+    if anchor_plan is None or (_per_doc_lower_bound(lengths, C, cm) < anchor_plan.block_time_s * (1 + 1e-6)
+                               and per_doc_block_time(lengths, C, cm) < anchor_plan.block_time_s * (1 + 1e-6)):
+        even = finish_plan(lengths, C, "atp", per_doc_segments(lengths, C), None, cm, "auto")
+        if even.rank_num_tokens().max() <= cap and (anchor_plan is None
+                                                      or even.block_time_s < anchor_plan.block_time_s):
+            anchor_plan = even
     # Hierarchical placement: anchors over sub-groups of just enough ranks (only those move
-    # their K/V; see atac_hf.sharding.subgroups), taken where it is estimated no slower. No plan's
-    # slowest rank computes less than the mean of the exact work: where the flat plan is at that
+    # their K/V; see atac_hf.sharding.subgroups), taken where it is estimated no slower than the
+    # flat (or per_doc) plan, at the estimate's attention price and at 0.25x-4x of it. No plan's
+    # slowest rank computes less than the mean of the exact work: where the incumbent is at that
     # bound already, none can beat it, and the candidates are not built.
     if C >= 3 and (anchor_plan is None or anchor_plan.block_time_s > _work_lower_bound(lengths, C, cm)):
         for share in ANCHOR_SHARES:
@@ -131,14 +167,6 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
             if sub is not None and (anchor_plan is None or sub.block_time_s <= anchor_plan.block_time_s
                                     and _robustly_no_worse(sub, anchor_plan, cm)):
                 anchor_plan = sub
-    # Head-tail inside every document, moving only the K/V of documents it splits,
-    # is a candidate too (ATP is never worse than per_doc); its block time is costed
-    # without building it first, and the plan is built only if it can win.
-    if anchor_plan is None or per_doc_block_time(lengths, C, cm) < anchor_plan.block_time_s * (1 + 1e-6):
-        even = finish_plan(lengths, C, "atp", per_doc_segments(lengths, C), None, cm, "auto")
-        if even.rank_num_tokens().max() <= cap and (anchor_plan is None
-                                                      or even.block_time_s < anchor_plan.block_time_s):
-            return even
     if anchor_plan is None:
         # neither anchor-tail nor per-document head-tail fits the cap; a contiguous
         # split fits every cap >= ceil(tokens / C), i.e. every cap any placement can
@@ -158,6 +186,16 @@ def _work_lower_bound(lengths: np.ndarray, C: int, cm: CostModel) -> float:
     price = min(cm.attn_s_per_pair, cm.attn_s_per_pair if cm.masked_attn_s_per_pair is None
                 else cm.masked_attn_s_per_pair)
     return (pairs * price + float(lengths.sum()) * cm.linear_s_per_token) / C
+
+
+def _per_doc_lower_bound(lengths: np.ndarray, C: int, cm: CostModel) -> float:
+    """A lower bound of the per_doc layout's block time, without costing its chunks: it gathers
+    every document of 2+ tokens and only rank 0 holds local (1-token) documents, so every other
+    rank waits for the whole exchange; summed over the ranks, the block time is at least all the
+    compute (>= C x the work lower bound) plus the exchange on C - 1 ranks."""
+    split = lengths >= 2
+    comm = float(cm.comm_cost(int(lengths[split].sum()), C)) if split.any() else 0.0
+    return _work_lower_bound(lengths, C, cm) + (C - 1) * comm / C
 
 
 def _two_way_anchor_segments(lengths: np.ndarray, C: int, anchors: np.ndarray, owner: np.ndarray, cap: float,
@@ -355,10 +393,10 @@ def _place_tails(num_docs, tails, cost, attn, toks, base_load, base_tok, cap):
 
 def _robustly_no_worse(a: ShardPlan, b: ShardPlan, cm: CostModel) -> bool:
     """Whether plan ``a`` stays within :data:`SUBGROUP_MARGIN` of ``b``'s block time when attention
-    costs half or twice what ``cm`` says (the cost model's error in the price ratio of attention
+    costs 0.25x, 0.5x, 2x or 4x what ``cm`` says (the cost model's error in the price ratio of attention
     and token-wise work): a plan levelled in estimated cost alone is taken over a flat plan
     levelled in tokens and pairs only where the price ratio being off would not undo it."""
-    for k in (0.5, 2.0):
+    for k in (0.25, 0.5, 2.0, 4.0):
         m = cm.masked_attn_s_per_pair
         alt = cm.replace(attn_s_per_pair=cm.attn_s_per_pair * k, masked_attn_s_per_pair=None if m is None else m * k)
         if _block_at(a, alt) > _block_at(b, alt) * (1 + SUBGROUP_MARGIN):

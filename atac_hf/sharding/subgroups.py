@@ -13,10 +13,10 @@ is its estimated cost over a rank's share of the pack (``total / C``). Steps:
    sub-group are consecutive. With ``cm.node_size``, an anchor that fits in one node but
    whose interval would cross a node boundary starts at that boundary instead (the gap goes
    to whole documents): its K/V then never leave the node.
-3. The other documents (tails) go whole, most expensive first, to the rank with token room
-   whose load stays lowest in the worst of three units, each over its per-rank mean: estimated
-   cost, tokens and causal attention pairs (``two_way``; estimated cost only otherwise). A
-   local search then moves or swaps tails off the worst-loaded rank while that helps.
+3. The other documents (tails) go whole, most expensive first, to the chain (or lone rank)
+   with token room whose load per rank stays lowest in the worst of three cost models, each
+   over its per-rank mean: the estimate, and the estimate with attention priced at 0.5x and 2x
+   (``two_way``; the estimate only otherwise); inside a chain, to its least-loaded rank.
 4. Where anchors share ranks they form a *chain* of consecutive ranks; each chain's anchors
    are re-laid on the room its ranks have left after the tails, so every rank of a chain
    ends level with the others. Two re-splits compete on estimated block time: one levels the
@@ -90,10 +90,10 @@ def plan_subgroups(lengths, C: int, cm: CostModel, *, anchor_share: float = 1.0,
     if not len(anchors):
         return None
     pairs = causal_pairs(L).astype(np.float64)
-    # (3, D) work of each document in rank shares: estimated cost, tokens, pairs
-    unit = np.stack([whole / (total / C), L * (C / float(L.sum())), pairs * (C / float(pairs.sum()))])
-    if not two_way:
-        unit = unit[:1]
+    # (M, D) work of each document in rank shares: estimated cost, and with two_way the cost with
+    # attention priced at 0.5x and 2x (the error a cost model makes in that ratio)
+    costs = [whole] + ([_scaled(cm, 0.5).doc_cost(L), _scaled(cm, 2.0).doc_cost(L)] if two_way else [])
+    unit = np.stack([c * (C / float(c.sum())) for c in costs])
     node = C if cm.node_size is None else max(1, min(C, int(cm.node_size)))
     spans, ranges = _slot_line(unit[0, anchors], C, node)
     planned = []  # (anchor, pieces) of the anchors on 2+ ranks; one whose interval lies in one slot is a tail
@@ -121,7 +121,7 @@ def plan_subgroups(lengths, C: int, cm: CostModel, *, anchor_share: float = 1.0,
     offsets = row_offsets(L)
     best = None
     for mode in (("cost", "two_way") if two_way else ("cost",)):
-        segs = _split_chains(chains, L, whole, pairs, base, C, min_chunk, mode)
+        segs = _split_chains(chains, L, whole, pairs, base, C, min_chunk, mode, cm)
         per_rank = [sort_segments(np.asarray(h + s, dtype=np.int64).reshape(-1, 3), offsets)
                     for h, s in zip(held, segs)]
         n_tok = np.array([int((p[:, 2] - p[:, 1]).sum()) for p in per_rank])
@@ -139,6 +139,12 @@ def rank_compute(per_rank: list[np.ndarray], cm: CostModel) -> np.ndarray:
     allseg = np.concatenate(per_rank)
     rank_of = np.repeat(np.arange(len(per_rank)), [len(x) for x in per_rank])
     return np.bincount(rank_of, weights=cm.segment_cost(allseg[:, 1], allseg[:, 2]), minlength=len(per_rank))
+
+
+def _scaled(cm: CostModel, k: float) -> CostModel:
+    """``cm`` with every attention pair price times ``k``."""
+    m = cm.masked_attn_s_per_pair
+    return cm.replace(attn_s_per_pair=cm.attn_s_per_pair * k, masked_attn_s_per_pair=None if m is None else m * k)
 
 
 def _slot_line(size: np.ndarray, C: int, node: int) -> tuple[list[tuple[float, float]], list[tuple[int, int]]]:
@@ -220,29 +226,47 @@ def _level(base: np.ndarray, amount: float) -> np.ndarray:
     return np.maximum(levels[k] - base, 0.0)
 
 
-def _split_chains(chains, L, whole, pairs, base, C, min_chunk, mode):
+def _lay(members, sizes, rooms, a, L, min_chunk):
+    """The chain's anchors (in order, ``sizes`` long) laid on the line of ``rooms`` (its ranks
+    from ``a``): per anchor, its (rank, tokens) pieces."""
+    edges = np.concatenate([[0.0], np.cumsum(rooms)]).tolist()
+    spans = np.concatenate([[0.0], np.cumsum(sizes)]).tolist()
+    return [(d, [(a + r, k) for r, k in _pieces(spans[i:i + 2], edges, int(L[d]), min_chunk)])
+            for i, (d, _) in enumerate(members)]
+
+
+def _split_chains(chains, L, whole, pairs, base, C, min_chunk, mode, cm):
     """Per rank, the nested segments of every split anchor, each chain re-laid on the room its
     ranks have left (``base``: (3, C) cost, tokens, pairs held whole). ``mode``: ``"cost"``
-    levels the estimated cost; ``"two_way"`` levels tokens, then pairs by where chunks sit."""
+    levels the estimated cost (laid by cost shares, then once more with each rank's room
+    corrected by how far the measured cost of its chunks missed the level: chunk costs are not
+    quite proportional to tokens, small pieces merge); ``"two_way"`` levels tokens, then pairs
+    by where chunks sit."""
     segs: list[list[tuple[int, int, int]]] = [[] for _ in range(C)]
     for a, b, members in chains:
         docs = np.array([d for d, _ in members], dtype=np.int64)
         if mode == "cost":
             sizes = whole[docs]
             rooms = _level(base[0, a:b + 1], float(sizes.sum()))
-        else:
-            sizes = L[docs].astype(np.float64)
-            rooms = _level(base[1, a:b + 1], float(sizes.sum()))
-        edges = np.concatenate([[0.0], np.cumsum(rooms)]).tolist()
-        spans = np.concatenate([[0.0], np.cumsum(sizes)]).tolist()
-        split = []
-        for i, d in enumerate(docs.tolist()):
-            pieces = _pieces(spans[i:i + 2], edges, int(L[d]), min_chunk)
-            split.append((d, [(a + r, k) for r, k in pieces]))
-        if mode == "cost":
-            for d, pieces in split:
-                _nest(d, int(L[d]), pieces, segs)
+            best = None
+            for _ in range(2):
+                split = _lay(members, sizes, rooms, a, L, min_chunk)
+                trial: list[list[tuple[int, int, int]]] = [[] for _ in range(b + 1 - a)]
+                for d, pieces in split:
+                    _nest(d, int(L[d]), [(r - a, k) for r, k in pieces], trial)
+                got = base[0, a:b + 1] + np.array([float(cm.segment_cost(*np.array(t)[:, 1:].T).sum()) if t else 0.0
+                                                   for t in trial])
+                if best is None or got.max() < best[0]:
+                    best = (float(got.max()), trial)
+                rooms = np.maximum(rooms - (got - got.mean()), 0.0)
+                if rooms.sum() <= 0:
+                    break
+                rooms *= float(sizes.sum()) / float(rooms.sum())
+            for i, t in enumerate(best[1]):
+                segs[a + i].extend(t)
             continue
+        sizes = L[docs].astype(np.float64)
+        split = _lay(members, sizes, _level(base[1, a:b + 1], float(sizes.sum())), a, L, min_chunk)
         # pair targets: the chain level in pairs, less what each rank holds whole
         need = np.zeros(C)
         ranks = np.arange(a, b + 1)
