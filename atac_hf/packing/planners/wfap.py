@@ -32,8 +32,10 @@ that model's light pack cost. A sample is heavy when it is heavy at either end; 
 are ordered by length (a run of similar lengths has similar costs at every price: a
 length-bucketed release) and a run is balanced when it is at both ends; a pack's *score*
 (what "cheapest", the fill level and the local search compare) is the larger of its two
-costs, so the window is balanced at every price of the band (a pack's cost over the mean is
-monotone in the price, so the ends bound the band). Without it, the pair is the one cost.
+costs: a pack's cost over a light pack is monotone in the price, so keeping the larger end
+low bounds every price inside the band (at the price of a little balance at the planning
+price itself). With ``band_placement=False`` only step 1 uses the pair; steps 3-5 cost by
+the cost model alone. Without a band, the pair is the one cost.
 
 Numpy only; deterministic (every tie is broken by data order).
 """

@@ -75,7 +75,7 @@ class WindowContext:
         return self.final or self.window - item[ARRIVAL] >= self.config.max_defer
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class BalanceModels:
     """The ``K`` cost models a planner balances at once, and how their costs are scaled.
 
