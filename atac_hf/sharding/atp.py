@@ -16,7 +16,7 @@ import numpy as np
 from ..cost import CostModel
 from .baselines import per_doc_block_time, plan_contiguous
 from .plan import ShardPlan
-from .subgroups import ANCHOR_SHARES, plan_subgroups
+from .subgroups import ANCHOR_SHARES, _scaled, plan_subgroups
 from .segments import causal_pairs, finish_plan, head_tail_segments, per_doc_segments, row_offsets, sort_segments
 
 __all__ = ["ROBUST_EXTRA_ANCHORS", "SUBGROUP_MARGIN", "TWO_WAY_TOLERANCE", "plan_atp"]
@@ -397,8 +397,7 @@ def _robustly_no_worse(a: ShardPlan, b: ShardPlan, cm: CostModel) -> bool:
     and token-wise work): a plan levelled in estimated cost alone is taken over a flat plan
     levelled in tokens and pairs only where the price ratio being off would not undo it."""
     for k in (0.25, 0.5, 2.0, 4.0):
-        m = cm.masked_attn_s_per_pair
-        alt = cm.replace(attn_s_per_pair=cm.attn_s_per_pair * k, masked_attn_s_per_pair=None if m is None else m * k)
+        alt = _scaled(cm, k)
         if _block_at(a, alt) > _block_at(b, alt) * (1 + SUBGROUP_MARGIN):
             return False
     return True

@@ -39,6 +39,7 @@ Pure numpy (and small pure-Python loops over ranks).
 from __future__ import annotations
 
 import bisect
+import functools
 
 import numpy as np
 
@@ -141,8 +142,10 @@ def rank_compute(per_rank: list[np.ndarray], cm: CostModel) -> np.ndarray:
     return np.bincount(rank_of, weights=cm.segment_cost(allseg[:, 1], allseg[:, 2]), minlength=len(per_rank))
 
 
+@functools.lru_cache(maxsize=64)
 def _scaled(cm: CostModel, k: float) -> CostModel:
-    """``cm`` with every attention pair price times ``k``."""
+    """``cm`` with every attention pair price times ``k`` (cached: models are frozen, and
+    building one validates every field)."""
     m = cm.masked_attn_s_per_pair
     return cm.replace(attn_s_per_pair=cm.attn_s_per_pair * k, masked_attn_s_per_pair=None if m is None else m * k)
 
@@ -254,8 +257,10 @@ def _split_chains(chains, L, whole, pairs, base, C, min_chunk, mode, cm):
                 trial: list[list[tuple[int, int, int]]] = [[] for _ in range(b + 1 - a)]
                 for d, pieces in split:
                     _nest(d, int(L[d]), [(r - a, k) for r, k in pieces], trial)
-                got = base[0, a:b + 1] + np.array([float(cm.segment_cost(*np.array(t)[:, 1:].T).sum()) if t else 0.0
-                                                   for t in trial])
+                seg = np.array([x for t in trial for x in t], dtype=np.int64).reshape(-1, 3)
+                rank_of = np.repeat(np.arange(len(trial)), [len(t) for t in trial])
+                got = base[0, a:b + 1] + np.bincount(rank_of, weights=cm.segment_cost(seg[:, 1], seg[:, 2]),
+                                                     minlength=len(trial))
                 if best is None or got.max() < best[0]:
                     best = (float(got.max()), trial)
                 rooms = np.maximum(rooms - (got - got.mean()), 0.0)
