@@ -231,7 +231,9 @@ def main(argv=None) -> int:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         print(f"atac config: {os.path.relpath(config_file) if config_file else '(ATAC_* / flags / defaults)'} | "
               f"cost model: {os.path.relpath(atac_config.cost_profile) if atac_config.cost_profile else atac_config.cost_preset}", flush=True)
-        print(f"world {world} = dp {world // atac_config.cp_size} x cp {atac_config.cp_size} | packing "
+        tp = int(os.environ.get("PARALLELISM_CONFIG_TP_SIZE", "1") or 1)  # the launch config's tp size
+        mesh = f"dp {world // (atac_config.cp_size * tp)} x cp {atac_config.cp_size}" + (f" x tp {tp}" if tp > 1 else "")
+        print(f"world {world} = {mesh} | packing "
               f"{atac_config.packing_strategy} (max_tokens {atac_config.max_tokens}) | sharding "
               f"{atac_config.sharding_strategy} | backend {atac_config.attention_backend} | "
               f"{len(train)} samples, {sum(len(x) for x in train['input_ids'])} tokens", flush=True)

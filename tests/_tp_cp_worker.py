@@ -3,7 +3,8 @@ with ``1 1``) or under ``torchrun --nproc_per_node 4`` with ``2 2`` (tp 2 x cp 2
 ``TrainingArguments.parallelism_config``). Trains 3 steps with gradient accumulation 2 on the
 integration tests' tiny Llama (tied embeddings) and data, then evaluates; rank 0 writes the logged
 losses, grad norms, balance figures, token and FLOP counters, eval loss and a digest of every
-training batch.
+training batch; the trained weights are saved to ``OUT.json.model`` (a checkpoint at step 2 too,
+``save_only_model``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def main(out_path: str, cp_size: int, tp_size: int) -> None:
         output_dir=out_path + ".run", max_steps=3, learning_rate=1e-3, lr_scheduler_type="linear", warmup_steps=1,
         weight_decay=0.0, max_grad_norm=1.0, gradient_accumulation_steps=2, logging_steps=1,
         per_device_train_batch_size=1, per_device_eval_batch_size=1, use_cpu=True, report_to=[], seed=0,
-        save_strategy="no", disable_tqdm=True, log_level="error", ddp_find_unused_parameters=False,
+        save_strategy="steps", save_steps=2, save_only_model=True, disable_tqdm=True, log_level="error", ddp_find_unused_parameters=False,
         include_num_input_tokens_seen="all", parallelism_config=pc,
     )
     cfg = ATACConfig(cp_size=cp_size, max_tokens=384, cost_preset="H100", min_chunk=8, sharding_strategy="zigzag")
@@ -51,6 +52,7 @@ def main(out_path: str, cp_size: int, tp_size: int) -> None:
     trainer.train()
     res = iw.history(trainer)
     res["eval_loss"] = trainer.evaluate()["eval_loss"]
+    trainer.save_model(out_path + ".model")  # every rank: the TP shards are gathered, rank 0 writes
     res.update(world_size=trainer.args.world_size, tp_size=trainer.atac_tp_size, dp_size=trainer.dp_size)
     if int(os.environ.get("RANK", "0")) == 0:
         with open(out_path, "w") as f:

@@ -117,8 +117,9 @@ def _entry(rank: int, world: int, port: int, out_dir: str) -> None:
             model, opt = acc.prepare(model, opt)  # TP from the model's tp_plan, atac_cp attention
             # attention dominates, so atp splits each pack's long document over the CP ranks
             cost = CostModel(linear_s_per_token=1e-6, attn_s_per_pair=1e-7, tile=1, kv_bytes_per_token=64.0)
+            assert acc.sharder.tp_group is not None  # debug: plans compared over the TP group too
             acc.sharder = BatchSharder(config, cp_rank=acc.cp_rank, cp_group=acc.cp_group, device_type="cpu",
-                                       cost_model=cost)
+                                       cost_model=cost, tp_group=acc.sharder.tp_group)
             q = model.model.layers[0].self_attn.q_proj.weight
             k = model.model.layers[0].self_attn.k_proj.weight
             r = {"loss": [], "grads": [], "split": [], "tokens": [], "digests": [],
@@ -227,3 +228,13 @@ def test_trainer_tp2_x_cp2_matches_one_process(tmp_path):
     np.testing.assert_allclose(got["eval_loss"], one["eval_loss"], rtol=RTOL)
     assert any(x > 0 for x in got["kv_mb"]), "some pack must be split over the CP ranks"
     assert len(set(np.round(one["loss"], 6))) > 1 and min(one["grad_norm"]) > 0
+    # the saved weights: gathered from the TP shards, equal to the one-process run's
+    from safetensors.torch import load_file
+
+    w1 = load_file(str(tmp_path / "one.json.model" / "model.safetensors"))
+    w4 = load_file(str(tmp_path / "tp_cp.json.model" / "model.safetensors"))
+    assert set(w1) == set(w4) and len(w1) > 5
+    for k in w1:
+        assert w4[k].shape == w1[k].shape, k
+        np.testing.assert_allclose(w4[k].numpy(), w1[k].numpy(), rtol=0, atol=1e-5, err_msg=k)
+    assert (tmp_path / "tp_cp.json.run" / "checkpoint-2" / "model.safetensors").is_file()

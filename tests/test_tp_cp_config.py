@@ -166,3 +166,17 @@ def test_kv_exchange_setting_is_validated_and_reaches_the_planner():
         cfg = ATACConfig(cp_size=2, sharding_strategy="zigzag", kv_exchange=kind)
         plan, _ = BatchSharder(cfg, cp_rank=0).plan(copy.deepcopy(batch))
         assert len(plan.gathered_docs) and plan.kv_exchange == kind
+
+
+def test_trainer_refuses_resumable_checkpoints_under_tp(tmp_path):
+    import datasets
+    from accelerate.parallelism_config import ParallelismConfig
+    from transformers import TrainingArguments
+
+    from atac_hf.integrations import ATACTrainer
+
+    ds = datasets.Dataset.from_dict({"input_ids": [list(range(1, 9))] * 4})
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], save_strategy="steps",
+                             parallelism_config=ParallelismConfig(tp_size=2, cp_size=1))
+    with pytest.raises(ValueError, match=r"tp_size=2 with save_strategy='steps': .*save_only_model=True"):
+        ATACTrainer(model=_llama(), args=args, train_dataset=ds, atac_config=ATACConfig(max_tokens=16))

@@ -6,6 +6,9 @@
   (:meth:`~ATACAccelerator.shard`, :meth:`~ATACAccelerator.reduce_loss`).
 * :func:`build_parallelism_config`, :func:`bypass_torch_cp_hooks`, :class:`BatchSharder`,
   :func:`sync_cp_gradients`, :func:`build_packed_dataloader` - the pieces, for custom loops.
+* :func:`apply_tensor_parallel`, :func:`sync_tp_gradients` - tensor parallel x CP (the model's
+  own ``tp_plan`` on the mesh's "tp" axis); :func:`mesh_groups`, :func:`placement_warnings` -
+  which ranks form each group, and whether they fit the nodes.
 
 Submodules load on first use (``ATACConfig`` alone does not import transformers).
 """
@@ -23,13 +26,17 @@ __all__ = [
     "ATACParallelismConfig",
     "ATACTrainer",
     "BatchSharder",
+    "apply_tensor_parallel",
     "build_packed_dataloader",
     "build_parallelism_config",
     "bypass_torch_cp_hooks",
     "check_dataset_columns",
     "check_model_shardable",
+    "mesh_groups",
+    "placement_warnings",
     "prepare_model",
     "sync_cp_gradients",
+    "sync_tp_gradients",
 ]
 
 _LAZY = {
@@ -44,6 +51,10 @@ _LAZY = {
     "sync_cp_gradients": "sharder",
     "build_packed_dataloader": "data",
     "check_dataset_columns": "data",
+    "apply_tensor_parallel": "tensor_parallel",
+    "sync_tp_gradients": "tensor_parallel",
+    "mesh_groups": "layout",
+    "placement_warnings": "layout",
 }
 
 

@@ -22,6 +22,21 @@ Each says why and when it can go. Checked against accelerate 1.15 and transforme
    ``use_cpu: true`` (torchrun), and the code passes ``cpu=True`` / ``use_cpu=True`` when CUDA is
    absent (the launcher does not export ``use_cpu`` for that launcher). Can go when
    ``accelerate launch`` starts several CPU processes without mpirun.
+5. Tensor parallelism (:mod:`.tensor_parallel`). transformers 5.24 builds its own TP mesh over
+   the whole world (``from_pretrained(tp_plan=..., device_mesh=...)`` ignores the given mesh and
+   needs ``world == tp x fsdp``), so it cannot share a world with CP: the add-on applies the
+   model's own plan with ``apply_tensor_parallelism`` on Accelerate's "tp" axis instead, and
+   sets ``config.distributed_config`` so Accelerate's ``get_model_tp_size`` check passes (can go
+   when ``from_pretrained`` honours a sub-mesh). Around that call: tied weights are re-pointed at
+   one shard (``apply_tensor_parallelism`` indexes de-duplicated parameters and raises
+   ``KeyError: 'lm_head.weight'``); ``replicated_with_grad_allreduce`` (Qwen3's q/k norms)
+   all-reduces ``.grad`` after every micro-batch, counting earlier micro-batches again under
+   gradient accumulation, so those sums run once per step in ``sync_tp_gradients`` (both can go
+   when transformers fixes them). Accelerate wraps a TP model in no DDP, so the add-on averages
+   its gradients over dp x cp (``ATACAccelerator.backward``, ``ATACTrainer.training_step``).
+   Trainer's ``_save`` returns early on non-writer ranks unless
+   ``is_distributed_loading_by_transformers``; ``ATACTrainer._save`` sets it for the call so
+   every rank joins the gather of the shards.
 """
 
 from __future__ import annotations

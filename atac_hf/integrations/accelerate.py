@@ -282,6 +282,7 @@ class ATACAccelerator(Accelerator):
             self.atac_config, cp_rank=self.cp_rank, cp_group=self.cp_group,
             cost_model=self.atac_config.cost_model(base_config, dtype_bytes=min(dtype_bytes, 2)),
             kv_bytes_per_token=model_kv_bytes_per_token(model) / self.tp_size, device_type=self.device.type,
+            tp_group=self.torch_device_mesh["tp"].get_group() if self.tp_size > 1 else None,
         )
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:

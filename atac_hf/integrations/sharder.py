@@ -185,10 +185,13 @@ class BatchSharder:
         kv_bytes_per_token: K/V bytes of one token over all layers (for ``kv_mb``).
         device_type: ``"cuda"`` or ``"cpu"`` (default ``min_chunk``).
         strategy: sharding strategy; default ``config.sharding_strategy``.
+        tp_group: with tensor parallelism, the TP group of this rank (its ranks must hold the same
+            tokens): in ``debug`` mode each batch's plan and batch digests are compared over it too.
     """
 
     def __init__(self, config: ATACConfig, *, cp_rank: int = 0, cp_group: Any = None, cost_model: Any = None,
-                 kv_bytes_per_token: float = 0.0, device_type: str = "cpu", strategy: str | None = None) -> None:
+                 kv_bytes_per_token: float = 0.0, device_type: str = "cpu", strategy: str | None = None,
+                 tp_group: Any = None) -> None:
         from ..cost import default_cost_model
 
         self.config = config
@@ -199,6 +202,7 @@ class BatchSharder:
         self.kv_bytes_per_token = float(kv_bytes_per_token)
         self.min_chunk = config.resolved_min_chunk(device_type)
         self.strategy = strategy or config.sharding_strategy
+        self.tp_group = tp_group
         self.history: list[ShardStats] = []
         self.last_plan = None
         self.last_stats: ShardStats | None = None
@@ -245,6 +249,13 @@ class BatchSharder:
         plan, stats = self.plan(batch)
         if num_items_in_batch is not None:
             batch = {**batch, "num_items_in_batch": num_items_in_batch}
+        if self.config.debug and self.tp_group is not None and dist.get_world_size(self.tp_group) > 1:
+            from ..attention.shard import batch_digest, check_plan_digest
+
+            try:
+                check_plan_digest(plan, self.tp_group, content=batch_digest(batch))
+            except RuntimeError as e:
+                raise RuntimeError(f"TP group check (debug): {e} [here: the TP ranks of one CP rank]") from e
         local = shard_batch(batch, plan, self.cp_rank, self.cp_group, backend=self.config.attention_backend,
                             debug=self.config.debug)
         if record:

@@ -32,7 +32,7 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 
-__all__ = ["apply_tensor_parallel", "check_tp_model", "remap_optimizer_params", "sync_tp_gradients"]
+__all__ = ["apply_tensor_parallel", "check_tp_model", "full_state_dict", "remap_optimizer_params", "sync_tp_gradients"]
 
 
 def _text_config(config: Any) -> Any:
@@ -250,6 +250,26 @@ def _all_reduce(grads: list[torch.Tensor], group: Any, *, average: bool) -> None
             k = g.numel()
             g.copy_(flat[offset:offset + k].view_as(g))
             offset += k
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state dict with every DTensor gathered (``full_tensor``); tied entries stay one tensor
+    (``save_pretrained`` then drops the alias, as for an unsharded model). Collective (every rank)."""
+    from torch.distributed.tensor import DTensor
+
+    from .sharder import unwrap_base_model
+
+    done: dict[tuple, torch.Tensor] = {}
+    out = {}
+    for name, t in unwrap_base_model(model).state_dict().items():
+        if isinstance(t, DTensor):  # state_dict detaches each entry: tied ones share the local storage only
+            loc = t._local_tensor
+            key = (loc.untyped_storage().data_ptr(), loc.storage_offset(), tuple(loc.shape), tuple(loc.stride()))
+            if key not in done:
+                done[key] = t.full_tensor()
+            t = done[key]
+        out[name] = t
+    return out
 
 
 def dp_cp_group(mesh: Any) -> Any:

@@ -20,6 +20,12 @@ What it changes, and where:
 * ``log``: adds ``atac/imbalance``, ``atac/kv_mb``, ``atac/planner_ms`` (means over the
   micro-batches since the last log, over all ranks); ``train_samples_per_second`` counts the
   documents really trained (Trainer's would count ``per_device_train_batch_size`` per batch).
+* tensor parallelism (``parallelism_config.tp_size > 1``, from ``args.parallelism_config`` or the
+  launch config): after ``Trainer.__init__`` the model is sharded with its own ``tp_plan`` on the
+  mesh's "tp" axis (:mod:`.tensor_parallel`); ``training_step`` then averages gradients over
+  dp x cp (Accelerate wraps no DDP around a TP model); counters divide by ``cp x tp``;
+  ``_save`` gathers the shards on every rank. Resumable checkpoints are refused under TP
+  (``save_only_model=True`` or ``save_strategy="no"``).
 * checkpoints: ``atac_sampler.json`` holds the sampler state; on resume it restores the
   sampler's epoch and seed (checked against the dataset and settings), and Trainer skips the
   batches already seen.
@@ -37,7 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from transformers import Trainer, TrainingArguments
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, get_last_checkpoint
 from transformers.utils import logging as hf_logging
 
 from .accelerate import as_atac_parallelism_config, build_parallelism_config, bypass_torch_cp_hooks, check_tp_layout
@@ -47,7 +53,8 @@ from .data import build_packed_dataloader, build_streaming_dataloader, check_col
 from .data import is_streaming_dataset
 from .layout import warn_placement
 from .sharder import BatchSharder, model_kv_bytes_per_token, prepare_model, unwrap_base_model
-from .tensor_parallel import apply_tensor_parallel, dp_cp_group, remap_optimizer_params, sync_tp_gradients
+from .tensor_parallel import apply_tensor_parallel, dp_cp_group, full_state_dict, remap_optimizer_params
+from .tensor_parallel import sync_tp_gradients
 
 __all__ = ["ATACTrainer", "SAMPLER_STATE_NAME"]
 
@@ -141,7 +148,8 @@ class ATACTrainer(Trainer):
             dataset without ``input_ids``; a collator that does not emit packed rows; an
             attention backend that cannot run here; Trainer
             settings that break exactness under CP (label smoothing,
-            ``average_tokens_across_devices=False``).
+            ``average_tokens_across_devices=False``); with ``tp_size > 1``: FSDP, a model without
+            a ``tp_plan`` or whose heads ``tp_size`` does not divide, PEFT, resumable checkpoints.
     """
 
     def __init__(self, model: torch.nn.Module | None = None, args: TrainingArguments | None = None,
@@ -177,6 +185,11 @@ class ATACTrainer(Trainer):
                                  f"atac_config.cp_size={config.cp_size}")
             args.parallelism_config = pc
         check_tp_layout(args.parallelism_config, fsdp=fsdp)
+        tp = int(args.parallelism_config.tp_size)
+        if tp > 1 and args.save_strategy != SaveStrategy.NO and not args.save_only_model:
+            raise ValueError(f"tp_size={tp} with save_strategy={args.save_strategy.value!r}: Trainer writes the "
+                             "optimizer state of rank 0's TP shards only, so such a checkpoint cannot be resumed; "
+                             "pass save_only_model=True (the weights, gathered from the shards) or save_strategy='no'")
         warn_placement(args.parallelism_config, fsdp=fsdp)
         if data_collator is not None and type(data_collator) is not PackedDataCollator:
             probe = next((d for d in [train_dataset, *evals.values()] if d is not None), None)
@@ -213,6 +226,7 @@ class ATACTrainer(Trainer):
             config, cp_rank=self.cp_rank, cp_group=self.cp_group,
             cost_model=config.cost_model(base.config, dtype_bytes=2), kv_bytes_per_token=kv_per_token,
             device_type=self.args.device.type,
+            tp_group=self.accelerator.torch_device_mesh["tp"].get_group() if self.atac_tp_size > 1 else None,
         )
         self.atac_sampler = None
         self._atac_resume_dir: str | None = None
@@ -355,6 +369,20 @@ class ATACTrainer(Trainer):
             return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             self._atac_resume_dir = None
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        # with TP every rank takes part in save_pretrained's gather of the shards (DTensor.full_tensor
+        # and a barrier), as Trainer does for models sharded at load time; rank 0 writes
+        if getattr(self, "atac_tp_size", 1) <= 1:
+            return super()._save(output_dir, state_dict)
+        if state_dict is None:  # gathered here, tied weights as one tensor (save_pretrained drops the alias)
+            state_dict = full_state_dict(self.model)
+        flag = self.is_distributed_loading_by_transformers
+        self.is_distributed_loading_by_transformers = True
+        try:
+            return super()._save(output_dir, state_dict)
+        finally:
+            self.is_distributed_loading_by_transformers = flag
 
     def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
         super()._save_checkpoint(model, trial)
