@@ -57,7 +57,15 @@ def test_cp2_exercises_the_kv_gather_and_logs_balance(results):
     cp2 = results[1]
     for name in ("full", "ga", "lora"):
         h = cp2[name]
-        assert all(x >= 1.0 for x in h["imbalance"]) and all(x > 0 for x in h["planner_ms"])
+        # max / mean of 2 ranks' compute lies in [1, 2]
+        assert all(1.0 <= x <= 2.0 for x in h["imbalance"]) and all(x > 0 for x in h["planner_ms"])
+    # the imbalance is the plan's, a function of the pack alone: runs that see the same packs
+    # (full, LoRA, the resume runs: same data and seed, one pack per step) log the same figures
+    full, lora, unint, resumed = (cp2[k] for k in ("full", "lora", "uninterrupted", "resumed"))
+    assert lora["digests"] == full["digests"][:3] == unint["digests"][:3]
+    assert lora["imbalance"] == full["imbalance"][:3] == unint["imbalance"][:3]
+    assert resumed["digests"] == unint["digests"][3:] and resumed["imbalance"][3:] == unint["imbalance"][3:]
+    assert len(set(unint["imbalance"])) > 1, "not vacuous: the figure changes with the pack"
     assert any(x > 0 for x in cp2["full"]["kv_mb"] + cp2["ga"]["kv_mb"]), "some pack must be split over the ranks"
     assert all(x > 0 for x in cp2["ga"]["kv_mb"]), "zigzag gathers every document"
     assert all(x == 0 for x in results[0]["full"]["kv_mb"]) and all(x == 1.0 for x in results[0]["full"]["imbalance"])
