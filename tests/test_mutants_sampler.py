@@ -1,0 +1,149 @@
+"""Tests that kill mutants of ``WFAPBatchSampler``'s state handling (issue 20): what
+``state_dict`` saves, what ``load_state_dict`` restores (seed and epoch too, not only the
+position), the end-of-epoch state, ``set_epoch``'s reset, and the bounds of every field.
+
+Reference batches come from a sampler built with the saved seed and epoch from the start
+(never from the sampler under test). docs/TESTING.md lists the mutants and verdicts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from atac_hf.packing import PackingConfig
+from atac_hf.packing.data.sampler import WFAPBatchSampler
+
+CFG = PackingConfig(max_tokens=32, packs_per_window=2, strategy="bfd")
+LENGTHS = np.random.default_rng(7).integers(1, 32, size=40)
+FMT = "atac-hf/wfap-batch-sampler/v1"
+
+
+def _sampler(seed: int = 0) -> WFAPBatchSampler:
+    return WFAPBatchSampler(LENGTHS, CFG, seed=seed)
+
+
+def _epoch(seed: int, epoch: int) -> list:
+    s = _sampler(seed)
+    s.set_epoch(epoch)
+    return list(s)
+
+
+def _refused(state: dict, message: str) -> None:
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        _sampler().load_state_dict(state)
+
+
+def test_state_dict_holds_exactly_the_documented_fields():
+    s = _sampler(seed=11)
+    s.set_epoch(3)
+    it = iter(s)
+    next(it), next(it)
+    n = len(s)
+    assert n > 4
+    assert s.state_dict() == {"format": FMT, "epoch": 3, "seed": 11, "position": 2, "num_batches": n,
+                              "fingerprint": s.fingerprint}
+    assert s.state_dict(position=0)["position"] == 0 and s.state_dict(position=n)["position"] == n
+    assert json.loads(json.dumps(s.state_dict())) == s.state_dict()
+
+
+def test_load_restores_seed_and_epoch_as_well_as_the_position():
+    # saved by a sampler with seed 11 in epoch 3 after 2 batches; restored into one built with
+    # seed 0 (epoch 0), without a set_epoch: it continues seed 11's epoch 3
+    full = _epoch(11, 3)
+    assert full != _epoch(0, 0) and full != _epoch(11, 0) and full != _epoch(0, 3)
+    s = _sampler(11)
+    s.set_epoch(3)
+    it = iter(s)
+    taken = [next(it), next(it)]
+    fresh = _sampler(0)
+    list(fresh)  # its own epoch's plan is cached: the restored one must replace it
+    fresh.load_state_dict(json.loads(json.dumps(s.state_dict())))
+    assert (fresh.seed, fresh.epoch) == (11, 3)
+    assert fresh.state_dict()["position"] == 2 and len(fresh) == len(full)
+    assert taken + list(fresh) == full
+    # the next pass is the whole epoch again, and set_epoch moves on from the restored one
+    assert list(fresh) == full
+    fresh.set_epoch(4)
+    assert list(fresh) == _epoch(11, 4)
+
+
+def test_a_state_saved_at_the_end_of_the_epoch_resumes_with_nothing_left():
+    s = _sampler(5)
+    full = list(s)
+    state = s.state_dict()
+    assert state["position"] == state["num_batches"] == len(full)
+    fresh = _sampler(5)
+    fresh.load_state_dict(state)
+    assert list(fresh) == []  # the epoch is over: nothing is replayed
+    assert list(fresh) == full  # the pass after that starts the epoch over
+    # a finished pass of a sampler that was not resumed starts over at once
+    assert list(s) == full
+
+
+def test_set_epoch_resets_the_position_only_for_another_epoch():
+    s = _sampler(2)
+    it = iter(s)
+    first = [next(it) for _ in range(3)]
+    s.set_epoch(0)  # the epoch already selected: keeps the position
+    assert first + list(s) == _epoch(2, 0)
+    it = iter(s)
+    next(it)
+    s.set_epoch(1)  # another epoch starts at its first batch
+    assert s.state_dict()["position"] == 0
+    assert list(s) == _epoch(2, 1)
+
+
+def test_state_dict_position_bounds():
+    s = _sampler()
+    n = len(s)
+    for bad in (-1, n + 1, 1.5, True, "3"):
+        with pytest.raises(ValueError, match="^" + re.escape(
+                f"position={bad!r} is invalid: it must be an int in [0, {n}] (global batches of this epoch consumed, "
+                "all replicas together)") + "$"):
+            s.state_dict(position=bad)
+    assert s.state_dict(position=np.int64(n))["position"] == n
+
+
+def test_load_state_dict_field_bounds():
+    s = _sampler()
+    state = s.state_dict()
+    n = state["num_batches"]
+    # the largest legal seed and epoch load (their epoch is planned: same batch count here only
+    # if it happens to be; so the saved count is taken from a sampler built that way)
+    for key in ("seed", "epoch"):
+        for v in (1000, 2**63 - 1):
+            ref = _sampler(v if key == "seed" else 0)
+            if key == "epoch":
+                ref.set_epoch(v)
+            ok = {**state, key: v, "num_batches": len(ref)}
+            t = _sampler()
+            t.load_state_dict(ok)
+            assert getattr(t, key) == v and list(t) == list(ref)
+        _refused({**state, key: 2**63},
+                 f"malformed WFAPBatchSampler state: '{key}' = {2**63} is outside [0, {2**63 - 1}] "
+                 "(a truncated or edited checkpoint?)")
+        _refused({**state, key: -1},
+                 f"malformed WFAPBatchSampler state: '{key}' = -1 is outside [0, {2**63 - 1}] "
+                 "(a truncated or edited checkpoint?)")
+    t = _sampler()
+    t.load_state_dict({**state, "position": 0})
+    assert list(t) == list(_sampler())
+    _refused({**state, "position": -1},
+             "malformed WFAPBatchSampler state: 'position' = -1 is outside [0, inf] (a truncated or edited checkpoint?)")
+    _refused({**state, "position": n + 1},
+             f"sampler state position={n + 1} outside [0, {n}] (the epoch's batches): a truncated or edited checkpoint?")
+    _refused({**state, "num_batches": n + 1},
+             f"malformed WFAPBatchSampler state: 'num_batches' = {n + 1}, but epoch 0 with seed 0 plans {n} batches "
+             "(a truncated or edited checkpoint?)")
+    _refused({**state, "format": "atac-hf/wfap-batch-sampler/v0"},
+             f"not a WFAPBatchSampler state (expected format {FMT!r})")
+    _refused([("format", FMT)], f"not a WFAPBatchSampler state (expected format {FMT!r})")
+    fp = state["fingerprint"]
+    _refused({**state, "fingerprint": "abc"},
+             f"sampler state fingerprint 'abc' != {fp!r}: it was saved for different lengths or settings (config, "
+             "cost_model, window_size, num_replicas, shuffle, even_batches); build the sampler exactly as when the "
+             "state was saved")
