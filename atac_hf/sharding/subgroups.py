@@ -78,6 +78,21 @@ def plan_subgroups(lengths, C: int, cm: CostModel, *, anchor_share: float = 1.0,
         a rank would get no token (of a pack of at least C tokens), or no anchor lands on a
         proper sub-group (2..C-1 ranks).
     """
+    layouts = _layouts(lengths, C, cm, anchor_share, max_tokens_per_rank, min_chunk, two_way)
+    if layouts is None:
+        return None
+    L, found = layouts
+    best = None
+    for mode, per_rank in found:
+        # the two re-splits exchange about the same K/V: compared on their slowest rank's compute
+        slowest = float(rank_compute(per_rank, cm).max())
+        if best is None or (mode == "two_way" and slowest <= best[0] * (1 + TWO_WAY_TOLERANCE)):
+            best = (slowest, per_rank)
+    return None if best is None else finish_plan(L, C, strategy, best[1], None, cm, "auto")
+
+
+def _layouts(lengths, C, cm, anchor_share, max_tokens_per_rank, min_chunk, two_way):
+    """(lengths, [(re-split mode, per-rank segments)]) of the hierarchical plan, or None."""
     L = np.asarray(lengths, dtype=np.int64)
     cap = np.inf if max_tokens_per_rank is None else float(max_tokens_per_rank)
     if C < 2:
@@ -108,7 +123,10 @@ def plan_subgroups(lengths, C: int, cm: CostModel, *, anchor_share: float = 1.0,
         return None
     chains = _chains(planned, ranges)
     tails = order[~is_anchor[order]]
-    owner = _place_tails(tails, unit, L, planned, chains, C, cap)
+    # two_way: inside a chain, tails go where tokens and pairs (each over its mean) stay lowest,
+    # so that the chain's two-way re-split can level both
+    shape = np.stack([L * (C / float(L.sum())), pairs * (C / float(pairs.sum()))]) if two_way else None
+    owner = _place_tails(tails, unit, L, planned, chains, C, cap, shape)
     if owner is None:
         return None
     # what each rank holds apart from the split anchors: its tails
@@ -120,7 +138,7 @@ def plan_subgroups(lengths, C: int, cm: CostModel, *, anchor_share: float = 1.0,
     np.add.at(base[1], owner, L[tails].astype(np.float64))
     np.add.at(base[2], owner, pairs[tails])
     offsets = row_offsets(L)
-    best = None
+    out = []
     for mode in (("cost", "two_way") if two_way else ("cost",)):
         segs = _split_chains(chains, L, whole, pairs, base, C, min_chunk, mode, cm)
         per_rank = [sort_segments(np.asarray(h + s, dtype=np.int64).reshape(-1, 3), offsets)
@@ -128,11 +146,8 @@ def plan_subgroups(lengths, C: int, cm: CostModel, *, anchor_share: float = 1.0,
         n_tok = np.array([int((p[:, 2] - p[:, 1]).sum()) for p in per_rank])
         if n_tok.max() > cap or (n_tok.min() == 0 and L.sum() >= C):
             continue  # every rank gets a token (transformers cannot run on none)
-        # the two re-splits exchange about the same K/V: compared on their slowest rank's compute
-        slowest = float(rank_compute(per_rank, cm).max())
-        if best is None or (mode == "two_way" and slowest <= best[0] * (1 + TWO_WAY_TOLERANCE)):
-            best = (slowest, per_rank)
-    return None if best is None else finish_plan(L, C, strategy, best[1], None, cm, "auto")
+        out.append((mode, per_rank))
+    return L, out
 
 
 def rank_compute(per_rank: list[np.ndarray], cm: CostModel) -> np.ndarray:
@@ -334,13 +349,15 @@ def _nest(d: int, n: int, pieces: list[tuple[int, int]], segs: list, target=None
     return got
 
 
-def _place_tails(tails, unit, L, planned, chains, C: int, cap: float) -> np.ndarray | None:
+def _place_tails(tails, unit, L, planned, chains, C: int, cap: float, shape=None) -> np.ndarray | None:
     """Whole documents (``tails``, most expensive first) to ranks: each to the *bin* (a chain of
     ranks, or a rank in none) with token room whose worst load over the units (``unit``: (M, D)
     document work in rank shares; a bin's load is over its number of ranks, counting the split
     anchors it holds) stays lowest, ties to the lower bin; inside the bin, to the rank with room
-    and the least estimated cost (the chain's re-split levels its ranks afterwards). Returns
-    the (T,) rank of each document, or None if one fits nowhere under the cap."""
+    and the least estimated cost (the chain's re-split levels its ranks afterwards), or with
+    ``shape`` ((2, D) tokens and pairs in rank shares) the least of the two after adding it
+    (a split anchor's share counted as mirrored). Returns the (T,) rank of each document, or
+    None if one fits nowhere under the cap."""
     M = unit.shape[0]
     bin_of = list(range(C))
     members = [[r] for r in range(C)]
@@ -355,6 +372,7 @@ def _place_tails(tails, unit, L, planned, chains, C: int, cap: float) -> np.ndar
     bload = {b: [0.0] * M for b in bins}
     cost = [0.0] * C
     toks = [0] * C
+    tk, pr = [0.0] * C, [0.0] * C
     for d, pieces in planned:
         n_d = int(L[d])
         for r, k in pieces:
@@ -363,11 +381,15 @@ def _place_tails(tails, unit, L, planned, chains, C: int, cap: float) -> np.ndar
                 bload[bin_of[r]][m] += float(unit[m, d]) * f
             cost[r] += float(unit[0, d]) * f
             toks[r] += k
+            if shape is not None:
+                tk[r] += float(shape[0, d]) * f
+                pr[r] += float(shape[1, d]) * f
     if max(toks) > cap:
         return None
     owner = np.zeros(len(tails), dtype=np.int64)
     rows = unit[:, tails].T.tolist()
-    for i, (w, n) in enumerate(zip(rows, L[tails].tolist())):
+    sh = shape[:, tails].T.tolist() if shape is not None else [(0.0, 0.0)] * len(tails)
+    for i, (w, n, (x, y)) in enumerate(zip(rows, L[tails].tolist(), sh)):
         best, pick = np.inf, -1
         for b in bins:
             if min(toks[r] for r in members[b]) + n > cap:
@@ -378,7 +400,13 @@ def _place_tails(tails, unit, L, planned, chains, C: int, cap: float) -> np.ndar
                 best, pick = v, b
         if pick < 0:
             return None
-        r = min((q for q in members[pick] if toks[q] + n <= cap), key=lambda q: (cost[q], q))
+        room = [q for q in members[pick] if toks[q] + n <= cap]
+        if shape is None:
+            r = min(room, key=lambda q: (cost[q], q))
+        else:
+            r = min(room, key=lambda q: (max(tk[q] + x, pr[q] + y), q))
+            tk[r] += x
+            pr[r] += y
         for m in range(M):
             bload[pick][m] += w[m]
         cost[r] += w[0]
