@@ -116,10 +116,15 @@ def build_parallelism_config(config: ATACConfig, world_size: int, *, fsdp: bool 
         raise ValueError(f"tp_size={tp} must be >= 1 (parallelism_config_tp_size)")
     if world % (cp * tp):
         divisors = [d for d in range(1, world + 1) if world % d == 0]
-        what = f"cp_size={cp}" if tp == 1 else f"cp_size={cp} x tp_size={tp} = {cp * tp}"
+        if tp == 1:
+            raise ValueError(
+                f"cp_size={cp} does not divide the world size {world} (processes launched): set cp_size to one of "
+                f"{divisors}, or launch a multiple of {cp} processes (accelerate launch --num_processes)"
+            )
         raise ValueError(
-            f"{what} does not divide the world size {world} (processes launched): choose sizes whose product is "
-            f"one of {divisors}, or launch a multiple of {cp * tp} processes (accelerate launch --num_processes)"
+            f"cp_size={cp} x tp_size={tp} = {cp * tp} does not divide the world size {world} (processes launched): "
+            f"choose sizes whose product is one of {divisors}, or launch a multiple of {cp * tp} processes "
+            "(accelerate launch --num_processes)"
         )
     dp = world // (cp * tp)
     nested = cp > 1 or tp > 1 or fsdp
@@ -137,9 +142,10 @@ def build_parallelism_config(config: ATACConfig, world_size: int, *, fsdp: bool 
         if rep * shard == 1 and dp > 1:
             rep, shard = (1, dp) if nested else (dp, 1)
         if rep * shard * cp * tp != world:
+            sizes = f"dp_replicate={rep} x dp_shard={shard} x cp={cp}" + (f" x tp={tp}" if tp > 1 else "")
             raise ValueError(
-                f"the launch config's parallelism_config (dp_replicate={rep} x dp_shard={shard} x cp={cp} x tp={tp} "
-                f"= {rep * shard * cp * tp}) does not match the world size {world}; fix the sizes or --num_processes"
+                f"the launch config's parallelism_config ({sizes} = {rep * shard * cp * tp}) does not match the "
+                f"world size {world}; fix the sizes or --num_processes"
             )
     else:
         rep, shard = (1, dp) if nested else (dp, 1)
