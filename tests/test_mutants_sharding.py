@@ -216,3 +216,17 @@ def test_all_to_all_layout_of_a_one_rank_plan():
                   seg_local_start=[0], seg_local_end=[3], seg_doc_start=[0], seg_doc_end=[3], seg_gathered=[False],
                   send_index=[], send_counts=[0], recv_counts=[0], self_index=[], doc_key_index={}, num_key_rows=0)
     assert p.kv_bytes(2.0) == 0.0
+
+
+@pytest.mark.parametrize("lengths", [[8, 8, 8, 8], [60, 2, 2]])
+def test_wlb_adaptive_is_the_faster_baseline_under_its_own_name(lengths):
+    # per pack, the faster of zigzag and per_doc by estimated block time: its plan, renamed
+    z, d = plan_shards(lengths, 4, "zigzag"), plan_shards(lengths, 4, "per_doc")
+    best = z if z.block_time_s <= d.block_time_s else d
+    w = plan_shards(lengths, 4, "wlb_adaptive")
+    assert w.strategy == "wlb_adaptive" and w.cp_size == 4
+    assert w.comm_s == best.comm_s > 0 and w.block_time_s == best.block_time_s
+    assert [s.tolist() for s in w.segments] == [s.tolist() for s in best.segments]
+    assert w.gathered_docs.tolist() == best.gathered_docs.tolist()
+    assert w.rank_compute_s.tolist() == best.rank_compute_s.tolist()
+    assert w.doc_lengths.tolist() == lengths
