@@ -180,3 +180,16 @@ def test_trainer_refuses_resumable_checkpoints_under_tp(tmp_path):
                              parallelism_config=ParallelismConfig(tp_size=2, cp_size=1))
     with pytest.raises(ValueError, match=r"tp_size=2 with save_strategy='steps': .*save_only_model=True"):
         ATACTrainer(model=_llama(), args=args, train_dataset=ds, atac_config=ATACConfig(max_tokens=16))
+
+
+def test_model_sharded_at_load_time_by_transformers_is_refused_unchanged():
+    from atac_hf.integrations.sharder import prepare_model
+
+    model = _llama()
+    model._is_distributed_loading_by_transformers = True  # what from_pretrained(tp_plan=...) leaves
+    model._tp_size = 2
+    before = model.config._attn_implementation
+    with pytest.raises(ValueError, match=r"LlamaForCausalLM was tensor-parallelised at load time by transformers "
+                                         r"\(tp_size=2, .*load it without tp_plan"):
+        prepare_model(model, ATACConfig())
+    assert model.config._attn_implementation == before

@@ -77,9 +77,15 @@ def prepare_model(model: torch.nn.Module, config: ATACConfig | None = None) -> t
     """Check the model and select the ``atac_cp`` attention on it (in place; PEFT-wrapped models too).
 
     Idempotent. Returns ``model``.
+
+    Raises:
+        ValueError: see :func:`check_model_shardable`; a model tensor-parallelised at load time
+            by transformers (:func:`~.tensor_parallel.check_not_presharded`).
     """
     from ..attention import ATTN_IMPLEMENTATION, register_attention
+    from .tensor_parallel import check_not_presharded
 
+    check_not_presharded(model)
     check_model_shardable(model)
     register_attention()
     base = unwrap_base_model(model)

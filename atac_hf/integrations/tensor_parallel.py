@@ -32,7 +32,7 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 
-__all__ = ["apply_tensor_parallel", "check_tp_model", "full_state_dict", "remap_optimizer_params", "sync_tp_gradients"]
+__all__ = ["apply_tensor_parallel", "check_not_presharded", "check_tp_model", "full_state_dict", "remap_optimizer_params", "sync_tp_gradients"]
 
 
 def _text_config(config: Any) -> Any:
@@ -86,6 +86,30 @@ def _layer_rules(base: torch.nn.Module) -> dict[str, str]:
         module = getattr(base, get, lambda: None)()
         skip.update(n for n, m in base.named_modules() if module is not None and m is module)
     return {k: v for k, v in (base.tp_plan or {}).items() if k not in skip}
+
+
+def check_not_presharded(model: torch.nn.Module) -> None:
+    """Refuse a model that transformers tensor-parallelised at load time (``from_pretrained(tp_plan=...)`` /
+    ``distributed_config``).
+
+    Its mesh is transformers' own, over the whole world (it cannot share the world with CP), and
+    Trainer then takes it over (``tp_size`` and ``dp_shard_size`` rewritten, saves and resumes
+    handled apart).
+
+    Raises:
+        ValueError: naming the model class, its tp size and what to do instead.
+    """
+    from .sharder import unwrap_base_model
+
+    base = unwrap_base_model(model)
+    tp = getattr(base, "_tp_size", None) or 1
+    if getattr(base, "_is_distributed_loading_by_transformers", False) and tp > 1:
+        raise ValueError(
+            f"{type(base).__name__} was tensor-parallelised at load time by transformers (tp_size={tp}, "
+            "from_pretrained(tp_plan=...) / distributed_config): its mesh spans the whole world and cannot carry "
+            "CP; load it without tp_plan / distributed_config and set parallelism_config tp_size (or "
+            "parallelism_config_tp_size): ATACTrainer / ATACAccelerator apply the model's own tp_plan on the mesh"
+        )
 
 
 def _mesh_ranks(mesh: Any) -> list[int]:
