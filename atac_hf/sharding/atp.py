@@ -19,7 +19,7 @@ from .plan import ShardPlan
 from .subgroups import ANCHOR_SHARES, _scaled, plan_subgroups
 from .segments import causal_pairs, finish_plan, head_tail_segments, per_doc_segments, row_offsets, sort_segments
 
-__all__ = ["ROBUST_EXTRA_ANCHORS", "SUBGROUP_MARGIN", "TWO_WAY_TOLERANCE", "plan_atp"]
+__all__ = ["ROBUST_EXTRA_ANCHORS", "SUBGROUP_MARGIN", "SUBGROUP_SKIP_LEVEL", "TWO_WAY_TOLERANCE", "plan_atp"]
 
 #: ATP takes the plan whose ranks are level in tokens and in attention pairs separately
 #: (robust to the cost model's error in their relative price) over the one level in
@@ -30,6 +30,10 @@ TWO_WAY_TOLERANCE = 0.02
 #: at 0.25x-4x (the flat plan is levelled in tokens and pairs: robust to that error; a plan that
 #: is faster only near the estimate's own price ratio is not taken).
 SUBGROUP_MARGIN = 0.0
+#: Sub-group candidates are built only where they can gain time: where the incumbent's K/V
+#: exchange is exposed, or its ranks are further than this fraction from level (a plan whose
+#: exchange is hidden and whose ranks are level is within this of the best any plan can do).
+SUBGROUP_SKIP_LEVEL = 0.005
 #: Where ATP's best plan is not level in tokens and pairs separately (whole documents only, or
 #: anchors that cannot level both), it tries up to this many more anchors split two-way.
 ROBUST_EXTRA_ANCHORS = 2
@@ -159,8 +163,11 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
     # their K/V; see atac_hf.sharding.subgroups), taken where it is estimated no slower than the
     # flat (or per_doc) plan, at the estimate's attention price and at 0.25x-4x of it. No plan's
     # slowest rank computes less than the mean of the exact work: where the incumbent is at that
-    # bound already, none can beat it, and the candidates are not built.
-    if C >= 3 and (anchor_plan is None or anchor_plan.block_time_s > _work_lower_bound(lengths, C, cm)):
+    # bound already, none can beat it; where its exchange is hidden and its ranks are level within
+    # SUBGROUP_SKIP_LEVEL, none can gain more than that: the candidates are not built.
+    if C >= 3 and (anchor_plan is None or anchor_plan.block_time_s > _work_lower_bound(lengths, C, cm)
+                   and (anchor_plan.block_time_s > float(anchor_plan.rank_compute_s.max()) * (1 + 1e-9)
+                        or anchor_plan.imbalance > 1 + SUBGROUP_SKIP_LEVEL)):
         for share in ANCHOR_SHARES:
             sub = plan_subgroups(lengths, C, cm, anchor_share=share, max_tokens_per_rank=max_tokens_per_rank,
                                  min_chunk=min_chunk)
