@@ -21,8 +21,15 @@ What runs where:
   :meth:`ATACAccelerator.shard`) that mean is the sum of the CP and DP shares: the
   single-device gradient.
 
-Supported: plain TP x CP x DP (no FSDP). FSDP2 with ``tp_size > 1`` and PEFT under TP are
-refused (untested here).
+* Two fixes around transformers' ``apply_tensor_parallelism`` (see ``_hf_compat`` 5): tied
+  weights are re-pointed at one shard, and the per-head norms' gradients
+  (``replicated_with_grad_allreduce``) are summed over TP once per optimizer step, in
+  :func:`sync_tp_gradients`, not after every micro-batch.
+* :func:`full_state_dict` gathers the shards for saving (every rank; tied weights once).
+
+Supported: plain TP x CP x DP (no FSDP). Refused: FSDP2 with ``tp_size > 1``, PEFT under TP, a
+model without a layer ``tp_plan``, ``tp_size`` not dividing the heads, a model that
+transformers sharded at load time (its mesh spans the whole world).
 """
 
 from __future__ import annotations
@@ -32,7 +39,8 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 
-__all__ = ["apply_tensor_parallel", "check_not_presharded", "check_tp_model", "full_state_dict", "remap_optimizer_params", "sync_tp_gradients"]
+__all__ = ["apply_tensor_parallel", "check_not_presharded", "check_tp_model", "dp_cp_group", "full_state_dict",
+           "remap_optimizer_params", "sync_tp_gradients"]
 
 
 def _text_config(config: Any) -> Any:
@@ -204,7 +212,8 @@ def _tied_aliases(base: torch.nn.Module, plan: dict[str, str]) -> dict[str, str]
         da, do = _WEIGHT_SHARD_DIM.get(a, -1), _WEIGHT_SHARD_DIM.get(o, -2)
         if da != do:
             raise ValueError(f"tied weights {owner!r} ({o}) and {alias!r} ({a}) are split differently by "
-                             f"{type(base).__name__}'s tp_plan; untie them (tie_word_embeddings=False) or set tp_size=1")
+                             f"{type(base).__name__}'s tp_plan; untie them (tie_word_embeddings=False) or set "
+                             "tp_size=1")
     return aliases
 
 
