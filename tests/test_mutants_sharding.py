@@ -15,6 +15,7 @@ import pytest
 from atac_hf.sharding import ShardPlan, plan_shards
 from atac_hf.sharding.exchange import a2a_rows, a2a_token_counts, needed_ranges
 from atac_hf.sharding.plan import LocalLayout
+from atac_hf.sharding.segments import causal_pairs, head_tail_bounds
 
 I64 = np.dtype(np.int64)
 
@@ -230,3 +231,13 @@ def test_wlb_adaptive_is_the_faster_baseline_under_its_own_name(lengths):
     assert w.gathered_docs.tolist() == best.gathered_docs.tolist()
     assert w.rank_compute_s.tolist() == best.rank_compute_s.tolist()
     assert w.doc_lengths.tolist() == lengths
+
+
+def test_causal_pairs_and_head_tail_bounds_by_hand():
+    # a causal prefix of n tokens has n (n + 1) / 2 query-key pairs
+    assert [causal_pairs(n) for n in (0, 1, 2, 4, 7)] == [0, 1, 3, 10, 28]
+    _eq(causal_pairs(np.array([3, 5], dtype=np.int64)), [6, 15])
+    # L = 10, C = 2: 2C = 4 chunks of 2 with 2 left over, one extra token in each rank's head:
+    # sizes 3, 3 | 2, 2. L = 7: 1 each, 3 left: rank 0 two extra (head and tail), rank 1 one
+    # (head): sizes 2, 2 | 1, 2. Rank r holds chunks r and 3 - r.
+    _eq(head_tail_bounds(np.array([10, 7]), 2), [[0, 3, 6, 8, 10], [0, 2, 4, 5, 7]])
