@@ -112,3 +112,15 @@ def test_window_stats_steady_and_time_weighted():
     assert 1.0 <= mean <= worst and 1.0 <= s_mean <= s_worst <= worst
     tw = time_weighted_imbalance(res, "wfap", cm)
     assert 1.0 <= tw <= worst
+
+
+def test_end_of_stream_last_trains_the_same_samples():
+    lengths, cluster = _setup()
+    plain = simulate(lengths, cluster, combos=COMBOS, num_steps=3)
+    told = simulate(lengths, cluster, combos=COMBOS, num_steps=3, end_of_stream="last")
+    for packing in plain.packs:
+        spans = lambda r: sorted((sid, s, e) for w in r.packs[packing] for p in w for sid, s, e in p)  # noqa: E731
+        assert sum(e - s for _, s, e in spans(told)) == sum(e - s for _, s, e in spans(plain))
+    assert set(told.combos) == set(plain.combos)
+    with pytest.raises(ValueError, match=r"end_of_stream='end': legal values are 'flush'"):
+        simulate(lengths, cluster, combos=COMBOS, num_steps=1, end_of_stream="end")

@@ -186,3 +186,15 @@ def test_band_low_end_zero_needs_token_wise_prices():
     cfg = PackingConfig(max_tokens=64, packs_per_window=2, price_band=(0.0, 2.0))
     with pytest.raises(ValueError, match=r"costs 0 s .* raise the band's low end above 0 \(set price_band\)"):
         StreamPacker(cfg, attn_only).add_window([0, 1], [5, 6])
+
+
+def test_last_window_releases_what_is_held():
+    quad = CostModel(linear_s_per_token=1.0, attn_s_per_pair=1.0, tile=1)
+    cfg = PackingConfig(max_tokens=10, packs_per_window=2, reference_doc_tokens=1, max_defer=4)
+    held = StreamPacker(cfg, quad).add_window(range(5), [6, 1, 1, 1, 1])
+    assert all(s[0] != 0 for pack in held for s in pack)  # heavy: held back for a later window
+    p = StreamPacker(cfg, quad)
+    last = p.add_window(range(5), [6, 1, 1, 1, 1], last=True)  # no later window: placed now
+    assert sorted(s[0] for pack in last for s in pack) == [0, 1, 2, 3, 4] and p.flush() == []
+    with pytest.raises(TypeError, match=r"last='yes' must be True or False"):
+        p.add_window([9], [1], last="yes")

@@ -177,25 +177,32 @@ class StreamPacker:
         return self._metrics.summary()
 
     # ------------------------------------------------------------------ packing
-    def add_window(self, sample_ids: Sequence[int], lengths: Sequence[int]) -> list[Pack]:
+    def add_window(self, sample_ids: Sequence[int], lengths: Sequence[int], *, last: bool = False) -> list[Pack]:
         """Pack one window: the new samples plus those carried from earlier windows.
 
         Args:
             sample_ids: ids of the new samples (ints, unique, not pending).
             lengths: their token counts (ints >= 0; 0 is skipped and counted).
+            last: no samples follow (the end of the stream or epoch, when the feeder
+                knows it): the window is planned as :meth:`flush` plans its windows, so
+                nothing is held back for windows that will not come (``wfap`` releases the
+                heavy samples it holds; ``wlb`` its queued outliers). Call :meth:`flush`
+                after it for whatever did not fit.
 
         Returns:
             up to ``packs_per_window`` packs (exactly that many unless too few samples are
             available), each a list of ``(sample_id, start, end)``.
 
         Raises:
-            ValueError / TypeError: bad ids or lengths (nothing is changed then), or a
-                sample over ``max_tokens`` with ``overlength="error"``.
+            ValueError / TypeError: bad ids or lengths (nothing is changed then), a
+                non-bool ``last``, or a sample over ``max_tokens`` with ``overlength="error"``.
         """
+        if not isinstance(last, (bool, np.bool_)):
+            raise TypeError(f"last={last!r} must be True or False (True: no samples follow this window)")
         ids, lens = check_window(sample_ids, lengths, self.config)
-        return self._add_checked(ids, lens)
+        return self._add_checked(ids, lens, last=bool(last))
 
-    def _add_checked(self, ids: list[int], lens: list[int]) -> list[Pack]:
+    def _add_checked(self, ids: list[int], lens: list[int], last: bool = False) -> list[Pack]:
         pending = {it[SID] for it in self._pool} | set(self._open)
         clash = [i for i in ids if i in pending]
         if clash:
@@ -204,7 +211,7 @@ class StreamPacker:
                 "every sample id of a stream must be unique"
             )
         self._ingest(ids, lens)
-        return self._step(final=False)
+        return self._step(final=last)
 
     def flush(self) -> list[Pack]:
         """End of stream: pack everything carried (as many windows as it takes)."""

@@ -42,12 +42,14 @@ class PackedStream:
 
 
 def run_packer(strategy: str, stream: np.ndarray, cluster: ClusterConfig, cm: CostModel,
-               options: dict[str, Any], fixed: list[np.ndarray] | None) -> PackedStream:
+               options: dict[str, Any], fixed: list[np.ndarray] | None, end_of_stream: str = "flush") -> PackedStream:
     """Feed the whole stream to a real StreamPacker window by window, then flush it.
 
     ``fixed``: the windows (sample ids) to feed, identical for every packer. ``None``:
     size each window like the packer's own feeder (``pack_lengths``): new samples, in
     stream order, until their packable supply reaches the packer's ``tokens_wanted``.
+    ``end_of_stream``: ``"flush"``: the last window is fed like any other (the feeder does
+    not know it is the last); ``"last"``: it is fed with ``add_window(last=True)``.
     """
     from ..packing import PackingConfig, StreamPacker  # the numpy-only planners
 
@@ -58,11 +60,11 @@ def run_packer(strategy: str, stream: np.ndarray, cluster: ClusterConfig, cm: Co
     # simulated policy here, and the metrics count it (fragmentation)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*longer than max_tokens.*", category=UserWarning)
-        return _feed(packer, strategy, stream, cluster, cm, fixed, config.min_fragment)
+        return _feed(packer, strategy, stream, cluster, cm, fixed, config.min_fragment, end_of_stream == "last")
 
 
 def _feed(packer: Any, strategy: str, stream: np.ndarray, cluster: ClusterConfig, cm: CostModel,
-          fixed: list[np.ndarray] | None, min_fragment: int) -> PackedStream:
+          fixed: list[np.ndarray] | None, min_fragment: int, tell_last: bool = False) -> PackedStream:
     n = len(stream)
     arrival = np.full(n, -1, dtype=np.int64)
     out, secs, fed_windows, pos = [], [], [], 0
@@ -77,8 +79,9 @@ def _feed(packer: Any, strategy: str, stream: np.ndarray, cluster: ClusterConfig
             pos += len(ids)
         arrival[ids] = len(out)
         fed_windows.append(ids)
+        last = tell_last and ((pos >= n) if fixed is None else (len(out) == len(fixed) - 1))
         t0 = time.perf_counter()
-        packs = packer.add_window(ids.tolist(), stream[ids].tolist())
+        packs = packer.add_window(ids.tolist(), stream[ids].tolist(), last=last)
         secs.append(time.perf_counter() - t0)
         out.append(_normalise(packs))
     t0 = time.perf_counter()

@@ -161,7 +161,8 @@ def balanced_step_time(cluster: ClusterConfig, work_s: float, tokens: int, num_m
 def simulate(lengths: Any, cluster: ClusterConfig, *, combos: Sequence[tuple[str, str]] | None = None,
              num_steps: int = 16, seed: int = 0, windows: str = "adaptive",
              packing_options: dict[str, Any] | None = None, workload: str = "custom",
-             progress: Any = None, eval_cost_model: CostModel | None = None) -> SimResult:
+             progress: Any = None, eval_cost_model: CostModel | None = None,
+             end_of_stream: str = "flush") -> SimResult:
     """Simulate packing x sharding combinations on the same sample stream.
 
     Args:
@@ -184,6 +185,9 @@ def simulate(lengths: Any, cluster: ClusterConfig, *, combos: Sequence[tuple[str
             also plans it). Packers and sharding planners always plan with the cluster's model;
             with another one here, every time, bound and metric is what those plans cost
             when the true prices differ from the planners' estimate (see :mod:`.robustness`).
+        end_of_stream: ``"flush"`` (default): every packer gets the stream's last window like
+            any other, then is flushed; ``"last"``: the feeder knows the end and passes
+            ``add_window(last=True)`` (nothing held back for windows that will not come).
 
     Returns:
         The :class:`~atac_hf.sim.results.SimResult`.
@@ -198,6 +202,9 @@ def simulate(lengths: Any, cluster: ClusterConfig, *, combos: Sequence[tuple[str
         raise ValueError(f"num_steps={num_steps!r} must be an int >= 1")
     if windows not in ("adaptive", "fixed"):
         raise ValueError(f"windows={windows!r}: legal values are 'adaptive' and 'fixed'")
+    if end_of_stream not in ("flush", "last"):
+        raise ValueError(f"end_of_stream={end_of_stream!r}: legal values are 'flush' (the feeder does not know the "
+                         "last window) and 'last' (it passes add_window(last=True))")
     combos = list(combos) if combos is not None else [(p, s) for p in PACKINGS for s in SHARDINGS]
     if not combos:
         raise ValueError("combos is empty: give at least one (packing, sharding) pair")
@@ -219,7 +226,7 @@ def simulate(lengths: Any, cluster: ClusterConfig, *, combos: Sequence[tuple[str
     results: dict[str, ComboResult] = {}
     packed_by: dict[str, PackedStream] = {}
     for packing, shardings in by_packing.items():
-        packed = packed_by[packing] = run_packer(packing, stream, cluster, cm, options, fixed)
+        packed = packed_by[packing] = run_packer(packing, stream, cluster, cm, options, fixed, end_of_stream)
         lens = [np.array([e - s for _, s, e in p], dtype=np.int64) for win in packed.packs for p in win]
         plans = plan_summaries(lens, shardings, cluster.cp_size, cm, cluster.rank_token_cap(), ecm)
         pm = packing_metrics(packed, stream, cluster.max_tokens, cluster.packs_per_step, ecm)
