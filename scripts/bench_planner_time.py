@@ -181,6 +181,7 @@ def main(argv=None):
     print("|---|---|---|")
     for k, v in times.items():
         print(f"| {k} | {len(v)} | {statistics.median(v):.2f} / {float(np.percentile(v, 99)):.2f} / {max(v):.2f} |")
+    print(f"total (sum of every case's best time): {sum(sum(v) for v in times.values()):.1f} ms")
     if base is None and args.baseline:
         Path(args.baseline).write_bytes(pickle.dumps({"cases": cases, "plans": plans}))
         print(f"wrote {len(cases)} cases to {args.baseline}")

@@ -330,6 +330,13 @@ class CostModel:
         e = np.asarray(end, dtype=np.int64)
         return np.maximum(e - s, 0) * self.linear_s_per_token + self.attention_cost(s, e)
 
+    def segment_and_attention_cost(self, start: Any, end: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``(segment_cost(start, end), attention_cost(start, end))``, the attention costed once."""
+        s = np.asarray(start, dtype=np.int64)
+        e = np.asarray(end, dtype=np.int64)
+        attn = self.attention_cost(s, e)
+        return np.maximum(e - s, 0) * self.linear_s_per_token + attn, attn
+
     def doc_cost(self, lengths: Any) -> np.ndarray:
         """Seconds of whole documents of the given lengths."""
         lengths = np.asarray(lengths, dtype=np.int64)

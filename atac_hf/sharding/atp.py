@@ -9,6 +9,7 @@ exchange (all-gather or only-needed all-to-all) is picked by estimated time. Pur
 
 from __future__ import annotations
 
+import functools
 import heapq
 
 import numpy as np
@@ -17,7 +18,7 @@ from ..cost import CostModel
 from .baselines import per_doc_block_time, plan_contiguous
 from .plan import ShardPlan
 from .subgroups import ANCHOR_SHARES, _scaled, plan_subgroups
-from .segments import causal_pairs, finish_plan, head_tail_segments, per_doc_segments, row_offsets, sort_segments
+from .segments import causal_pairs, finish_flat, finish_plan, per_doc_segments, row_offsets
 
 __all__ = ["ROBUST_EXTRA_ANCHORS", "SUBGROUP_MARGIN", "SUBGROUP_SKIP_LEVEL", "TWO_WAY_TOLERANCE", "plan_atp"]
 
@@ -102,21 +103,26 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
         """The plan of ``attempt(j)``, its anchors re-split two-way where that is within
         TWO_WAY_TOLERANCE; and whether it is (level in tokens and pairs separately)."""
         anchors = cand[:j]
-        per_rank = head_tail_segments(anchors, bounds, C) if j else [np.zeros((0, 3), np.int64)] * C
         tails = np.flatnonzero(owner >= 0)
-        tail_segs = []
-        for rr in range(C):
-            t = tails[owner[tails] == rr]
-            tail_segs.append(np.stack([t, np.zeros(len(t), np.int64), lengths[t]], axis=1))
-        with_tails = lambda anchor_segs: [sort_segments(np.concatenate([a, t]), offsets)  # noqa: E731
-                                          for a, t in zip(anchor_segs, tail_segs)]
-        plan = finish_plan(lengths, C, "atp", with_tails(per_rank), np.sort(anchors), cm, "auto")
+        tail_seg = np.stack([tails, np.zeros(len(tails), np.int64), lengths[tails]], axis=1)
+
+        def with_tails(seg, rank):
+            """Every rank's anchor and tail segments, rank by rank in row order (row starts are
+            distinct within a rank: the order is that of sort_segments per rank)."""
+            seg, rank = np.concatenate([seg, tail_seg]), np.concatenate([rank, owner[tails]])
+            o = np.lexsort((offsets[seg[:, 0]] + seg[:, 1], rank))
+            return seg[o], rank[o]
+
+        seg, rank = _head_tail_flat(anchors, bounds, C) if j else (np.zeros((0, 3), np.int64), np.zeros(0, np.int64))
+        plan = finish_flat(lengths, C, "atp", *with_tails(seg, rank), np.sort(anchors), cm, "auto")
         # The same anchors and tails with every rank level in tokens and in attention pairs
         # separately: balanced whatever the true price ratio of the two (the cost model's is
         # off by 5-20% on CPU); taken unless the estimate says it costs over TWO_WAY_TOLERANCE.
         two_way = _two_way_anchor_segments(lengths, C, anchors, owner, cap, min_chunk) if j else None
         if two_way is not None:
-            robust = finish_plan(lengths, C, "atp", with_tails(two_way), np.sort(anchors), cm, "auto")
+            rank = np.repeat(np.arange(C), [len(x) for x in two_way])
+            robust = finish_flat(lengths, C, "atp", *with_tails(np.concatenate(two_way), rank), np.sort(anchors),
+                                 cm, "auto")
             if robust.block_time_s <= plan.block_time_s * (1 + TWO_WAY_TOLERANCE):
                 return robust, True
         return plan, False
@@ -184,11 +190,29 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
     return anchor_plan
 
 
+def _head_tail_flat(docs: np.ndarray, bounds: np.ndarray, C: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`head_tail_segments` as one (n, 3) array of non-empty segments and the (n,) rank of
+    each (in no particular order)."""
+    r = np.arange(C)
+    d = np.broadcast_to(docs[:, None], (len(docs), C))
+    seg = np.concatenate([np.stack([d, bounds[:, r], bounds[:, r + 1]], axis=-1).reshape(-1, 3),
+                          np.stack([d, bounds[:, 2 * C - 1 - r], bounds[:, 2 * C - r]], axis=-1).reshape(-1, 3)])
+    rank = np.tile(r, 2 * len(docs))
+    keep = seg[:, 2] > seg[:, 1]
+    return seg[keep].astype(np.int64), rank[keep]
+
+
+@functools.lru_cache(maxsize=64)
+def _exact(cm: CostModel) -> CostModel:
+    """``cm`` counting exact causal pairs (``tile=1``; cached: models are frozen)."""
+    return cm.replace(tile=1)
+
+
 def _work_lower_bound(lengths: np.ndarray, C: int, cm: CostModel) -> float:
     """A lower bound of any plan's per-rank compute: the exact causal pairs (no tile waste, at the
     cheaper of the causal and masked prices, no per-call overhead) and the token-wise work of the
     pack, spread evenly over the ``C`` ranks. Splitting a document never lowers either term."""
-    exact = cm.replace(tile=1)
+    exact = _exact(cm)
     pairs = float(exact.attention_pairs(np.zeros(len(lengths), np.int64), lengths).sum())
     price = min(cm.attn_s_per_pair, cm.attn_s_per_pair if cm.masked_attn_s_per_pair is None
                 else cm.masked_attn_s_per_pair)
@@ -252,14 +276,15 @@ def _two_way_anchor_segments(lengths: np.ndarray, C: int, anchors: np.ndarray, o
         off[u] += k
     mirror = n * (A[:, None] + 1) / 2.0  # pairs of a mirrored head-tail share
     remaining = need_pairs.copy()
-    out: list[list[np.ndarray]] = [[] for _ in range(C)]
-    for d in range(len(A)):
-        Ld = int(A[d])
+    out: list[list[tuple[int, int, int]]] = [[] for _ in range(C)]
+    for d in range(len(A)):  # scalar work in Python floats and ints (the same IEEE arithmetic as numpy's)
+        Ld, doc, nd = int(A[d]), int(anchors[d]), n[d].tolist()
         target = remaining - mirror[d + 1:].sum(axis=0)
-        ranks = [int(r) for r in np.argsort(-np.abs(target - mirror[d]), kind="stable") if n[d, r] > 0]
+        ranks = [r for r in np.argsort(-np.abs(target - mirror[d]), kind="stable").tolist() if nd[r] > 0]
+        target = target.tolist()
         H, E = 0, Ld
         for i, r in enumerate(ranks):
-            nr = int(n[d, r])
+            nr = nd[r]
             if i == len(ranks) - 1:  # innermost: the middle, one chunk
                 h = nr
             else:
@@ -267,15 +292,18 @@ def _two_way_anchor_segments(lengths: np.ndarray, C: int, anchors: np.ndarray, o
                 a, b = H, E - nr
                 base = (causal_pairs(E) - causal_pairs(a)) + (a - b) * (a + b + 1) / 2.0
                 slope = float(a - b)  # < 0: a longer head (a shorter tail) has fewer pairs
-                h = int(np.clip(np.rint((target[r] - base) / slope), 0, nr)) if slope < 0 else (nr + 1) // 2
+                # round() is half to even, as np.rint
+                h = min(max(round((target[r] - base) / slope), 0), nr) if slope < 0 else (nr + 1) // 2
                 if 0 < h < min_chunk or 0 < nr - h < min_chunk:  # no chunk under min_chunk tokens
-                    h = (0 if h < nr - h else nr) if nr < 2 * min_chunk else int(np.clip(h, min_chunk, nr - min_chunk))
-            segs = [(int(anchors[d]), H, H + h), (int(anchors[d]), E - (nr - h), E)]
+                    h = (0 if h < nr - h else nr) if nr < 2 * min_chunk else min(max(h, min_chunk), nr - min_chunk)
             got = causal_pairs(H + h) - causal_pairs(H) + causal_pairs(E) - causal_pairs(E - (nr - h))
             remaining[r] -= got
-            out[r].append(np.array([sg for sg in segs if sg[2] > sg[1]], dtype=np.int64).reshape(-1, 3))
+            if h > 0:
+                out[r].append((doc, H, H + h))
+            if nr - h > 0:
+                out[r].append((doc, E - (nr - h), E))
             H, E = H + h, E - (nr - h)
-    return [np.concatenate(x) if x else np.zeros((0, 3), np.int64) for x in out]
+    return [np.array(x, dtype=np.int64).reshape(-1, 3) for x in out]
 
 
 def _water_fill(cm: CostModel, lengths: np.ndarray, costs: np.ndarray, load: np.ndarray,

@@ -75,11 +75,19 @@ def a2a_pair_counts(segments, gathered: np.ndarray, window: int | None = None) -
     """(C, C) int64: ``out[s, r]`` K/V rows rank ``s`` sends rank ``r`` per layer in the
     only-needed exchange (row sums: what each rank sends; column sums: what it receives)."""
     C = len(segments)
+    if C < 2 or not gathered.any():
+        return np.zeros((C, C), dtype=np.int64)
+    rank_of = np.repeat(np.arange(C), [len(s) for s in segments])
+    return a2a_pair_counts_flat(np.concatenate(segments), rank_of, C, gathered, window, segments)
+
+
+def a2a_pair_counts_flat(allseg: np.ndarray, rank_of: np.ndarray, C: int, gathered: np.ndarray,
+                         window: int | None, segments) -> np.ndarray:
+    """:func:`a2a_pair_counts` of ``segments`` given as well concatenated (``allseg``, (S, 3)) with
+    the rank of each row (``rank_of``)."""
     out = np.zeros((C, C), dtype=np.int64)
     if C < 2 or not gathered.any():
         return out
-    rank_of = np.repeat(np.arange(C), [len(s) for s in segments])
-    allseg = np.concatenate(segments)
     keep = gathered[allseg[:, 0]]
     allseg, rank_of = allseg[keep], rank_of[keep]
     if not len(allseg):

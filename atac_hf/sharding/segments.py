@@ -15,7 +15,7 @@ import heapq
 import numpy as np
 
 from ..cost import CostModel
-from .exchange import a2a_pair_counts
+from .exchange import a2a_pair_counts_flat
 from .plan import ShardPlan
 
 __all__ = ["causal_pairs", "check_doc_lengths", "fill_empty_ranks", "finish_plan", "head_tail_bounds", "head_tail_segments",
@@ -146,30 +146,37 @@ def finish_plan(lengths, C, strategy, segments, gathered_docs, cm: CostModel, ex
     :meth:`~atac_hf.cost.CostModel.a2a_pair_cost`: the busiest rank's links), or ``"auto"``:
     the all-to-all where its exchange is estimated faster than the all-gather's (whether or not
     either is hidden behind local attention), else the all-gather."""
+    flat = [np.asarray(x, dtype=np.int64).reshape(-1, 3) for x in segments]
+    allseg = np.concatenate(flat) if flat else np.zeros((0, 3), np.int64)
+    rank_of = np.repeat(np.arange(C), [len(x) for x in flat])
+    return finish_flat(lengths, C, strategy, allseg, rank_of, gathered_docs, cm, exchange)
+
+
+def finish_flat(lengths, C, strategy, allseg, rank_of, gathered_docs, cm: CostModel,
+                exchange: str = "all_gather") -> ShardPlan:
+    """:func:`finish_plan` of the segments ``allseg`` ((S, 3) int64, every rank's in turn) held by
+    ranks ``rank_of`` ((S,), non-decreasing): the same plan, without a list of per-rank arrays."""
     # cost what the ranks will run: touching chunks of one document are one kernel call
-    segments = [merge_adjacent(s) for s in segments]
+    allseg, rank_of = _merge_flat(allseg, rank_of)
     gathered = np.zeros(len(lengths), dtype=bool)
     if gathered_docs is None:
-        seen = np.zeros(len(lengths), dtype=np.int64)
-        for s in segments:
-            seen[np.unique(s[:, 0])] += 1
-        gathered = seen > 1
+        # documents held by 2+ ranks: distinct (document, rank) pairs counted per document
+        held = np.unique(allseg[:, 0] * C + rank_of)
+        gathered = np.bincount(held // C, minlength=len(lengths)) > 1
     else:
         gathered[gathered_docs] = True
     gdocs = np.flatnonzero(gathered).astype(np.int64)
     comm = float(cm.comm_cost(int(lengths[gdocs].sum()), C)) if C > 1 else 0.0
-    allseg = np.concatenate(segments)
-    rank_of = np.repeat(np.arange(C), [len(x) for x in segments])
-    cost = cm.segment_cost(allseg[:, 1], allseg[:, 2])
+    segments = np.split(allseg, np.cumsum(np.bincount(rank_of, minlength=C))[:-1])
+    cost, attn = cm.segment_and_attention_cost(allseg[:, 1], allseg[:, 2])
     local = ~gathered[allseg[:, 0]]
-    local_attn = np.bincount(rank_of[local], weights=cm.attention_cost(allseg[local, 1], allseg[local, 2]),
-                             minlength=C)
+    local_attn = np.bincount(rank_of[local], weights=attn[local], minlength=C)
     compute = np.bincount(rank_of, weights=cost, minlength=C)
     kind = "all_gather"
     # "auto" takes the all-to-all where its exchange is estimated faster, hidden or not (it then
     # moves fewer bytes over links that other traffic shares)
     if exchange != "all_gather" and C > 1 and len(gdocs):
-        a2a = cm.a2a_pair_cost(a2a_pair_counts(segments, gathered, cm.sliding_window))
+        a2a = cm.a2a_pair_cost(a2a_pair_counts_flat(allseg, rank_of, C, gathered, cm.sliding_window, segments))
         if exchange == "all_to_all" or a2a < comm:
             kind, comm = "all_to_all", a2a
     # while the gather runs, each rank computes attention of its local documents
@@ -231,6 +238,18 @@ def fill_empty_ranks(plan: ShardPlan, cm: CostModel) -> ShardPlan:
     gathered = np.union1d(plan.gathered_docs, np.flatnonzero(owners > 1)).astype(np.int64)
     return finish_plan(plan.doc_lengths, C, plan.strategy, segs, gathered, cm,
                        "auto" if plan.strategy == "atp" else plan.kv_exchange)
+
+
+def _merge_flat(allseg: np.ndarray, rank_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`merge_adjacent` of every rank's segments at once (``rank_of`` non-decreasing)."""
+    if len(allseg) < 2:
+        return allseg, rank_of
+    joins = (allseg[1:, 0] == allseg[:-1, 0]) & (allseg[1:, 1] == allseg[:-1, 2]) & (rank_of[1:] == rank_of[:-1])
+    if not joins.any():
+        return allseg, rank_of
+    starts = np.flatnonzero(np.concatenate([[True], ~joins]))
+    ends = np.concatenate([starts[1:], [len(allseg)]]) - 1
+    return np.stack([allseg[starts, 0], allseg[starts, 1], allseg[ends, 2]], axis=1), rank_of[starts]
 
 
 def merge_adjacent(seg: np.ndarray) -> np.ndarray:
