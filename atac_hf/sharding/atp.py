@@ -17,7 +17,7 @@ import numpy as np
 from ..cost import CostModel
 from .baselines import per_doc_block_time, plan_contiguous
 from .plan import ShardPlan
-from .subgroups import ANCHOR_SHARES, _scaled, plan_subgroups
+from .subgroups import ANCHOR_SHARES, _plan_subgroups, _scaled
 from .segments import causal_pairs, finish_flat, finish_plan, per_doc_segments, row_offsets
 
 __all__ = ["ROBUST_EXTRA_ANCHORS", "SUBGROUP_MARGIN", "SUBGROUP_SKIP_LEVEL", "TWO_WAY_TOLERANCE", "plan_atp"]
@@ -174,12 +174,14 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
     if C >= 3 and (anchor_plan is None or anchor_plan.block_time_s > _work_lower_bound(lengths, C, cm)
                    and (anchor_plan.block_time_s > float(anchor_plan.rank_compute_s.max()) * (1 + 1e-9)
                         or anchor_plan.imbalance > 1 + SUBGROUP_SKIP_LEVEL)):
+        alt_blocks: dict = {}  # the incumbent's block time at each attention price, costed once
         for share in ANCHOR_SHARES:
-            sub = plan_subgroups(lengths, C, cm, anchor_share=share, max_tokens_per_rank=max_tokens_per_rank,
-                                 min_chunk=min_chunk)
+            # a candidate whose slowest rank computes more than the incumbent's block time loses: not finished
+            sub = _plan_subgroups(lengths, C, cm, share, max_tokens_per_rank, min_chunk, "atp", True,
+                                  np.inf if anchor_plan is None else anchor_plan.block_time_s)
             if sub is not None and (anchor_plan is None or sub.block_time_s <= anchor_plan.block_time_s
-                                    and _robustly_no_worse(sub, anchor_plan, cm)):
-                anchor_plan = sub
+                                    and _robustly_no_worse(sub, anchor_plan, cm, alt_blocks)):
+                anchor_plan, alt_blocks = sub, {}
     if anchor_plan is None:
         # neither anchor-tail nor per-document head-tail fits the cap; a contiguous
         # split fits every cap >= ceil(tokens / C), i.e. every cap any placement can
@@ -365,22 +367,26 @@ def _split_by_share(cm: CostModel, lengths: np.ndarray, frac: np.ndarray, room: 
     left = room - n.sum(axis=0)
     rest = lengths - n.sum(axis=1)
     if rest.any():
-        remainder = want - n
-        for d in np.flatnonzero(rest):
-            for r in np.argsort(-remainder[d], kind="stable"):
-                if rest[d] == 0:
+        # hand out the remainders (largest fraction first) in Python scalars: a few per document
+        prefs = np.argsort(-(want - n), axis=1, kind="stable").tolist()
+        left, nl = left.tolist(), n.tolist()
+        for d in np.flatnonzero(rest).tolist():
+            k = int(rest[d])
+            for r in prefs[d]:
+                if k == 0:
                     break
                 if left[r] >= 1:
-                    n[d, r] += 1
+                    nl[d][r] += 1
                     left[r] -= 1
-                    rest[d] -= 1
-            if rest[d]:
-                for r in np.flatnonzero(left >= 1)[: rest[d]]:
-                    n[d, r] += 1
+                    k -= 1
+            if k:
+                for r in [q for q in range(C) if left[q] >= 1][:k]:
+                    nl[d][r] += 1
                     left[r] -= 1
-                    rest[d] -= 1
-            if rest[d]:
+                    k -= 1
+            if k:
                 return None
+        n = np.array(nl, dtype=np.int64).reshape(n.shape)
     heads = (n + 1) // 2
     sizes = np.concatenate([heads, (n - heads)[:, ::-1]], axis=1)
     bounds = np.zeros((len(lengths), 2 * C + 1), dtype=np.int64)
@@ -426,14 +432,20 @@ def _place_tails(num_docs, tails, cost, attn, toks, base_load, base_tok, cap):
     return owner, np.asarray(load), np.asarray(tok, dtype=np.int64), np.asarray(tail_attn)
 
 
-def _robustly_no_worse(a: ShardPlan, b: ShardPlan, cm: CostModel) -> bool:
+def _robustly_no_worse(a: ShardPlan, b: ShardPlan, cm: CostModel, b_blocks: dict | None = None) -> bool:
     """Whether plan ``a`` stays within :data:`SUBGROUP_MARGIN` of ``b``'s block time when attention
     costs 0.25x, 0.5x, 2x or 4x what ``cm`` says (the cost model's error in the price ratio of attention
     and token-wise work): a plan levelled in estimated cost alone is taken over a flat plan
-    levelled in tokens and pairs only where the price ratio being off would not undo it."""
+    levelled in tokens and pairs only where the price ratio being off would not undo it. ``b_blocks``:
+    ``b``'s block time per price factor, filled in as costed (reused over candidates)."""
     for k in (0.25, 0.5, 2.0, 4.0):
         alt = _scaled(cm, k)
-        if _block_at(a, alt) > _block_at(b, alt) * (1 + SUBGROUP_MARGIN):
+        if b_blocks is None or k not in b_blocks:  # b's block time at price k (cached across calls)
+            got = _block_at(b, alt)
+            if b_blocks is None:
+                b_blocks = {}
+            b_blocks[k] = got
+        if _block_at(a, alt) > b_blocks[k] * (1 + SUBGROUP_MARGIN):
             return False
     return True
 

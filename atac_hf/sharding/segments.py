@@ -138,22 +138,24 @@ def row_ranges_to_segments(offsets: np.ndarray, ranges: list[tuple[int, int]]) -
     return np.concatenate(parts) if parts else np.zeros((0, 3), dtype=np.int64)
 
 
-def finish_plan(lengths, C, strategy, segments, gathered_docs, cm: CostModel, exchange: str = "all_gather") -> ShardPlan:
+def finish_plan(lengths, C, strategy, segments, gathered_docs, cm: CostModel, exchange: str = "all_gather", *,
+                bound: float | None = None) -> ShardPlan | None:
     """Cost the segments and build the plan (block time = max over ranks of
     gathered-doc compute + max(local-doc attention, K/V exchange) + local linear).
     ``gathered_docs=None`` gathers exactly the documents held by several ranks.
     ``exchange``: ``"all_gather"``, ``"all_to_all"`` (only the needed K/V rows, priced by
     :meth:`~atac_hf.cost.CostModel.a2a_pair_cost`: the busiest rank's links), or ``"auto"``:
     the all-to-all where its exchange is estimated faster than the all-gather's (whether or not
-    either is hidden behind local attention), else the all-gather."""
+    either is hidden behind local attention), else the all-gather. ``bound``: return None instead
+    where some rank's compute exceeds it (the block time, never below that, would too)."""
     flat = [np.asarray(x, dtype=np.int64).reshape(-1, 3) for x in segments]
     allseg = np.concatenate(flat) if flat else np.zeros((0, 3), np.int64)
     rank_of = np.repeat(np.arange(C), [len(x) for x in flat])
-    return finish_flat(lengths, C, strategy, allseg, rank_of, gathered_docs, cm, exchange)
+    return finish_flat(lengths, C, strategy, allseg, rank_of, gathered_docs, cm, exchange, bound=bound)
 
 
 def finish_flat(lengths, C, strategy, allseg, rank_of, gathered_docs, cm: CostModel,
-                exchange: str = "all_gather") -> ShardPlan:
+                exchange: str = "all_gather", *, bound: float | None = None) -> ShardPlan | None:
     """:func:`finish_plan` of the segments ``allseg`` ((S, 3) int64, every rank's in turn) held by
     ranks ``rank_of`` ((S,), non-decreasing): the same plan, without a list of per-rank arrays."""
     # cost what the ranks will run: touching chunks of one document are one kernel call
@@ -172,6 +174,9 @@ def finish_flat(lengths, C, strategy, allseg, rank_of, gathered_docs, cm: CostMo
     local = ~gathered[allseg[:, 0]]
     local_attn = np.bincount(rank_of[local], weights=attn[local], minlength=C)
     compute = np.bincount(rank_of, weights=cost, minlength=C)
+    # every rank's block time is at least its compute (the margin covers the rounding of the sum)
+    if bound is not None and float(compute.max()) > bound * (1 + 1e-9):
+        return None
     kind = "all_gather"
     # "auto" takes the all-to-all where its exchange is estimated faster, hidden or not (it then
     # moves fewer bytes over links that other traffic shares)

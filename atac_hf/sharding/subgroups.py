@@ -78,6 +78,13 @@ def plan_subgroups(lengths, C: int, cm: CostModel, *, anchor_share: float = 1.0,
         a rank would get no token (of a pack of at least C tokens), or no anchor lands on a
         proper sub-group (2..C-1 ranks).
     """
+    return _plan_subgroups(lengths, C, cm, anchor_share, max_tokens_per_rank, min_chunk, strategy, two_way)
+
+
+def _plan_subgroups(lengths, C, cm, anchor_share, max_tokens_per_rank, min_chunk, strategy, two_way,
+                    bound: float = np.inf) -> ShardPlan | None:
+    """:func:`plan_subgroups`, or None too where the plan's slowest rank computes more than
+    ``bound`` (its block time, at least that, would be higher: it is not finished)."""
     layouts = _layouts(lengths, C, cm, anchor_share, max_tokens_per_rank, min_chunk, two_way)
     if layouts is None:
         return None
@@ -88,7 +95,7 @@ def plan_subgroups(lengths, C: int, cm: CostModel, *, anchor_share: float = 1.0,
         slowest = float(rank_compute(per_rank, cm).max())
         if best is None or (mode == "two_way" and slowest <= best[0] * (1 + TWO_WAY_TOLERANCE)):
             best = (slowest, per_rank)
-    return None if best is None else finish_plan(L, C, strategy, best[1], None, cm, "auto")
+    return None if best is None else finish_plan(L, C, strategy, best[1], None, cm, "auto", bound=bound)
 
 
 def _layouts(lengths, C, cm, anchor_share, max_tokens_per_rank, min_chunk, two_way):
@@ -389,27 +396,43 @@ def _place_tails(tails, unit, L, planned, chains, C: int, cap: float, shape=None
     owner = np.zeros(len(tails), dtype=np.int64)
     rows = unit[:, tails].T.tolist()
     sh = shape[:, tails].T.tolist() if shape is not None else [(0.0, 0.0)] * len(tails)
+    low = {b: min(toks[r] for r in members[b]) for b in bins}  # fewest tokens on a rank of each bin
     for i, (w, n, (x, y)) in enumerate(zip(rows, L[tails].tolist(), sh)):
         best, pick = np.inf, -1
-        for b in bins:
-            if min(toks[r] for r in members[b]) + n > cap:
-                continue
-            lb = bload[b]
-            v = max((lb[m] + w[m]) for m in range(M)) / width[b]
-            if v < best:
-                best, pick = v, b
+        if M == 3:  # the worst of three models, unrolled (the hot loop: tails x bins)
+            w0, w1, w2 = w
+            for b in bins:
+                if low[b] + n > cap:
+                    continue
+                lb = bload[b]
+                v = max(lb[0] + w0, lb[1] + w1, lb[2] + w2) / width[b]
+                if v < best:
+                    best, pick = v, b
+        else:
+            for b in bins:
+                if low[b] + n > cap:
+                    continue
+                lb = bload[b]
+                v = max((lb[m] + w[m]) for m in range(M)) / width[b]
+                if v < best:
+                    best, pick = v, b
         if pick < 0:
             return None
         room = [q for q in members[pick] if toks[q] + n <= cap]
         if shape is None:
             r = min(room, key=lambda q: (cost[q], q))
-        else:
-            r = min(room, key=lambda q: (max(tk[q] + x, pr[q] + y), q))
+        else:  # min(room, key=(max(tk + x, pr + y), rank)): room is in rank order
+            r, low_v = room[0], max(tk[room[0]] + x, pr[room[0]] + y)
+            for q in room[1:]:
+                v = max(tk[q] + x, pr[q] + y)
+                if v < low_v:
+                    r, low_v = q, v
             tk[r] += x
             pr[r] += y
         for m in range(M):
             bload[pick][m] += w[m]
         cost[r] += w[0]
         toks[r] += n
+        low[pick] = min(toks[q] for q in members[pick])
         owner[i] = r
     return owner
