@@ -45,7 +45,7 @@ import numpy as np
 
 from ..cost import CostModel
 from .plan import ShardPlan
-from .segments import causal_pairs, finish_plan, row_offsets, sort_segments
+from .segments import causal_pairs, finish_flat, row_offsets
 
 __all__ = ["ANCHOR_SHARES", "plan_subgroups"]
 
@@ -90,16 +90,17 @@ def _plan_subgroups(lengths, C, cm, anchor_share, max_tokens_per_rank, min_chunk
         return None
     L, found = layouts
     best = None
-    for mode, per_rank in found:
+    for mode, seg, rank in found:
         # the two re-splits exchange about the same K/V: compared on their slowest rank's compute
-        slowest = float(rank_compute(per_rank, cm).max())
+        slowest = float(np.bincount(rank, weights=cm.segment_cost(seg[:, 1], seg[:, 2]), minlength=C).max())
         if best is None or (mode == "two_way" and slowest <= best[0] * (1 + TWO_WAY_TOLERANCE)):
-            best = (slowest, per_rank)
-    return None if best is None else finish_plan(L, C, strategy, best[1], None, cm, "auto", bound=bound)
+            best = (slowest, seg, rank)
+    return None if best is None else finish_flat(L, C, strategy, best[1], best[2], None, cm, "auto", bound=bound)
 
 
 def _layouts(lengths, C, cm, anchor_share, max_tokens_per_rank, min_chunk, two_way):
-    """(lengths, [(re-split mode, per-rank segments)]) of the hierarchical plan, or None."""
+    """(lengths, [(re-split mode, (S, 3) segments rank by rank in row order, (S,) rank of each)]) of
+    the hierarchical plan, or None."""
     L = np.asarray(lengths, dtype=np.int64)
     cap = np.inf if max_tokens_per_rank is None else float(max_tokens_per_rank)
     if C < 2:
@@ -148,12 +149,16 @@ def _layouts(lengths, C, cm, anchor_share, max_tokens_per_rank, min_chunk, two_w
     out = []
     for mode in (("cost", "two_way") if two_way else ("cost",)):
         segs = _split_chains(chains, L, whole, pairs, base, C, min_chunk, mode, cm)
-        per_rank = [sort_segments(np.asarray(h + s, dtype=np.int64).reshape(-1, 3), offsets)
-                    for h, s in zip(held, segs)]
-        n_tok = np.array([int((p[:, 2] - p[:, 1]).sum()) for p in per_rank])
+        # every rank's segments, rank by rank in row order (as sort_segments per rank: row starts
+        # are distinct within a rank)
+        seg = np.array([x for h, sg in zip(held, segs) for x in h + sg], dtype=np.int64).reshape(-1, 3)
+        rank = np.repeat(np.arange(C), [len(h) + len(sg) for h, sg in zip(held, segs)])
+        o = np.lexsort((offsets[seg[:, 0]] + seg[:, 1], rank))
+        seg, rank = seg[o], rank[o]
+        n_tok = np.bincount(rank, weights=seg[:, 2] - seg[:, 1], minlength=C)
         if n_tok.max() > cap or (n_tok.min() == 0 and L.sum() >= C):
             continue  # every rank gets a token (transformers cannot run on none)
-        out.append((mode, per_rank))
+        out.append((mode, seg, rank))
     return L, out
 
 
@@ -393,32 +398,39 @@ def _place_tails(tails, unit, L, planned, chains, C: int, cap: float, shape=None
                 pr[r] += float(shape[1, d]) * f
     if max(toks) > cap:
         return None
-    owner = np.zeros(len(tails), dtype=np.int64)
+    owner = []
     rows = unit[:, tails].T.tolist()
     sh = shape[:, tails].T.tolist() if shape is not None else [(0.0, 0.0)] * len(tails)
+    capped = cap < np.inf
     low = {b: min(toks[r] for r in members[b]) for b in bins}  # fewest tokens on a rank of each bin
-    for i, (w, n, (x, y)) in enumerate(zip(rows, L[tails].tolist(), sh)):
+    line = [(b, bload[b], width[b]) for b in bins]
+    for w, n, (x, y) in zip(rows, L[tails].tolist(), sh):
         best, pick = np.inf, -1
-        if M == 3:  # the worst of three models, unrolled (the hot loop: tails x bins)
+        if M == 3:  # the worst of three models (max() inlined: the hot loop, tails x bins)
             w0, w1, w2 = w
-            for b in bins:
-                if low[b] + n > cap:
+            for b, lb, wd in line:
+                if capped and low[b] + n > cap:
                     continue
-                lb = bload[b]
-                v = max(lb[0] + w0, lb[1] + w1, lb[2] + w2) / width[b]
+                v = lb[0] + w0
+                u = lb[1] + w1
+                if u > v:
+                    v = u
+                u = lb[2] + w2
+                if u > v:
+                    v = u
+                v = v / wd
                 if v < best:
                     best, pick = v, b
         else:
-            for b in bins:
-                if low[b] + n > cap:
+            for b, lb, wd in line:
+                if capped and low[b] + n > cap:
                     continue
-                lb = bload[b]
-                v = max((lb[m] + w[m]) for m in range(M)) / width[b]
+                v = max((lb[m] + w[m]) for m in range(M)) / wd
                 if v < best:
                     best, pick = v, b
         if pick < 0:
             return None
-        room = [q for q in members[pick] if toks[q] + n <= cap]
+        room = [q for q in members[pick] if toks[q] + n <= cap] if capped else members[pick]
         if shape is None:
             r = min(room, key=lambda q: (cost[q], q))
         else:  # min(room, key=(max(tk + x, pr + y), rank)): room is in rank order
@@ -429,10 +441,12 @@ def _place_tails(tails, unit, L, planned, chains, C: int, cap: float, shape=None
                     r, low_v = q, v
             tk[r] += x
             pr[r] += y
+        lb = bload[pick]
         for m in range(M):
-            bload[pick][m] += w[m]
+            lb[m] += w[m]
         cost[r] += w[0]
         toks[r] += n
-        low[pick] = min(toks[q] for q in members[pick])
-        owner[i] = r
-    return owner
+        if capped:
+            low[pick] = min(toks[q] for q in members[pick])
+        owner.append(r)
+    return np.array(owner, dtype=np.int64)
