@@ -9,13 +9,24 @@ docs/TESTING.md lists the mutants and verdicts.
 
 from __future__ import annotations
 
+import os
+import re
+import sys
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from atac_hf.cost import CostModel
 from atac_hf.sharding import ShardPlan, plan_shards
-from atac_hf.sharding.exchange import a2a_rows, a2a_token_counts, needed_ranges
+from atac_hf.sharding.exchange import a2a_pair_counts, a2a_rows, a2a_token_counts, needed_ranges
 from atac_hf.sharding.plan import LocalLayout
-from atac_hf.sharding.segments import causal_pairs, head_tail_bounds
+from atac_hf.sharding.baselines import per_doc_block_time
+from atac_hf.sharding.segments import causal_pairs, finish_plan, head_tail_bounds, per_doc_segments
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_sharding import COSTS  # noqa: E402
 
 I64 = np.dtype(np.int64)
 
@@ -186,6 +197,7 @@ def test_kv_volumes_of_both_exchanges():
     recv, send = a2a_token_counts(a2a.segments, a2a.gathered_mask(), None)
     _eq(recv, [0, 2, 0])
     _eq(send, [2, 0, 0])
+    _eq(a2a_pair_counts(a2a.segments, a2a.gathered_mask(), None), [[0, 2, 0], [0, 0, 0], [0, 0, 0]])
     _eq(a2a.kv_recv_tokens, [0, 2, 0])
     _eq(ag.a2a_token_counts[0], [0, 2, 0])  # the same counts, whichever exchange the plan uses
     assert a2a.kv_bytes(2.0) == 2 * 2.0
@@ -241,3 +253,50 @@ def test_causal_pairs_and_head_tail_bounds_by_hand():
     # sizes 3, 3 | 2, 2. L = 7: 1 each, 3 left: rank 0 two extra (head and tail), rank 1 one
     # (head): sizes 2, 2 | 1, 2. Rank r holds chunks r and 3 - r.
     _eq(head_tail_bounds(np.array([10, 7]), 2), [[0, 3, 6, 8, 10], [0, 2, 4, 5, 7]])
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(1, 70), min_size=1, max_size=12), st.integers(1, 8), st.sampled_from(sorted(COSTS)))
+def test_per_doc_block_time_equals_the_per_doc_plan(lengths, cp, cost):
+    # the shortcut ATP uses must price exactly what finish_plan prices for per_doc's segments
+    # (head-tail in every document, the split ones gathered): 1-token documents, chunks that
+    # touch, remainders of every size mod 2C
+    cm = COSTS[cost]
+    plan = finish_plan(np.array(lengths), cp, "per_doc", per_doc_segments(np.array(lengths), cp), None, cm)
+    assert per_doc_block_time(np.array(lengths), cp, cm) == pytest.approx(plan.block_time_s, rel=1e-9, abs=0.0)
+
+
+def test_per_doc_block_time_on_fixed_cases():
+    # the same equality on fixed cases (every run): 1-token documents beside split ones, more
+    # ranks than a document's tokens, one rank
+    cm = CostModel(linear_s_per_token=1.0, attn_s_per_pair=1.0, tile=1, link_bandwidth=1e18)
+    for lengths, cp in (([8], 2), ([1, 1, 9], 3), ([7, 2, 1], 4), ([5], 1)):
+        plan = finish_plan(np.array(lengths), cp, "per_doc", per_doc_segments(np.array(lengths), cp), None, cm)
+        assert plan.block_time_s > 0
+        assert per_doc_block_time(np.array(lengths), cp, cm) == pytest.approx(plan.block_time_s, rel=1e-12)
+
+
+def test_check_doc_lengths_refusals_with_their_whole_messages():
+    from atac_hf.sharding.segments import check_doc_lengths
+
+    def refused(v, message):
+        with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+            check_doc_lengths(v)
+
+    refused([3, True], "doc_lengths[1] is the bool True, not a document length: doc_lengths must be integers (ints >= 1)")
+    refused([[1, 2], [3]], "doc_lengths must be a flat 1-D sequence of ints (got a ragged nested sequence)")
+    refused(np.array([True, False]), "doc_lengths is a bool array, not document lengths: doc_lengths must be integers "
+                                     "(ints >= 1)")
+    refused(np.array([1.5]), "doc_lengths must be integers (ints >= 1), got dtype float64")
+    # 2**62 as a float is not converted (the conversion stops below 2**62)
+    refused([2.0**62], "doc_lengths must be integers (ints >= 1), got dtype float64")
+    refused([2**61, 2**61], "the pack holds 4.61e+18 tokens, more than 2**62: the document lengths are not token counts")
+    _eq(check_doc_lengths([3.0, 4.0]), [3, 4])
+    _eq(check_doc_lengths(np.array([2, 5], dtype=np.int32)), [2, 5])
+
+
+def test_is_int_refuses_bools_and_floats():
+    from atac_hf.sharding.segments import is_int
+
+    assert [is_int(v) for v in (3, np.int32(3), np.int64(-1))] == [True, True, True]
+    assert [is_int(v) for v in (True, np.bool_(False), 1.5, 2.0, "3", None)] == [False] * 6
