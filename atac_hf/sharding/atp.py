@@ -76,6 +76,7 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
     # documents costlier than a rank's share must be split; start there.
     j0 = min(jmax, int(np.count_nonzero(whole[cand] > target)))
     anchor_len = np.concatenate([[0], np.cumsum(lengths[cand])])
+    anchor_comm = cm.comm_cost(anchor_len, C).tolist()  # the K/V exchange of j anchors, every j
     zeros_c = np.zeros(C)
 
     def attempt(j):
@@ -96,7 +97,7 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
                 return None
             bounds, added = filled
             load = load + added
-        comm = float(cm.comm_cost(int(anchor_len[j]), C))
+        comm = anchor_comm[j]
         return float(np.max(load - tail_attn + np.maximum(tail_attn, comm if j else 0.0))), owner, bounds, load
 
     def build(j, owner, bounds):
@@ -130,6 +131,10 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
     best = None
     stale = 0
     for j in range(j0, jmax + 1):
+        # every rank waits for the exchange (its load is at least its local attention): no plan of j or
+        # more anchors (whose exchange only grows) can beat best, so none is tried
+        if j and best is not None and anchor_comm[j] >= best[0] * (1 - 1e-9):
+            break
         got = attempt(j)
         if got is None:
             continue
@@ -391,9 +396,10 @@ def _split_by_share(cm: CostModel, lengths: np.ndarray, frac: np.ndarray, room: 
     sizes = np.concatenate([heads, (n - heads)[:, ::-1]], axis=1)
     bounds = np.zeros((len(lengths), 2 * C + 1), dtype=np.int64)
     np.cumsum(sizes, axis=1, out=bounds[:, 1:])
-    r = np.arange(C)
-    added = (cm.segment_cost(bounds[:, r], bounds[:, r + 1])
-             + cm.segment_cost(bounds[:, 2 * C - 1 - r], bounds[:, 2 * C - r])).sum(axis=0)
+    # rank r's head chunk [b_r, b_r+1) and tail chunk [b_2C-1-r, b_2C-r), costed in one call
+    hc = cm.segment_cost(np.stack([bounds[:, :C], bounds[:, 2 * C - 1:C - 1:-1]]),
+                         np.stack([bounds[:, 1:C + 1], bounds[:, 2 * C:C:-1]]))
+    added = (hc[0] + hc[1]).sum(axis=0)
     return bounds, n, added
 
 

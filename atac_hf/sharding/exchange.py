@@ -93,7 +93,11 @@ def a2a_pair_counts_flat(allseg: np.ndarray, rank_of: np.ndarray, C: int, gather
     if not len(allseg):
         return out
     if window is None:  # one prefix per (rank, document): vectorised
-        docs, col = np.unique(allseg[:, 0], return_inverse=True)
+        # a column per gathered document (each has tokens on some rank); the order does not matter
+        docs = np.flatnonzero(gathered)
+        lookup = np.zeros(len(gathered), dtype=np.int64)
+        lookup[docs] = np.arange(len(docs))
+        col = lookup[allseg[:, 0]]
         need = np.zeros((C, len(docs)), dtype=np.int64)
         np.maximum.at(need, (rank_of, col), allseg[:, 2])
         part = np.clip(np.minimum(allseg[None, :, 2], need[:, col]) - allseg[None, :, 1], 0, None)  # (C dst, S)

@@ -169,7 +169,8 @@ def finish_flat(lengths, C, strategy, allseg, rank_of, gathered_docs, cm: CostMo
         gathered[gathered_docs] = True
     gdocs = np.flatnonzero(gathered).astype(np.int64)
     comm = float(cm.comm_cost(int(lengths[gdocs].sum()), C)) if C > 1 else 0.0
-    segments = np.split(allseg, np.cumsum(np.bincount(rank_of, minlength=C))[:-1])
+    ends = np.cumsum(np.bincount(rank_of, minlength=C)).tolist()
+    segments = [allseg[a:b] for a, b in zip([0] + ends[:-1], ends)]
     cost, attn = cm.segment_and_attention_cost(allseg[:, 1], allseg[:, 2])
     local = ~gathered[allseg[:, 0]]
     local_attn = np.bincount(rank_of[local], weights=attn[local], minlength=C)
