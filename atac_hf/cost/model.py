@@ -259,12 +259,15 @@ class CostModel:
         if t == 1:
             pairs = n * s + n * (n + 1) // 2
         else:
-            nq = -(-n // t)  # query tiles
-            c = -(-s // t)
+            k = int(t).bit_length() - 1
+            if t == 1 << k:  # ceil(x / t) as a shift (the same integers, fewer and cheaper ops)
+                nq, c, last = (n + (t - 1)) >> k, (s + (t - 1)) >> k, (e + (t - 1)) >> k
+            else:
+                nq, c, last = -(-n // t), -(-s // t), -(-e // t)  # query tiles, ceil(s/t), ceil(e/t)
             # query tile k < nq-1 sees keys [0, s + (k+1) t): ceil(s/t) + k + 1 key tiles;
             # the last query tile sees ceil(e/t) key tiles.
             m = np.maximum(nq - 1, 0)
-            tiles = m * (c + 1) + m * (m - 1) // 2 + np.where(n > 0, -(-e // t), 0)
+            tiles = m * (c + 1) + ((m * (m - 1)) >> 1) + np.where(n > 0, last, 0)
             pairs = tiles * (t * t)
         pairs = pairs.astype(np.float64)
         if self.sliding_window is not None:

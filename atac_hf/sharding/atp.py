@@ -464,8 +464,8 @@ def _block_at(plan: ShardPlan, cm: CostModel) -> float:
     rank_of = np.repeat(np.arange(plan.cp_size), [len(x) for x in segs])
     local = ~plan.gathered_mask()[allseg[:, 0]]
     C = plan.cp_size
-    compute = np.bincount(rank_of, weights=cm.segment_cost(allseg[:, 1], allseg[:, 2]), minlength=C)
-    local_attn = np.bincount(rank_of[local], weights=cm.attention_cost(allseg[local, 1], allseg[local, 2]),
-                             minlength=C)
+    cost, attn = cm.segment_and_attention_cost(allseg[:, 1], allseg[:, 2])
+    compute = np.bincount(rank_of, weights=cost, minlength=C)
+    local_attn = np.bincount(rank_of[local], weights=attn[local], minlength=C)
     exposed = np.maximum(local_attn, plan.comm_s) if len(plan.gathered_docs) else local_attn
     return float(np.max(compute - local_attn + exposed))

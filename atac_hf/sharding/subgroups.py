@@ -279,7 +279,7 @@ def _split_chains(chains, L, whole, pairs, base, C, min_chunk, mode, cm):
             sizes = whole[docs]
             rooms = _level(base[0, a:b + 1], float(sizes.sum()))
             best = None
-            for _ in range(2):
+            for step in range(2):
                 split = _lay(members, sizes, rooms, a, L, min_chunk)
                 trial: list[list[tuple[int, int, int]]] = [[] for _ in range(b + 1 - a)]
                 for d, pieces in split:
@@ -290,6 +290,8 @@ def _split_chains(chains, L, whole, pairs, base, C, min_chunk, mode, cm):
                                                      minlength=len(trial))
                 if best is None or got.max() < best[0]:
                     best = (float(got.max()), trial)
+                if step == 1:
+                    break  # the rooms of a third lay are not needed
                 rooms = np.maximum(rooms - (got - got.mean()), 0.0)
                 if rooms.sum() <= 0:
                     break
@@ -446,7 +448,7 @@ def _place_tails(tails, unit, L, planned, chains, C: int, cap: float, shape=None
             lb[m] += w[m]
         cost[r] += w[0]
         toks[r] += n
-        if capped:
+        if capped and toks[r] - n == low[pick]:  # r held the fewest: the bin's fewest may have moved
             low[pick] = min(toks[q] for q in members[pick])
         owner.append(r)
     return np.array(owner, dtype=np.int64)
