@@ -180,7 +180,12 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
                    and (anchor_plan.block_time_s > float(anchor_plan.rank_compute_s.max()) * (1 + 1e-9)
                         or anchor_plan.imbalance > 1 + SUBGROUP_SKIP_LEVEL)):
         alt_blocks: dict = {}  # the incumbent's block time at each attention price, costed once
+        tried = []  # anchor sets built: a share with the same anchors builds the same candidate
         for share in ANCHOR_SHARES:
+            anchors = (whole > share * float(whole.sum()) / C) & (lengths >= 4 * min_chunk)  # as in subgroups
+            if any(np.array_equal(anchors, t) for t in tried):
+                continue
+            tried.append(anchors)
             # a candidate whose slowest rank computes more than the incumbent's block time loses: not finished
             sub = _plan_subgroups(lengths, C, cm, share, max_tokens_per_rank, min_chunk, "atp", True,
                                   np.inf if anchor_plan is None else anchor_plan.block_time_s)
