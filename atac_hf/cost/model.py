@@ -387,8 +387,10 @@ class CostModel:
         C = m.shape[0]
         if C <= 1 or not m.any():
             return 0.0
-        if self.node_size is None:
-            return float(self.a2a_comm_cost(max(m.sum(axis=0).max(), m.sum(axis=1).max()), C))
+        if self.node_size is None:  # a2a_comm_cost of the busiest rank, in Python floats (the same arithmetic)
+            kv = float(max(m.sum(axis=0).max(), m.sum(axis=1).max()))
+            return 2.0 * (self.link_latency_s * (C - 1) + kv * self.kv_bytes_per_token / self.link_bandwidth) \
+                if kv > 0 else 0.0
         node = np.arange(C) // int(self.node_size)
         same = node[:, None] == node[None, :]
         intra_bw = self.link_bandwidth if self.intra_node_bandwidth is None else self.intra_node_bandwidth

@@ -100,7 +100,7 @@ def a2a_pair_counts_flat(allseg: np.ndarray, rank_of: np.ndarray, C: int, gather
         col = lookup[allseg[:, 0]]
         need = np.zeros((C, len(docs)), dtype=np.int64)
         np.maximum.at(need, (rank_of, col), allseg[:, 2])
-        part = np.clip(np.minimum(allseg[None, :, 2], need[:, col]) - allseg[None, :, 1], 0, None)  # (C dst, S)
+        part = np.maximum(np.minimum(allseg[None, :, 2], need[:, col]) - allseg[None, :, 1], 0)  # (C dst, S)
     else:
         part = np.zeros((C, len(allseg)), dtype=np.int64)
         for r in range(C):
