@@ -1,7 +1,8 @@
 """The fast paths of the ATP planner give the plans of their slow references (issue 16's planner
 time work): planning is deterministic, ``finish_plan`` on one flat segment array equals costing
 rank by rank, the all-to-all counts equal a brute-force count, and a sub-group candidate cut off
-by a bound is one that could not have won. Small fixed packs; no timing."""
+by a bound is one that could not have won, and an all-to-all costed late gives the plan costed at
+once. Small fixed packs; no timing."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from atac_hf.cost import default_cost_model
 from atac_hf.sharding import plan_shards
-from atac_hf.sharding.segments import finish_plan, merge_adjacent
+from atac_hf.sharding.segments import finish_flat, finish_plan, merge_adjacent, resolve_exchange
 from atac_hf.sharding.subgroups import _plan_subgroups, plan_subgroups
 
 CM = default_cost_model()
@@ -125,3 +126,15 @@ def test_subgroup_bound_cuts_only_candidates_that_lose(C):
                 low = float(full.rank_compute_s.max()) * 0.99
                 assert _plan_subgroups(L, C, cm, share, None, 16, "atp", True, low) is None
     assert seen  # not vacuous: some pack has a sub-group candidate
+
+
+@pytest.mark.parametrize("i", range(len(CASES)))
+def test_deferred_exchange_resolves_to_the_direct_plan(i):
+    L, C, cm = CASES[i]
+    plan = plan_shards(L, C, "atp", cm, min_chunk=16)
+    allseg = np.concatenate(plan.segments)
+    rank_of = np.repeat(np.arange(C), [len(s) for s in plan.segments])
+    direct = finish_flat(L, C, "atp", allseg, rank_of, plan.gathered_docs, cm, "auto")
+    deferred = finish_flat(L, C, "atp", allseg, rank_of, plan.gathered_docs, cm, "auto", defer_a2a=True)
+    assert deferred.block_time_s == direct.block_time_s  # what a planner compares, before resolving
+    _same(resolve_exchange(deferred, cm), direct)

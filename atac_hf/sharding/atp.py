@@ -18,7 +18,7 @@ from ..cost import CostModel
 from .baselines import per_doc_block_time, plan_contiguous
 from .plan import ShardPlan
 from .subgroups import ANCHOR_SHARES, _plan_subgroups, _scaled
-from .segments import causal_pairs, finish_flat, finish_plan, per_doc_segments, row_offsets
+from .segments import causal_pairs, finish_flat, finish_plan, per_doc_segments, resolve_exchange, row_offsets
 
 __all__ = ["ROBUST_EXTRA_ANCHORS", "SUBGROUP_MARGIN", "SUBGROUP_SKIP_LEVEL", "TWO_WAY_TOLERANCE", "plan_atp"]
 
@@ -115,7 +115,8 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
             return seg[o], rank[o]
 
         seg, rank = _head_tail_flat(anchors, bounds, C) if j else (np.zeros((0, 3), np.int64), np.zeros(0, np.int64))
-        plan = finish_flat(lengths, C, "atp", *with_tails(seg, rank), np.sort(anchors), cm, "auto")
+        # the all-to-all is costed only for the plan ATP returns, where it cannot move the block time
+        plan = finish_flat(lengths, C, "atp", *with_tails(seg, rank), np.sort(anchors), cm, "auto", defer_a2a=True)
         # The same anchors and tails with every rank level in tokens and in attention pairs
         # separately: balanced whatever the true price ratio of the two (the cost model's is
         # off by 5-20% on CPU); taken unless the estimate says it costs over TWO_WAY_TOLERANCE.
@@ -123,7 +124,7 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
         if two_way is not None:
             rank = np.repeat(np.arange(C), [len(x) for x in two_way])
             robust = finish_flat(lengths, C, "atp", *with_tails(np.concatenate(two_way), rank), np.sort(anchors),
-                                 cm, "auto")
+                                 cm, "auto", defer_a2a=True)
             if robust.block_time_s <= plan.block_time_s * (1 + TWO_WAY_TOLERANCE):
                 return robust, True
         return plan, False
@@ -170,6 +171,8 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
         if even.rank_num_tokens().max() <= cap and (anchor_plan is None
                                                       or even.block_time_s < anchor_plan.block_time_s):
             anchor_plan = even
+    if anchor_plan is not None:
+        anchor_plan = resolve_exchange(anchor_plan, cm)  # the exchange of the flat plan kept (deferred in build)
     # Hierarchical placement: anchors over sub-groups of just enough ranks (only those move
     # their K/V; see atac_hf.sharding.subgroups), taken where it is estimated no slower than the
     # flat (or per_doc) plan, at the estimate's attention price and at 0.25x-4x of it. No plan's

@@ -15,7 +15,7 @@ import heapq
 import numpy as np
 
 from ..cost import CostModel
-from .exchange import a2a_pair_counts_flat
+from .exchange import a2a_pair_counts, a2a_pair_counts_flat
 from .plan import ShardPlan
 
 __all__ = ["causal_pairs", "check_doc_lengths", "fill_empty_ranks", "finish_plan", "head_tail_bounds", "head_tail_segments",
@@ -155,9 +155,12 @@ def finish_plan(lengths, C, strategy, segments, gathered_docs, cm: CostModel, ex
 
 
 def finish_flat(lengths, C, strategy, allseg, rank_of, gathered_docs, cm: CostModel,
-                exchange: str = "all_gather", *, bound: float | None = None) -> ShardPlan | None:
+                exchange: str = "all_gather", *, bound: float | None = None, defer_a2a: bool = False) -> ShardPlan | None:
     """:func:`finish_plan` of the segments ``allseg`` ((S, 3) int64, every rank's in turn) held by
-    ranks ``rank_of`` ((S,), non-decreasing): the same plan, without a list of per-rank arrays."""
+    ranks ``rank_of`` ((S,), non-decreasing): the same plan, without a list of per-rank arrays.
+    ``defer_a2a`` (with ``"auto"``): where the all-gather is hidden on every rank, the block time
+    is that of either exchange, and the all-to-all is not costed yet: the plan says all-gather
+    until :func:`resolve_exchange` decides (a planner's losing candidates never need it)."""
     # cost what the ranks will run: touching chunks of one document are one kernel call
     allseg, rank_of = _merge_flat(allseg, rank_of)
     gathered = np.zeros(len(lengths), dtype=bool)
@@ -181,14 +184,15 @@ def finish_flat(lengths, C, strategy, allseg, rank_of, gathered_docs, cm: CostMo
     kind = "all_gather"
     # "auto" takes the all-to-all where its exchange is estimated faster, hidden or not (it then
     # moves fewer bytes over links that other traffic shares)
-    if exchange != "all_gather" and C > 1 and len(gdocs):
+    deferred = defer_a2a and exchange == "auto" and C > 1 and len(gdocs) and bool(np.all(comm <= local_attn))
+    if exchange != "all_gather" and C > 1 and len(gdocs) and not deferred:
         a2a = cm.a2a_pair_cost(a2a_pair_counts_flat(allseg, rank_of, C, gathered, cm.sliding_window, segments))
         if exchange == "all_to_all" or a2a < comm:
             kind, comm = "all_to_all", a2a
     # while the gather runs, each rank computes attention of its local documents
     exposed = np.maximum(local_attn, comm) if len(gdocs) else local_attn
     block = float(np.max(compute - local_attn + exposed))
-    return ShardPlan(
+    plan = ShardPlan(
         doc_lengths=lengths,
         cp_size=C,
         strategy=strategy,
@@ -200,6 +204,24 @@ def finish_flat(lengths, C, strategy, allseg, rank_of, gathered_docs, cm: CostMo
         kv_exchange=kind,
         kv_window=cm.sliding_window if kind == "all_to_all" else None,
     )
+    if deferred:
+        plan._cache["a2a_deferred"] = True
+    return plan
+
+
+def resolve_exchange(plan: ShardPlan, cm: CostModel) -> ShardPlan:
+    """``plan`` with the exchange :func:`finish_flat` deferred (``defer_a2a``) decided: the
+    all-to-all where it is estimated faster than the all-gather (the block time is the same:
+    either is hidden). Plans not deferred come back unchanged."""
+    if not plan._cache.pop("a2a_deferred", False):
+        return plan
+    a2a = cm.a2a_pair_cost(a2a_pair_counts(list(plan.segments), plan.gathered_mask(), cm.sliding_window))
+    if not a2a < plan.comm_s:
+        return plan
+    return ShardPlan(doc_lengths=plan.doc_lengths, cp_size=plan.cp_size, strategy=plan.strategy,
+                     segments=plan.segments, gathered_docs=plan.gathered_docs, rank_compute_s=plan.rank_compute_s,
+                     comm_s=a2a, block_time_s=plan.block_time_s, kv_exchange="all_to_all",
+                     kv_window=cm.sliding_window)
 
 
 def fill_empty_ranks(plan: ShardPlan, cm: CostModel) -> ShardPlan:
