@@ -147,3 +147,18 @@ def test_load_state_dict_field_bounds():
              f"sampler state fingerprint 'abc' != {fp!r}: it was saved for different lengths or settings (config, "
              "cost_model, window_size, num_replicas, shuffle, even_batches); build the sampler exactly as when the "
              "state was saved")
+
+
+def test_num_batches_and_epoch_refusals_name_the_field():
+    state = _sampler().state_dict()
+    n = state["num_batches"]
+    _refused({**state, "num_batches": "x"},
+             "malformed WFAPBatchSampler state: 'num_batches' = 'x' is not an int (a truncated or edited checkpoint?)")
+    _refused({**state, "num_batches": -1},
+             "malformed WFAPBatchSampler state: 'num_batches' = -1 is outside [0, inf] (a truncated or edited checkpoint?)")
+    _refused({**state, "num_batches": 0},
+             f"malformed WFAPBatchSampler state: 'num_batches' = 0, but epoch 0 with seed 0 plans {n} batches "
+             "(a truncated or edited checkpoint?)")
+    with pytest.raises(ValueError, match="^" + re.escape("epoch=-1 is invalid: it must be an int in [0, 2**63) (set epoch)")
+                       + "$"):
+        _sampler().set_epoch(-1)

@@ -44,6 +44,7 @@ def test_seq_lengths_forms_give_int64_lengths():
     assert _lengths({**b1, "seq_lengths": torch.tensor([2, 5])}) == [2, 5]  # 1-D tensor, one row
     assert _lengths({**b1, "seq_lengths": [np.array([2, 5])]}) == [2, 5]
     assert _lengths({**b1, "seq_lengths": [2.0, 5.0]}) == [2, 5]
+    assert _lengths({**b1, "seq_lengths": [torch.tensor([[2, 5]])]}) == [2, 5]  # a row as a (1, k) tensor
     b2 = {"input_ids": _ids(2, 7)}
     assert _lengths({**b2, "seq_lengths": [[2, 5], [7]]}) == [2, 5, 7]
     assert _lengths({**b2, "seq_lengths": torch.tensor([[2, 5], [7, 0]])}) == [2, 5, 7]  # trailing padding
