@@ -14,8 +14,9 @@ import re
 import numpy as np
 import pytest
 
+from atac_hf.cost import CostModel
 from atac_hf.packing import PackingConfig
-from atac_hf.packing.data.sampler import WFAPBatchSampler
+from atac_hf.packing.data.sampler import WFAPBatchSampler, plan_packs
 
 CFG = PackingConfig(max_tokens=32, packs_per_window=2, strategy="bfd")
 LENGTHS = np.random.default_rng(7).integers(1, 32, size=40)
@@ -162,3 +163,19 @@ def test_num_batches_and_epoch_refusals_name_the_field():
     with pytest.raises(ValueError, match="^" + re.escape("epoch=-1 is invalid: it must be an int in [0, 2**63) (set epoch)")
                        + "$"):
         _sampler().set_epoch(-1)
+
+
+@pytest.mark.parametrize("kw", [
+    {"cost_model": CostModel(linear_s_per_token=0.0, attn_s_per_pair=1.0, tile=1)},
+    {"window_size": 3},
+    {"num_replicas": 3, "even_batches": False},
+])
+def test_the_epoch_is_planned_with_the_samplers_own_settings(kw):
+    # the sampler's epoch (no shuffle) is plan_packs over the data order with its settings,
+    # and those settings change the plan here (else the check would be vacuous)
+    cfg = PackingConfig(max_tokens=32, packs_per_window=3, strategy="wfap")
+    s = WFAPBatchSampler(LENGTHS, cfg, shuffle=False, **kw)
+    spans, offsets = plan_packs(LENGTHS, cfg, order=np.arange(LENGTHS.size), **kw)
+    want = [[tuple(x) for x in spans[offsets[b]:offsets[b + 1]].tolist()] for b in range(len(offsets) - 1)]
+    assert list(s) == want
+    assert want != list(WFAPBatchSampler(LENGTHS, cfg, shuffle=False))
