@@ -300,3 +300,18 @@ def test_is_int_refuses_bools_and_floats():
 
     assert [is_int(v) for v in (3, np.int32(3), np.int64(-1))] == [True, True, True]
     assert [is_int(v) for v in (True, np.bool_(False), 1.5, 2.0, "3", None)] == [False] * 6
+
+
+def test_fill_empty_ranks_moves_a_whole_segment_that_does_not_start_its_document():
+    # doc 0 (6 tokens) on 3 ranks: rank 0 [0, 2) + [4, 6), rank 1 [2, 4), rank 2 empty. The
+    # richest, rank 0 (4 tokens), gives the second half, 2 tokens: exactly its last segment
+    # [4, 6), moved whole (no empty remainder left behind)
+    from atac_hf.sharding.segments import fill_empty_ranks
+
+    p = ShardPlan(doc_lengths=np.array([6], dtype=np.int64), cp_size=3, strategy="per_doc",
+                  segments=(_seg((0, 0, 2), (0, 4, 6)), _seg((0, 2, 4)), _seg()),
+                  gathered_docs=np.array([0], dtype=np.int64), rank_compute_s=np.zeros(3))
+    q = fill_empty_ranks(p, CostModel(linear_s_per_token=1.0, attn_s_per_pair=1.0, tile=1))
+    assert [s.tolist() for s in q.segments] == [[[0, 0, 2]], [[0, 2, 4]], [[0, 4, 6]]]
+    assert q.gathered_docs.tolist() == [0] and q.strategy == "per_doc"
+    q.validate()
