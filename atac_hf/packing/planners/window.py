@@ -169,9 +169,10 @@ def fill_empty_packs(packs: list[list[Item]], carry: list[Item], ctx: WindowCont
 
 
 def place_overdue(packs: list[list[Item]], carry: list[Item], ctx: WindowContext) -> tuple[list[Item], list[tuple[int, int]]]:
-    """Place overdue items that the strategy left over: whole into the cheapest pack with room,
-    else (``split_overdue``) over the ends of the packs with the most room, in fragments
-    >= ``min_fragment``. Returns the new carry and ``(sample_id, tokens)`` of every item that
+    """Place overdue items that the strategy left over: whole into the cheapest pack with room;
+    else a whole sample (it fits the cap) displaces items that are not overdue to the next
+    window (:func:`_make_room`), so it is not cut; else (``split_overdue``) over the ends of
+    the packs with the most room, in fragments >= ``min_fragment``. Returns the new carry and ``(sample_id, tokens)`` of every item that
     was whole before and is split now."""
     if not carry or not any(ctx.is_overdue(it) for it in carry):
         return carry, []
@@ -193,6 +194,17 @@ def place_overdue(packs: list[list[Item]], carry: list[Item], ctx: WindowContext
             room[j] -= L
             cost[j] += float(costs_of([it], ctx.cost_model)[0])
             continue
+        if it[FRAG] == 0:  # a whole sample that fits the cap stays whole: make room for it
+            made = _make_room(packs, room, cost, L, ctx)
+            if made is not None:
+                j, evicted = made
+                for x in evicted:
+                    packs[j].remove(x)
+                    out.append(x)
+                packs[j].append(it)
+                room[j] = C - sum(span_len(x) for x in packs[j])
+                cost[j] = float(costs_of(packs[j], ctx.cost_model).sum())
+                continue
         if not cfg.split_overdue or L < 2 * m:
             out.append(it)
             continue
@@ -224,6 +236,27 @@ def place_overdue(packs: list[list[Item]], carry: list[Item], ctx: WindowContext
         if it[FRAG] == 0:
             newly.append((sid, L))
     return out, newly
+
+
+def _make_room(packs: list[list[Item]], room: list[int], cost: list[float], length: int,
+               ctx: WindowContext) -> tuple[int, list[Item]] | None:
+    """The pack and the items to carry to the next window so that ``length`` tokens fit whole:
+    only items that are not overdue leave (largest first, so few do), in the pack where the
+    fewest tokens leave (then the cheapest, then the first). ``None``: no pack can make room.
+    The carried items are younger than ``max_defer``, so the deferral bound still holds."""
+    best = None
+    for j, p in enumerate(packs):
+        need = length - room[j]
+        movable = sorted((x for x in p if not ctx.is_overdue(x)), key=lambda x: (-span_len(x), x[SEQ]))
+        taken, freed = [], 0
+        for x in movable:
+            if freed >= need:
+                break
+            taken.append(x)
+            freed += span_len(x)
+        if freed >= need and (best is None or (freed, cost[j], j) < best[0]):
+            best = ((freed, cost[j], j), j, taken)
+    return None if best is None else (best[1], best[2])
 
 
 def costs_of(items: list[Item], cost_model: CostModel) -> np.ndarray:
