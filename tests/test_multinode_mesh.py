@@ -75,7 +75,7 @@ def test_placement_rules_warn_about_groups_that_cross_nodes():
     msgs = placement_warnings({"dp_shard": 2, "cp": 3, "tp": 3}, 8)
     assert any("tp_size=3 does not divide the 8 processes per node" in m for m in msgs)
     (msg,) = placement_warnings({"dp_shard": 4, "cp": 4}, 8, fsdp=True)
-    assert "FSDP shards parameters over dp_shard x cp = 16 ranks, more than one node" in msg and "HSDP" in msg
+    assert "FSDP shards parameters over dp_shard x cp x tp = 16 ranks, more than one node" in msg and "HSDP" in msg
     assert placement_warnings({"dp_shard": 4, "cp": 4}, 16, fsdp=True) == []  # one node: nothing crosses
     with pytest.raises(ValueError, match=r"procs_per_node must be >= 1, got 0"):
         placement_warnings({"cp": 2}, 0)

@@ -178,8 +178,13 @@ def test_trainer_refuses_resumable_checkpoints_under_tp(tmp_path):
     ds = datasets.Dataset.from_dict({"input_ids": [list(range(1, 9))] * 4})
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], save_strategy="steps",
                              parallelism_config=ParallelismConfig(tp_size=2, cp_size=1))
+    model = _llama()
+    attn, pc = model.config._attn_implementation, args.parallelism_config
     with pytest.raises(ValueError, match=r"tp_size=2 with save_strategy='steps': .*save_only_model=True"):
-        ATACTrainer(model=_llama(), args=args, train_dataset=ds, atac_config=ATACConfig(max_tokens=16))
+        ATACTrainer(model=model, args=args, train_dataset=ds, atac_config=ATACConfig(max_tokens=16))
+    # a refused operation changes nothing: the model keeps its attention, args their config
+    assert model.config._attn_implementation == attn != "atac_cp"
+    assert args.parallelism_config is pc
 
 
 def test_model_sharded_at_load_time_by_transformers_is_refused_unchanged():

@@ -107,7 +107,7 @@ def placement_warnings(pc: Any, procs_per_node: int, *, fsdp: bool = False) -> l
                    "nodes and exchange K/V over the inter-node network every layer; keep cp_size x tp_size a "
                    "divisor of the GPUs per node and put DP across nodes")
     if fsdp and sizes["dp_replicate"] == 1 and sizes["dp_shard"] * cp * tp > g:
-        out.append(f"FSDP shards parameters over dp_shard x cp = {sizes['dp_shard'] * cp} ranks, more than one node "
+        out.append(f"FSDP shards parameters over dp_shard x cp x tp = {sizes['dp_shard'] * cp * tp} ranks, more than one node "
                    f"({g} processes): its per-layer all-gathers cross nodes; use HSDP "
                    "(parallelism_config_dp_replicate_size = nodes, dp_shard x cp x tp = GPUs per node)")
     return out

@@ -24,7 +24,7 @@ What runs where:
 * Two fixes around transformers' ``apply_tensor_parallelism`` (see ``_hf_compat`` 5): tied
   weights are re-pointed at one shard, and the per-head norms' gradients
   (``replicated_with_grad_allreduce``) are summed over TP once per optimizer step, in
-  :func:`sync_tp_gradients`, not after every micro-batch.
+  :func:`sync_tp_gradients`, not after every micro-batch (it must run exactly once per step).
 * :func:`full_state_dict` gathers the shards for saving (every rank; tied weights once).
 
 Supported: plain TP x CP x DP (no FSDP). Refused: FSDP2 with ``tp_size > 1``, PEFT under TP, a
@@ -156,13 +156,13 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: Any) -> torch.nn.Modu
             )
         return model
     plan = check_tp_model(model, tp)
+    aliases = _tied_aliases(base, plan)  # may refuse: before anything changes the model
     if dist.is_initialized() and dist.get_world_size() > 1:
         with torch.no_grad():
             for t in list(base.parameters()) + list(base.buffers()):
                 dist.broadcast(t.data, src=0)
     from transformers.distributed.tensor_parallel import apply_tensor_parallelism
 
-    aliases = _tied_aliases(base, plan)
     # "replicated_with_grad_allreduce" (Qwen3's per-head q_norm/k_norm: each TP rank's gradient
     # covers its own heads) all-reduces .grad in a post-accumulate hook, i.e. after every
     # micro-batch: under gradient accumulation the earlier micro-batches are summed again
@@ -245,8 +245,9 @@ def sync_tp_gradients(model: torch.nn.Module, group: Any) -> None:
     2. Average every gradient over ``group`` (the ranks that hold the same TP shard:
        ``mesh["dp_cp"]``); DTensor gradients on their local shards.
 
-    Bucketed by dtype and device (one all_reduce each). Linear in the gradients, so it may run
-    after every micro-batch too (only more traffic).
+    Bucketed by dtype and device (one all_reduce each). Run it exactly once per optimizer step,
+    on the accumulated gradients: step 2 (a mean) could run after every micro-batch, but step 1
+    (a sum over TP, in place) would then count the earlier micro-batches again.
     """
     from torch.distributed.tensor import DTensor
 

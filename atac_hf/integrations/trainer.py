@@ -161,7 +161,6 @@ class ATACTrainer(Trainer):
         if model is None:
             raise ValueError("ATACTrainer needs model= (model_init is not supported: the model is switched to the "
                              "atac_cp attention before training)")
-        prepare_model(model, config)
         if train_dataset is not None:
             check_dataset_columns(train_dataset, name="train_dataset", streaming=True)
         evals = eval_dataset if isinstance(eval_dataset, dict) else {"": eval_dataset}
@@ -176,25 +175,27 @@ class ATACTrainer(Trainer):
         _check_args(args, config)
         config.check_runtime(args.device.type)
         fsdp = bool(args.fsdp) or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
+        # every refusal comes before the model and args change (a refused operation changes nothing)
         if args.parallelism_config is None:
-            args.parallelism_config = build_parallelism_config(config, args.world_size, fsdp=fsdp)
+            pc = build_parallelism_config(config, args.world_size, fsdp=fsdp)
         else:
             pc = as_atac_parallelism_config(args.parallelism_config)
             if pc.cp_size != config.cp_size:
                 raise ValueError(f"args.parallelism_config.cp_size={pc.cp_size} disagrees with "
                                  f"atac_config.cp_size={config.cp_size}")
-            args.parallelism_config = pc
-        check_tp_layout(args.parallelism_config, fsdp=fsdp)
-        tp = int(args.parallelism_config.tp_size)
+        check_tp_layout(pc, fsdp=fsdp)
+        tp = int(pc.tp_size)
         if tp > 1 and args.save_strategy != SaveStrategy.NO and not args.save_only_model:
             raise ValueError(f"tp_size={tp} with save_strategy={args.save_strategy.value!r}: Trainer writes the "
                              "optimizer state of rank 0's TP shards only, so such a checkpoint cannot be resumed; "
                              "pass save_only_model=True (the weights, gathered from the shards) or save_strategy='no'")
-        warn_placement(args.parallelism_config, fsdp=fsdp)
         if data_collator is not None and type(data_collator) is not PackedDataCollator:
             probe = next((d for d in [train_dataset, *evals.values()] if d is not None), None)
             if probe is not None and hasattr(probe, "__getitem__") and hasattr(probe, "__len__"):
                 check_collator(data_collator, probe, max_tokens=config.max_tokens)
+        args.parallelism_config = pc
+        warn_placement(pc, fsdp=fsdp)
+        prepare_model(model, config)
         super().__init__(model=model, args=args, data_collator=data_collator or PackedDataCollator(),
                          train_dataset=train_dataset, eval_dataset=eval_dataset, **kwargs)
         bypass_torch_cp_hooks(self.accelerator)
