@@ -142,16 +142,17 @@ def local_search(pc: list[list[float]], pt: list[int], tail_of: list[list[int]],
         if best is None:
             return
         kind, i, u = best
-        tail_of[p].remove(i)
-        tail_of[q].append(i)
-        pc[p] = [a - b for a, b in zip(pc[p], c[i])]
-        pc[q] = [a + b for a, b in zip(pc[q], c[i])]
-        pt[p] -= L[i]
-        pt[q] += L[i]
+        _move_tail(i, p, q, tail_of, pc, pt, L, c)
         if kind == "swap":
-            tail_of[q].remove(u)
-            tail_of[p].append(u)
-            pc[q] = [a - b for a, b in zip(pc[q], c[u])]
-            pc[p] = [a + b for a, b in zip(pc[p], c[u])]
-            pt[q] -= L[u]
-            pt[p] += L[u]
+            _move_tail(u, q, p, tail_of, pc, pt, L, c)
+
+
+def _move_tail(i: int, src: int, dst: int, tail_of: list[list[int]], pc: list, pt: list[int], L: list[int],
+               c: list) -> None:
+    """Move tail ``i`` from pack ``src`` to pack ``dst``, keeping their costs and token counts."""
+    tail_of[src].remove(i)
+    tail_of[dst].append(i)
+    pc[src] = [a - b for a, b in zip(pc[src], c[i])]
+    pc[dst] = [a + b for a, b in zip(pc[dst], c[i])]
+    pt[src] -= L[i]
+    pt[dst] += L[i]
