@@ -37,14 +37,26 @@ Each says why and when it can go. Checked against accelerate 1.15 and transforme
    Trainer's ``_save`` returns early on non-writer ranks unless
    ``is_distributed_loading_by_transformers``; ``ATACTrainer._save`` sets it for the call so
    every rank joins the gather of the shards.
+6. :func:`release_groups_after_shutdown` - ``destroy_process_group`` (``end_training()``) does not
+   stop a gloo backend's worker threads while something still references its group, and
+   Accelerate's shared state keeps the device mesh (so the groups) until interpreter
+   finalization, as do the trainer's and sharder's ``cp_group``. Tearing the threads down there
+   can abort a process whose work is done (``terminate called without an active exception``,
+   SIGABRT, seen on 2-core CI). Registered with ``atexit`` by :func:`track_group_holder`; once the
+   process group is destroyed it sets the state's ``device_mesh`` and ``parallelism_config`` and
+   the add-on's group attributes to None. Can go when Accelerate drops the mesh in
+   ``destroy_process_group`` and gloo's shutdown joins its threads.
 """
 
 from __future__ import annotations
 
+import atexit
+import gc
 import types
+import weakref
 from typing import Any
 
-__all__ = ["bypass_torch_cp_hooks", "validate_parallelism_on_cpu"]
+__all__ = ["bypass_torch_cp_hooks", "release_groups_after_shutdown", "track_group_holder", "validate_parallelism_on_cpu"]
 
 
 def validate_parallelism_on_cpu(config: Any, accelerator: Any) -> None:
@@ -73,3 +85,53 @@ def bypass_torch_cp_hooks(accelerator: Any) -> None:
     """
     if not isinstance(accelerator.__dict__.get("_prepare_cp"), types.MethodType):
         accelerator._prepare_cp = types.MethodType(_prepare_cp_passthrough, accelerator)
+
+
+def release_groups_after_shutdown() -> bool:
+    """Drop the references that keep destroyed process groups alive (item 6).
+
+    Accelerate's shared state (its ``device_mesh`` and ``parallelism_config``; the process
+    index, device etc. stay) and the group attributes of the add-on's objects that
+    :func:`track_group_holder` registered. The groups' backends are then freed now, while the
+    interpreter is fully alive. Does nothing while the default process group is still
+    initialized (tearing it down here could hang a rank whose partners failed). Safe to call
+    more than once.
+
+    Returns:
+        True when a reference was dropped.
+    """
+    import torch.distributed as dist
+    from accelerate.state import AcceleratorState, PartialState
+
+    if dist.is_available() and dist.is_initialized():
+        return False
+    released = False
+    for state in (AcceleratorState, PartialState):
+        for key in ("device_mesh", "parallelism_config"):
+            if state._shared_state.get(key) is not None:
+                state._shared_state[key] = None
+                released = True
+    for holder in list(_GROUP_HOLDERS.values()):
+        for attr in _GROUP_ATTRS:
+            if getattr(holder, attr, None) is not None:
+                setattr(holder, attr, None)
+                released = True
+    if released:
+        gc.collect()
+    return released
+
+
+_GROUP_ATTRS = ("cp_group", "tp_group", "_atac_tp_group", "device_mesh")
+_GROUP_HOLDERS: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()  # by id: dataclasses do not hash
+_REGISTERED = False
+
+
+def track_group_holder(holder: Any) -> None:
+    """Let :func:`release_groups_after_shutdown` (run at exit) drop ``holder``'s process-group
+    attributes (``cp_group``, ``tp_group``, ``_atac_tp_group``, ``device_mesh``) once the process
+    group is destroyed."""
+    global _REGISTERED
+    _GROUP_HOLDERS[id(holder)] = holder
+    if not _REGISTERED:
+        atexit.register(release_groups_after_shutdown)
+        _REGISTERED = True

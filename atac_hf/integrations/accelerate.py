@@ -43,7 +43,7 @@ from accelerate import Accelerator, PartialState
 from accelerate.parallelism_config import ParallelismConfig
 from accelerate.utils import DistributedType, InitProcessGroupKwargs
 
-from ._hf_compat import bypass_torch_cp_hooks, validate_parallelism_on_cpu
+from ._hf_compat import bypass_torch_cp_hooks, track_group_holder, validate_parallelism_on_cpu
 from .config import ATACConfig
 from .layout import warn_placement
 from .sharder import BatchSharder, count_targets, model_kv_bytes_per_token, prepare_model, unwrap_base_model
@@ -67,6 +67,10 @@ class ATACParallelismConfig(ParallelismConfig):
     (``total_size == num_processes``) and skips the device-type check; elsewhere it defers
     to Accelerate unchanged.
     """
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        track_group_holder(self)  # its device_mesh outlives end_training: _hf_compat (6)
 
     def _validate_accelerator(self, accelerator: Accelerator) -> None:
         if accelerator.distributed_type != DistributedType.MULTI_CPU:
@@ -251,6 +255,7 @@ class ATACAccelerator(Accelerator):
         config.check_runtime(self.device.type)
         self.atac_config = config
         self.cp_rank, self.cp_group = cp_coordinates(self, config.cp_size, timeout_s=config.collective_timeout_s)
+        track_group_holder(self)  # Accelerate's state and cp_group outlive end_training: _hf_compat (6)
         self.tp_size = int(parallelism_config.tp_size)
         self.dp_size = self.num_processes // (config.cp_size * self.tp_size)
         self.sharder: BatchSharder | None = None

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ._hf_compat import track_group_holder
 from .config import ATACConfig
 
 __all__ = [
@@ -209,6 +210,8 @@ class BatchSharder:
         self.min_chunk = config.resolved_min_chunk(device_type)
         self.strategy = strategy or config.sharding_strategy
         self.tp_group = tp_group
+        if cp_group is not None or tp_group is not None:
+            track_group_holder(self)  # let the groups go before interpreter exit: _hf_compat (6)
         self.history: list[ShardStats] = []
         self.last_plan = None
         self.last_stats: ShardStats | None = None

@@ -39,6 +39,8 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 
+from ._hf_compat import track_group_holder
+
 __all__ = ["apply_tensor_parallel", "check_not_presharded", "check_tp_model", "dp_cp_group", "full_state_dict",
            "remap_optimizer_params", "sync_tp_gradients"]
 
@@ -178,6 +180,7 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: Any) -> torch.nn.Modu
     base.config.distributed_config = DistributedConfig(tp_size=tp)
     base._atac_tp_partial_grads = tuple(partial)
     base._atac_tp_group = tp_mesh.get_group()
+    track_group_holder(base)  # let the group go before interpreter exit: _hf_compat (6)
     return model
 
 

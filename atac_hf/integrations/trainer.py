@@ -47,6 +47,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, get_
 from transformers.utils import logging as hf_logging
 
 from .accelerate import as_atac_parallelism_config, build_parallelism_config, bypass_torch_cp_hooks, check_tp_layout
+from ._hf_compat import track_group_holder
 from .accelerate import cp_coordinates
 from .config import ATACConfig
 from .data import build_packed_dataloader, build_streaming_dataloader, check_collator, check_dataset_columns
@@ -208,6 +209,7 @@ class ATACTrainer(Trainer):
         self.atac_config = config
         self.cp_rank, self.cp_group = cp_coordinates(self.accelerator, config.cp_size,
                                                      timeout_s=config.collective_timeout_s)
+        track_group_holder(self)  # Accelerate's state and cp_group outlive end_training: _hf_compat (6)
         self.atac_tp_size = int(args.parallelism_config.tp_size)
         self.atac_tp_rank = 0
         if self.atac_tp_size > 1:  # the model's own tp_plan on the mesh's "tp" axis (after the checks above)
