@@ -198,3 +198,49 @@ def test_model_sharded_at_load_time_by_transformers_is_refused_unchanged():
                                          r"\(tp_size=2, .*load it without tp_plan"):
         prepare_model(model, ATACConfig())
     assert model.config._attn_implementation == before
+
+
+def test_model_already_sharded_on_other_ranks_is_refused_unchanged(tmp_path):
+    """apply_tensor_parallel on a model whose DTensor parameters live on another TP group's ranks
+    (a one-process world here; the mesh it is asked to use claims rank 1)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    from atac_hf.integrations.tensor_parallel import apply_tensor_parallel
+
+    class _OtherRanks:  # the part of a DeviceMesh apply_tensor_parallel reads
+        mesh = torch.tensor([1])
+
+        def size(self):
+            return 1
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        model = _llama()
+        mesh = DeviceMesh("cpu", [0])
+        q = model.model.layers[0].self_attn.q_proj
+        q.weight = torch.nn.Parameter(distribute_tensor(q.weight.detach(), mesh, [Replicate()]))
+        before = {n: p for n, p in model.named_parameters()}
+        with pytest.raises(ValueError, match=r"LlamaForCausalLM is already sharded \(DTensor parameters on ranks "
+                                             r"\(0,\)\), not on this rank's TP group \[1\] \(tp_size=1\): build or "
+                                             r"load the model without tp_plan"):
+            apply_tensor_parallel(model, _OtherRanks())
+        assert all(p is before[n] for n, p in model.named_parameters())
+        assert apply_tensor_parallel(model, mesh) is model  # the same ranks: left alone (idempotent)
+        assert all(p is before[n] for n, p in model.named_parameters())
+    finally:
+        dist.destroy_process_group()
+
+
+def test_tp_backward_before_prepare_is_refused_before_any_gradient():
+    """ATACAccelerator.backward with tp_size > 1 and no prepared model refuses before the backward pass."""
+    from atac_hf.integrations.accelerate import ATACAccelerator
+
+    acc = object.__new__(ATACAccelerator)  # the refusal needs only these two attributes
+    acc.tp_size, acc._models = 2, []
+    w = torch.nn.Parameter(torch.ones(3))
+    with pytest.raises(RuntimeError, match=r"accelerator.backward with tp_size > 1 needs the model prepared first: "
+                                           r"call accelerator.prepare\(model, optimizer\)"):
+        acc.backward((w * 2).sum())
+    assert w.grad is None

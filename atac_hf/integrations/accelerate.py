@@ -299,11 +299,11 @@ class ATACAccelerator(Accelerator):
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``Accelerator.backward``; with ``tp_size > 1``, at a gradient-sync step the gradients are then
         averaged over dp x cp (Accelerate does not wrap a TP model in DDP)."""
+        if self.tp_size > 1 and not self._models:  # refused before any gradient is accumulated
+            raise RuntimeError("accelerator.backward with tp_size > 1 needs the model prepared first: call "
+                               "accelerator.prepare(model, optimizer)")
         super().backward(loss, **kwargs)
         if self.tp_size > 1 and self.sync_gradients:
-            if not self._models:
-                raise RuntimeError("accelerator.backward with tp_size > 1 needs the model prepared first: call "
-                                   "accelerator.prepare(model, optimizer)")
             group = dp_cp_group(self.torch_device_mesh)
             for model in self._models:
                 sync_tp_gradients(model, group)
