@@ -8,6 +8,7 @@ from the tests directory: ``sys.path`` of the parent is passed to spawned childr
 from __future__ import annotations
 
 import copy
+import json
 import os
 import tempfile
 import time
@@ -23,6 +24,19 @@ VOCAB = 128
 
 
 # ---------------------------------------------------------------------------- processes
+def error_text(e: BaseException) -> str:
+    """A worker's exception as its parent test reports it: type, message and the traceback's tail."""
+    return f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}"
+
+
+def report_and_exit(path: str, res: dict) -> None:
+    """Write a worker's results to ``path`` (JSON) and end the process at once: ``os._exit`` skips
+    the interpreter's teardown, where a gloo group can abort a process whose work is done."""
+    with open(path, "w") as f:
+        json.dump(res, f)
+    os._exit(0)
+
+
 def _entry(rank: int, fn, world: int, init_file: str, args: tuple) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)

@@ -22,6 +22,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
+import _dist  # noqa: E402
 import _integration_worker as iw  # noqa: E402
 
 torch.set_num_threads(1)
@@ -79,7 +80,6 @@ LR = 0.5
 
 def tiny_model(name: str) -> torch.nn.Module:
     """A GQA Qwen3 (4 / 2 heads, head_dim 16, untied) or a Llama with tied embeddings, fp32, seed 0."""
-    import _dist
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     from atac_hf.integrations.demo import tiny_llama_config
@@ -96,7 +96,6 @@ def tiny_model(name: str) -> torch.nn.Module:
 
 def pack_batch(packs: list, step: int, index: int) -> dict:
     """Pack ``index`` of step ``step`` (``packs[step][index]``: its document lengths) as a packed batch."""
-    import _dist
 
     return _dist.make_batch([packs[step][index]], seed=100 * step + index)
 
@@ -236,19 +235,14 @@ def accelerate_entry(rank: int, world: int, port: int, out_dir: str, spec: dict)
 
         dist.destroy_process_group()
     except BaseException as e:  # noqa: BLE001 - reported to the parent test
-        import traceback
-
-        res["setup_error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}"
-    with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
-        json.dump(res, f)
-    os._exit(0)
+        res["setup_error"] = _dist.error_text(e)
+    _dist.report_and_exit(os.path.join(out_dir, f"{rank}.json"), res)
 
 
 def spawn_accelerate(world: int, spec: dict, *, timeout_s: float = 400) -> list[dict]:
     """Run :func:`accelerate_entry` on ``world`` gloo processes; every rank's results (failures re-raised)."""
     import tempfile
 
-    import _dist
     import torch.multiprocessing as mp
     from _launch import free_port
 

@@ -134,12 +134,8 @@ def _entry(rank: int, world: int, port: int, out_dir: str) -> None:
 
         dist.destroy_process_group()
     except BaseException as e:  # noqa: BLE001 - reported to the parent test
-        import traceback
-
-        res["setup_error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}"
-    with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
-        json.dump(res, f)
-    os._exit(0)
+        res["setup_error"] = _dist.error_text(e)
+    _dist.report_and_exit(os.path.join(out_dir, f"{rank}.json"), res)
 
 
 def _names(key: str) -> str:

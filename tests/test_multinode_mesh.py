@@ -24,6 +24,8 @@ from atac_hf.integrations.accelerate import build_parallelism_config
 from atac_hf.integrations.layout import mesh_groups, placement_warnings, warn_placement
 
 sys.path.insert(0, os.path.dirname(__file__))
+import _dist  # noqa: E402
+
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
@@ -141,12 +143,8 @@ def _entry(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.barrier()
         dist.destroy_process_group()
     except BaseException as e:  # noqa: BLE001 - reported to the parent test
-        import traceback
-
-        res["setup_error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}"
-    with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
-        json.dump(res, f)
-    os._exit(0)
+        res["setup_error"] = _dist.error_text(e)
+    _dist.report_and_exit(os.path.join(out_dir, f"{rank}.json"), res)
 
 
 @pytest.mark.slow

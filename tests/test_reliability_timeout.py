@@ -77,10 +77,8 @@ def _entry(rank: int, world: int, port: int, out_dir: str) -> None:
         if faulty:
             time.sleep(CP_TIMEOUT_S + 2)  # stay alive: the partner must time out, not see a closed socket
     except BaseException as e:  # noqa: BLE001 - reported to the parent test
-        res["setup_error"] = f"{type(e).__name__}: {e}"
-    with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
-        json.dump(res, f)
-    os._exit(0)
+        res["setup_error"] = _dist.error_text(e)
+    _dist.report_and_exit(os.path.join(out_dir, f"{rank}.json"), res)
 
 
 def test_collective_timeout_reaches_the_cp_group_and_a_faulty_rank_fails_fast():
