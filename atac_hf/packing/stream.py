@@ -22,6 +22,7 @@ from .config import PackingConfig
 from .validate import check_lengths, check_overlength, check_packer_pool, check_window, state_int
 from .metrics import MetricsAccumulator, pack_costs
 from .planners.wfap import HELD_LIMIT, heavy_lengths, plan_wfap, wfap_held
+from .planners.wfap_end import rest_fits_window
 
 __all__ = ["StreamPacker", "PackResult", "pack_lengths", "PLANNERS"]
 
@@ -170,6 +171,12 @@ class StreamPacker:
         weight[over] = pieces[over] * int(self.config.max_tokens)
         k = int(np.searchsorted(np.cumsum(weight), wanted, side="left")) + 1
         return min(k, int(lens.size))
+
+    def rest_fits_window(self, lengths: Sequence[int]) -> bool:
+        """One-window lookahead: whether the rest of the stream after the window being fed
+        (``lengths``, all of it) should join that window, fed with ``last=True``
+        (:func:`~atac_hf.packing.planners.wfap_end.rest_fits_window`)."""
+        return rest_fits_window(self.config, lengths if _is_checked(lengths) else check_lengths(lengths, "lengths"))
 
     @property
     def metrics(self) -> dict[str, Any]:
@@ -431,7 +438,9 @@ class PackResult:
 def pack_lengths(lengths: Sequence[int], config: PackingConfig, cost_model: CostModel | None = None, *,
                  window: int | None = None) -> PackResult:
     """Pack a whole array of sample lengths window by window (a :class:`StreamPacker`
-    fed in data order, then flushed).
+    fed in data order, the last window with ``last=True``, then flushed). With token-sized
+    windows (``window=None``), a rest of the stream smaller than one window joins the
+    window before it (:meth:`StreamPacker.rest_fits_window`).
 
     Args:
         lengths: token count of every sample (ints >= 0; zeros are skipped and counted).
@@ -469,9 +478,12 @@ def pack_lengths(lengths: Sequence[int], config: PackingConfig, cost_model: Cost
                 look *= 2
             if k == 0 and (not windows or not windows[-1]):
                 k = 1  # always make progress
+            if 0 < k < n - pos and packer.rest_fits_window(arr[pos + k:]):
+                k = n - pos  # one-window lookahead: the rest of the stream joins this window
         k = max(0, min(k, n - pos))
         arrival[pos:pos + k] = packer.window_index
-        windows.append(packer._add_checked(list(range(pos, pos + k)), arr[pos:pos + k].tolist()))
+        windows.append(packer._add_checked(list(range(pos, pos + k)), arr[pos:pos + k].tolist(),
+                                           last=pos + k >= n))
         pos += k
     windows.extend(packer.flush_windows())
     packs = [p for win in windows for p in win]

@@ -49,7 +49,9 @@ def run_packer(strategy: str, stream: np.ndarray, cluster: ClusterConfig, cm: Co
     size each window like the packer's own feeder (``pack_lengths``): new samples, in
     stream order, until their packable supply reaches the packer's ``tokens_wanted``.
     ``end_of_stream``: ``"flush"``: the last window is fed like any other (the feeder does
-    not know it is the last); ``"last"``: it is fed with ``add_window(last=True)``.
+    not know it is the last); ``"last"``: it is fed with ``add_window(last=True)``, and
+    (``fixed=None``) a rest of the stream smaller than one window joins the window before
+    it (:meth:`~atac_hf.packing.StreamPacker.rest_fits_window`).
     """
     from ..packing import PackingConfig, StreamPacker  # the numpy-only planners
 
@@ -75,6 +77,8 @@ def _feed(packer: Any, strategy: str, stream: np.ndarray, cluster: ClusterConfig
         else:
             before = int(csum[pos - 1]) if pos else 0
             k = max(1, int(np.searchsorted(csum, before + packer.tokens_wanted, side="left")) + 1 - pos)
+            if tell_last and pos + k < n and packer.rest_fits_window(stream[pos + k:]):
+                k = n - pos  # one-window lookahead: the rest joins this (last) window
             ids = np.arange(pos, min(n, pos + k), dtype=np.int64)
             pos += len(ids)
         arrival[ids] = len(out)

@@ -148,9 +148,10 @@ class WindowPlanner:
 
         Fixed ``window_size``, or :meth:`StreamPacker.window_size` (token budget, with a
         bound on held-back samples) looking ahead as far as needed, exactly as
-        :func:`pack_lengths` does. May be 0 when the carry alone fills the window. With
-        ``more_coming`` (a stream whose buffer is ``lengths``), a result equal to the
-        buffered count means "read more samples first".
+        :func:`pack_lengths` does, including its one-window lookahead (a rest of the pass
+        smaller than one window joins this window; not with ``more_coming``). May be 0
+        when the carry alone fills the window. With ``more_coming`` (a stream whose buffer
+        is ``lengths``), a result equal to the buffered count means "read more samples first".
         """
         n = int(lengths.size)
         if self.window_size is not None:
@@ -164,10 +165,13 @@ class WindowPlanner:
                 look *= 2
             if k <= 0 and self.prev_empty and not (more_coming and pos >= n):
                 k = 1  # always make progress
+            if not more_coming and 0 < k < n - pos and self.packer.rest_fits_window(lengths[pos + k:]):
+                k = n - pos  # one-window lookahead: the rest of the pass joins this window
         return max(0, min(k, n - pos))
 
     def add(self, sample_ids: Sequence[int], lengths: Sequence[int], *, last: bool = False) -> list[list[Span]]:
-        """Pack one window; ``last`` also flushes the packer (end of the pass).
+        """Pack one window; ``last``: the pass ends here (the packer plans it as its last
+        window, ``add_window(last=True)``, then flushes).
 
         Returns:
             the packs released to the DataLoader, in dealing order.
@@ -178,7 +182,7 @@ class WindowPlanner:
         """
         packs: list[Any] = []
         if len(sample_ids) or not last:
-            packs += list(self.packer.add_window(list(sample_ids), list(lengths)))
+            packs += list(self.packer.add_window(list(sample_ids), list(lengths), last=bool(last)))
             self.prev_empty = not any(len(p) for p in packs)
         if last:
             packs += list(self.packer.flush())

@@ -25,6 +25,9 @@ costs as its own document:
    wait), if that leaves fewer samples over. What does not fit is carried.
 5. Optional local search: move or swap tails between the most and least expensive packs
    while that lowers the maximum.
+6. At the end of the stream (``ctx.final``) the steps above give way to
+   :func:`~atac_hf.packing.planners.wfap_end.plan_end`: the remaining windows are planned
+   together, so that the last ones are balanced too.
 
 With ``price_band`` (``(low, high)``), every cost above is a pair: the sample's cost under
 the cost model with the attention pair price scaled by ``low`` and by ``high``, each over
@@ -47,6 +50,7 @@ import math
 import numpy as np
 
 from .window import ARRIVAL, END, FRAG, SEQ, SID, START, Item, WindowContext
+from .wfap_end import plan_end
 from .wfap_place import fill_level, local_search, place_tails
 
 __all__ = ["plan_wfap", "wfap_held", "heavy_lengths", "HELD_LIMIT"]
@@ -54,6 +58,9 @@ __all__ = ["plan_wfap", "wfap_held", "heavy_lengths", "HELD_LIMIT"]
 # held heavy items per pack of a window beyond which the pool releases its best run anyway
 # (and feeders count further heavy samples as a full pack each)
 HELD_LIMIT = 3
+# step 6 (the end of the stream planned over its remaining windows); False: the final windows
+# are planned like the others with nothing held back (a measurement switch)
+END_PLAN = True
 
 
 def _heavy_mask(costs: np.ndarray, ctx: WindowContext) -> np.ndarray:
@@ -183,6 +190,12 @@ def plan_wfap(items: list[Item], ctx: WindowContext) -> tuple[list[list[Item]], 
         return packs, [], []
     lens = np.fromiter((it[END] - it[START] for it in items), dtype=np.int64, count=len(items))
     costs = ctx.balance.costs(lens)  # (n, K)
+    if ctx.final and END_PLAN:
+        ecosts = (ctx.cost_model.doc_cost(lens)[:, None]
+                  if ctx.config.price_band is not None and not ctx.config.band_placement else costs)
+        packs, carry = plan_end(items, lens, ecosts, ctx)
+        packs += [[] for _ in range(P - len(packs))]
+        return packs, carry, []
     heavy = _heavy_mask(costs, ctx)
     released, to_split = _select_release(items, lens, costs, heavy, ctx) if heavy.any() else ([], [])
     out = set(released) | set(to_split)

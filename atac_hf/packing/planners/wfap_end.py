@@ -1,0 +1,234 @@
+"""WFAP at the end of the stream: the remaining windows planned together.
+
+When the stream ends (``ctx.final``: the feeder's last window, ``add_window(last=True)``,
+or a flush window), nothing more will arrive: the pool - the last arrivals, the heavy
+samples held back, what did not fit - is all there is. Planning it one window at a time
+(release what is held, fill the rest) leaves a last window of whatever is left over: a
+few heavy samples with too little light work to balance them, or a handful of short
+samples (max/mean 2-4 on the simulator's streams). Instead, each final window:
+
+1. ``m``: the fewest windows whose token capacity holds the pool (``ceil(tokens / (P x
+   cap))``, up to two more while items do not fit). An item may wait ``slack`` more
+   windows (``arrival + max_defer - window``, 0 when overdue); one whose slack ends
+   before the last of the ``m`` windows goes only into packs of the windows it may wait for.
+2. Two plans of ``m x P`` packs, the better one kept (the lower sum over windows of
+   max/mean pack cost, the worse balance model):
+
+   * *deal*: every item, largest score first, to the pack of lowest score with token room
+     (among all packs, or those its slack allows), local search over all packs; the packs
+     are then dealt into windows by score rank (the costliest ``P`` together: heavy packs
+     share a window when the light work cannot match them) or round-robin by rank (each
+     window a slice of every level), the better of the two, no pack after its deadline;
+   * *windows*: the largest items anchor the packs, ``P`` per window in rank order, then
+     every other item, largest first, goes where it raises its window's max/mean the least.
+3. The plan's first window is emitted (after local search within it); everything else is
+   carried, and the next (flush) window plans what is left the same way: the plan is a
+   function of the pool alone, so the packer's resumable state is unchanged.
+
+No sample is cut here (overdue samples that find no room are left to the generic
+:func:`~atac_hf.packing.planners.window.place_overdue`). :func:`rest_fits_window` is the
+feeders' one-window lookahead. Numpy only; deterministic (ties by data order, pack index).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..config import PackingConfig
+from .window import ARRIVAL, SEQ, START, Item, WindowContext
+from .wfap_place import local_search, place_tails
+
+__all__ = ["plan_end", "rest_fits_window", "LOOKAHEAD_MIN_DEFER"]
+
+MAX_EXTRA_WINDOWS = 2  # windows beyond the token minimum tried before items are carried
+MODE = "best"  # which plans step 2 makes: "deal", "windows" or "best" (both; a measurement switch)
+
+WINDOWS_WORK_LIMIT = 4_000_000  # items x packs above which "best" makes the deal plan only (O(n log Q))
+LOOKAHEAD_MIN_DEFER = 2  # rest_fits_window: the merged window's arrivals may need windows 0-2
+
+
+def rest_fits_window(config: PackingConfig, lengths: np.ndarray) -> bool:
+    """One-window lookahead at the end of a stream of known length: whether the samples that
+    would follow the window being fed (``lengths``: all of them, checked ints) hold fewer
+    tokens than one window (``packs_per_window * max_tokens``, after ``overlength``
+    handling). Feeders then feed them with that window and pass ``last=True``, so the end is
+    planned with more samples (no tiny last window of arrivals). ``wfap`` only, which plans
+    the end over several windows together (the others plan one window at a time: a double
+    window would only carry its overflow into flush windows where all of it is overdue),
+    and with ``max_defer >= 2`` (the merged arrivals plus the carry take about three
+    windows, which their deadlines must reach). False for an empty rest."""
+    if lengths.size == 0 or config.strategy != "wfap" or config.max_defer < LOOKAHEAD_MIN_DEFER:
+        return False
+    if config.overlength == "truncate":
+        lengths = np.minimum(lengths, int(config.max_tokens))
+    return int(lengths.sum()) < config.window_tokens
+
+
+_Plan = tuple[list[list[int]], list[list[int]]]  # (items of each pack, packs of each window)
+
+
+def plan_end(items: list[Item], lens: np.ndarray, costs: np.ndarray,
+             ctx: WindowContext) -> tuple[list[list[Item]], list[Item]]:
+    """Plan the stream's remaining windows together; ``(packs of this window, carry)``.
+
+    ``lens``: (n,) span lengths; ``costs``: (n, K) costs under the balance models."""
+    P, C = ctx.num_packs, ctx.max_tokens
+    n = len(items)
+    arrival = np.fromiter((it[ARRIVAL] for it in items), dtype=np.int64, count=n)
+    slack = np.maximum(arrival + ctx.config.max_defer - ctx.window, 0)  # latest window (0 = this one)
+    score = costs.max(axis=1)
+    seq = np.fromiter((it[SEQ] for it in items), dtype=np.int64, count=n)
+    start = np.fromiter((it[START] for it in items), dtype=np.int64, count=n)
+    order = np.lexsort((start, seq, -score))  # largest score first, ties in data order
+    plans = []
+    if MODE in ("deal", "best"):
+        plans.append(_plan_deal(order, lens, costs, slack, P, C, ctx.config.local_search))
+    if MODE == "windows" or (MODE == "best" and n * P * _window_range(lens, P, C)[0] <= WINDOWS_WORK_LIMIT):
+        plans.append(_plan_windows(order, lens, costs, slack, P, C))
+    members, wins = min(plans, key=lambda pl: _value(pl, costs))  # the first on ties
+    packs_idx = [list(members[j]) for j in wins[0]]
+    if ctx.config.local_search and P > 1:  # within this window: no item changes window
+        pc = [costs[mem].sum(axis=0).tolist() if mem else [0.0] * costs.shape[1] for mem in packs_idx]
+        pt = [int(lens[mem].sum()) for mem in packs_idx]
+        local_search(pc, pt, packs_idx, [[] for _ in packs_idx], lens.tolist(), costs.tolist(), C,
+                     max_steps=2 * P)
+    chosen = {i for mem in packs_idx for i in mem}
+    return [[items[i] for i in mem] for mem in packs_idx], [items[i] for i in range(n) if i not in chosen]
+
+
+def _value(plan: _Plan, costs: np.ndarray) -> float:
+    """Sum over the plan's windows of max/mean pack cost (the worse balance model)."""
+    members, wins = plan
+    K = costs.shape[1]
+    pcost = np.array([costs[mem].sum(axis=0) if mem else np.zeros(K) for mem in members]).reshape(-1, K)
+    val = 0.0
+    for win in wins:
+        x = pcost[win]
+        mean = x.mean(axis=0)
+        ok = mean > 0
+        if ok.any():
+            val += float((x.max(axis=0)[ok] / mean[ok]).max())
+    return val
+
+
+def _window_range(lens: np.ndarray, P: int, C: int) -> range:
+    m0 = max(1, math.ceil(int(lens.sum()) / (P * C)))
+    return range(m0, m0 + MAX_EXTRA_WINDOWS + 1)
+
+
+def _by_deadline(order: np.ndarray, lim: np.ndarray, m: int) -> tuple[list[int], list[int]]:
+    """Items due before the plan's last window (by deadline, then in ``order``), and the rest."""
+    early = order[lim[order] < m - 1]
+    early = early[np.argsort(lim[early], kind="stable")]
+    return early.tolist(), order[lim[order] >= m - 1].tolist()
+
+
+def _plan_windows(order: np.ndarray, lens: np.ndarray, costs: np.ndarray, slack: np.ndarray, P: int,
+                  C: int) -> _Plan:
+    """Windows first: items due before the last window go, largest first, to the cheapest
+    pack with room of a window they may wait for; the largest others anchor the empty packs,
+    ``P`` per window in rank order (the first window the largest); then every other item,
+    largest first, to the pack where it raises its window's max/mean the least."""
+    K = costs.shape[1]
+    for m in _window_range(lens, P, C):
+        Q = m * P
+        lim = np.minimum(slack, m - 1)
+        pc = np.zeros((Q, K))
+        pt = np.zeros(Q, dtype=np.int64)
+        member: list[list[int]] = [[] for _ in range(Q)]
+        left = 0
+
+        def put(i: int, j: int) -> None:
+            member[j].append(i)
+            pc[j] += costs[i]
+            pt[j] += lens[i]
+
+        early, rest = _by_deadline(order, lim, m)
+        for i in early:
+            room = np.flatnonzero(pt[:(lim[i] + 1) * P] + lens[i] <= C)
+            if room.size == 0:
+                left += 1
+                continue
+            put(i, int(room[np.argmin(pc[room].max(axis=1))]))
+        empty = [j for j in range(Q) if not member[j]]
+        for i, j in zip(rest, empty):
+            put(i, j)
+        win = np.repeat(np.arange(m), P)
+        for i in rest[len(empty):]:
+            ok = pt + lens[i] <= C
+            if not ok.any():
+                left += 1
+                continue
+            w3 = pc.reshape(m, P, K)
+            wsum, wmax = w3.sum(axis=1), w3.max(axis=1)  # (m, K)
+            old = (wmax / np.maximum(wsum / P, 1e-300)).max(axis=1)  # (m,)
+            nmax = np.maximum(wmax[win], pc + costs[i][None, :])
+            nmean = (wsum[win] + costs[i][None, :]) / P
+            delta = (nmax / np.maximum(nmean, 1e-300)).max(axis=1) - old[win]
+            put(i, int(np.argmin(np.where(ok, delta, np.inf))))
+        if not left:
+            break
+    return member, [list(range(w * P, (w + 1) * P)) for w in range(m)]
+
+
+def _plan_deal(order: np.ndarray, lens: np.ndarray, costs: np.ndarray, slack: np.ndarray, P: int, C: int,
+               search: bool) -> _Plan:
+    """Packs first: every item, largest first, to the pack of lowest score with room among
+    all ``m x P`` (an item due before the last window among the packs of the windows it may
+    wait for), local search over all (those items stay); then the packs dealt into windows
+    by rank or round-robin by rank, the better of the two, every pack no later than its
+    items' deadline."""
+    n, K = len(order), costs.shape[1]
+    L, c = lens.tolist(), costs.tolist()
+    for m in _window_range(lens, P, C):
+        Q = m * P
+        lim = np.minimum(slack, m - 1)
+        pc = [[0.0] * K for _ in range(Q)]
+        pt = [0] * Q
+        anchor_of: list[list[int]] = [[] for _ in range(Q)]  # items due before the last window: never moved
+        tail_of: list[list[int]] = [[] for _ in range(Q)]
+        left: list[int] = []
+        early, rest = _by_deadline(order, lim, m)
+        for d in range(m - 1):
+            group = [i for i in early if lim[i] == d]
+            if group:
+                k = (d + 1) * P
+                pcd, ptd, td = pc[:k], pt[:k], [[] for _ in range(k)]
+                left += place_tails(group, L, c, [False] * n, pcd, ptd, td, C, math.inf)
+                pc[:k], pt[:k] = pcd, ptd
+                for j in range(k):
+                    anchor_of[j] += td[j]
+        left += place_tails(rest, L, c, [False] * n, pc, pt, tail_of, C, math.inf)
+        if not left:
+            break
+    if search and Q > 1:
+        local_search(pc, pt, tail_of, anchor_of, L, c, C, max_steps=2 * Q)
+    members = [anchor_of[j] + tail_of[j] for j in range(Q)]
+    deadline = [min((int(lim[i]) for i in anchor_of[j]), default=m - 1) for j in range(Q)]
+    sc = [max(v) for v in pc]
+    ranked = sorted(range(Q), key=lambda j: (-sc[j], j))
+    prefs = [ranked, [ranked[r] for w in range(m) for r in range(w, Q, m)]]  # by rank; round-robin
+    plans = [(members, _assign(pref, deadline, P, m)) for pref in prefs]
+    return min(plans, key=lambda pl: _value(pl, costs))
+
+
+def _assign(pref: list[int], deadline: list[int], P: int, m: int) -> list[list[int]]:
+    """Cut the preferred pack order into ``m`` windows of ``P`` packs, each pack no later
+    than its deadline: each window first takes the earliest-deadline packs that cannot wait
+    (so that every later window can still take its due ones), then the preferred ones."""
+    rest = list(pref)
+    wins = []
+    for w in range(m):
+        due = sorted(rest, key=lambda j: deadline[j])  # stable: preferred first among equals
+        need = 0
+        for k, j in enumerate(due):  # packs due by window deadline[j], beyond the windows after w
+            need = max(need, k + 1 - (deadline[j] - w) * P)
+        take = due[:need]
+        taken = set(take)
+        take += [j for j in rest if j not in taken][:P - len(take)]
+        wins.append(take)
+        taken = set(take)
+        rest = [j for j in rest if j not in taken]
+    return wins
