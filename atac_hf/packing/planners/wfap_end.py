@@ -46,6 +46,7 @@ MAX_EXTRA_WINDOWS = 2  # windows beyond the token minimum tried before items are
 MODE = "best"  # which plans step 2 makes: "deal", "windows" or "best" (both; a measurement switch)
 
 WINDOWS_WORK_LIMIT = 4_000_000  # items x packs above which "best" makes the deal plan only (O(n log Q))
+LOOKAHEAD = True  # False: rest_fits_window always says no (a measurement switch)
 LOOKAHEAD_MIN_DEFER = 2  # rest_fits_window: the merged window's arrivals may need windows 0-2
 
 
@@ -59,7 +60,7 @@ def rest_fits_window(config: PackingConfig, lengths: np.ndarray) -> bool:
     window would only carry its overflow into flush windows where all of it is overdue),
     and with ``max_defer >= 2`` (the merged arrivals plus the carry take about three
     windows, which their deadlines must reach). False for an empty rest."""
-    if lengths.size == 0 or config.strategy != "wfap" or config.max_defer < LOOKAHEAD_MIN_DEFER:
+    if not LOOKAHEAD or lengths.size == 0 or config.strategy != "wfap" or config.max_defer < LOOKAHEAD_MIN_DEFER:
         return False
     if config.overlength == "truncate":
         lengths = np.minimum(lengths, int(config.max_tokens))
@@ -223,8 +224,9 @@ def _assign(pref: list[int], deadline: list[int], P: int, m: int) -> list[list[i
     for w in range(m):
         due = sorted(rest, key=lambda j: deadline[j])  # stable: preferred first among equals
         need = 0
-        for k, j in enumerate(due):  # packs due by window deadline[j], beyond the windows after w
-            need = max(need, k + 1 - (deadline[j] - w) * P)
+        for k, j in enumerate(due):  # packs due by window deadline[j] < m - 1, beyond the windows after w
+            if deadline[j] < m - 1:
+                need = max(need, k + 1 - (deadline[j] - w) * P)
         take = due[:need]
         taken = set(take)
         take += [j for j in rest if j not in taken][:P - len(take)]
