@@ -49,6 +49,17 @@ LEVERS = [
     ("band 0.25-4x", {"price_band": (0.25, 4.0)}),
     ("terms apart (band 0-1000x)", {"price_band": (0.0, 1000.0)}),
 ]
+# the end-of-stream levers measured side by side (module switches of atac_hf/packing/planners/
+# wfap.py and wfap_end.py; the first row is the code before the end plan)
+END_LEVERS = [
+    ("one window at a time (before)", dict(end_plan=False, lookahead=False, mode="best", eos="last")),
+    ("one-window lookahead only", dict(end_plan=False, lookahead=True, mode="best", eos="last")),
+    ("end plan: deal (LPT over m x P packs)", dict(end_plan=True, lookahead=False, mode="deal", eos="last")),
+    ("end plan: windows (anchors per window)", dict(end_plan=True, lookahead=False, mode="windows", eos="last")),
+    ("end plan: better of both", dict(end_plan=True, lookahead=False, mode="best", eos="last")),
+    ("end plan + lookahead (default)", dict(end_plan=True, lookahead=True, mode="best", eos="last")),
+    ("default, end told only at the flush", dict(end_plan=True, lookahead=True, mode="best", eos="flush")),
+]
 TARGETS = {"lb_plan": 1.05, "lb_band": 1.08, "window": 1.10, "defer": 16}
 
 
@@ -118,6 +129,57 @@ def _lever_rows(grid, scales, seed, end_of_stream):
     return out
 
 
+def _end_lever_rows(grid, scales, seed, band):
+    """WFAP alone (the main table's band) under every end-of-stream lever, on each grid
+    scenario's own stream."""
+    from atac_hf.packing.planners import wfap, wfap_end
+
+    saved = wfap.END_PLAN, wfap_end.LOOKAHEAD, wfap_end.MODE
+    out = []
+    try:
+        for label, lever in END_LEVERS:
+            wfap.END_PLAN, wfap_end.LOOKAHEAD, wfap_end.MODE = lever["end_plan"], lever["lookahead"], lever["mode"]
+            for s in grid:
+                cluster = s.config()
+                cm = cluster.cost_model()
+                P = cluster.packs_per_step
+                stream = sample_stream(_lengths(s.workload).astype(np.int64),
+                                       int(s.num_steps * P * cluster.max_tokens), seed)
+                packed = run_packer("wfap", stream, cluster, cm, {**s.options, "price_band": band}, None, lever["eos"])
+                row = {"lever": label, "scenario": s.name, "seconds": float(packed.pack_s.sum())}
+                for k in scales:
+                    model = scale_attention_price(cm, k)
+                    costs = [pack_costs(w, model) for w in packed.packs if len(w)]
+                    row[f"all{k:g}"] = float(np.mean([c.max() / c.mean() for c in costs if len(c) == P]))
+                    # every window, partial ones too: sum of window maxima over the work per pack
+                    row[f"time{k:g}"] = sum(float(c.max()) for c in costs) / (sum(float(c.sum()) for c in costs) / P)
+                spans = np.array([(sid, w) for w, win in enumerate(packed.packs) for pk in win for sid, _, _ in pk])
+                last = np.full(len(stream), -1)
+                np.maximum.at(last, spans[:, 0], spans[:, 1])
+                delay = last - packed.arrival
+                row["delay_mean"], row["delay_max"] = float(delay.mean()), int(delay.max())
+                out.append(row)
+    finally:
+        wfap.END_PLAN, wfap_end.LOOKAHEAD, wfap_end.MODE = saved
+    return out
+
+
+def _end_lever_table(rows, scales):
+    ks = [f"{k:g}" for k in scales]
+    head = ("| end-of-stream lever | " + " | ".join(f"window max/mean x{k}: worst scenario" for k in ks)
+            + " | worse price, geomean | " + " | ".join(f"step time / bound x{k}, geomean" for k in ks)
+            + " | deferral mean (worst) / max | planner s (all scenarios) |")
+    out = [head, "|" + "---|" * (head.count("|") - 1)]
+    for label, _ in END_LEVERS:
+        sel = [r for r in rows if r["lever"] == label]
+        cells = [f"{max(r[f'all{k}'] for r in sel):.3f}" for k in ks]
+        cells.append(f"{geomean([max(r[f'all{k}'] for k in ks) for r in sel]):.3f}")
+        cells += [f"{geomean([r[f'time{k}'] for r in sel]):.3f}" for k in ks]
+        out.append(f"| {label} | " + " | ".join(cells) + f" | {max(r['delay_mean'] for r in sel):.2f} / "
+                   f"{max(r['delay_max'] for r in sel)} | {sum(r['seconds'] for r in sel):.1f} |")
+    return "\n".join(out)
+
+
 def _long_stream_rows(scales):
     """The packing benchmark's streams (scripts/bench_packing.py defaults: 64K packs, 64 per
     window, 7B on A800, longtail and wlbllm), WFAP under every lever."""
@@ -165,6 +227,8 @@ def main(argv=None) -> int:
         print(f"{s.name}: done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     levers = _lever_rows(grid, scales, args.seed, args.end_of_stream)
     print(f"levers on the grid: done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    end_rows = _end_lever_rows(grid, scales, args.seed, band)
+    print(f"end-of-stream levers: done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     long_rows = [] if args.quick else _long_stream_rows(scales)
     print(f"levers on the long streams: done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     # a CPU-sized run: planned with a GPU preset of the calibrated model's shape, timed by the CPU profile
@@ -184,7 +248,8 @@ def main(argv=None) -> int:
         command += f" --price-band {args.price_band}"
     if args.end_of_stream != "last":
         command += f" --end-of-stream {args.end_of_stream}"
-    text = _section(rows, levers, long_rows, cpu_rows, scales, band, command, seconds, args.end_of_stream)
+    text = _section(rows, levers, long_rows, cpu_rows, scales, band, command, seconds, args.end_of_stream,
+                    end_rows)
     print(text)
     if args.output:
         from atac_hf.sim.report import write_section
@@ -263,10 +328,12 @@ def _verdicts(rows, scales):
     return out
 
 
-def _section(rows, levers, long_rows, cpu_rows, scales, band, command, seconds, end_of_stream):
+def _section(rows, levers, long_rows, cpu_rows, scales, band, command, seconds, end_of_stream, end_rows=()):
     band_txt = "no price band" if band is None else f"`price_band=({band[0]:g}, {band[1]:g})`"
     end_txt = ("the feeder tells every packer the stream's last window (`add_window(last=True)`, "
-               "`simulate(end_of_stream=\"last\")`: nothing is held back for windows that will not come)"
+               "`simulate(end_of_stream=\"last\")`: nothing is held back for windows that will not come; a rest "
+               "of the stream under one window joins the window before it, and WFAP plans the remaining windows "
+               "together: *End of the stream* below)"
                if end_of_stream == "last" else
                "the packers learn the stream's end only at the flush (`end_of_stream=\"flush\"`)")
     lines = [HEADING, "",
@@ -294,13 +361,10 @@ def _section(rows, levers, long_rows, cpu_rows, scales, band, command, seconds, 
              "PackingConfig's default stays `price_band=None` (turn the band on with "
              "`PackingConfig(price_band=(0.5, 2.0))`): on the packing benchmark's long streams it gives up some "
              "balance at the planning price for a lot at 2x (second lever table), and tests/test_packing.py "
-             "hand-checks single-model plans of the default config. Where a target below is missed: the "
-             "all-window figure counts the end of the finite stream (the last window of arrivals holds few "
-             "samples, the flush ones only the held-back heavy ones); steady windows leave it out and the "
-             "time-weighted figure weighs it by cost. A run has one such end per epoch; these 12-16-step streams "
-             "one per 12-16 steps. Telling the packers the last window (`--end-of-stream last`, the default "
-             "here) lets WFAP release what it holds there instead of in flush windows of held-back heavy samples "
-             "only. Where ATAC/LB stays above target while the steady windows are balanced, "
+             "hand-checks single-model plans of the default config. The all-window figure counts the end of "
+             "the finite stream (one per epoch; on these 12-16-step streams one per 12-16 steps), the steady one "
+             "leaves it out, the time-weighted one weighs it by cost. Where ATAC/LB stays above target while the "
+             "steady windows are balanced, "
              "compare the CP overhead column: that part is the CP split's, not the packing's.", "",
              "Issue 15's targets (packing and pipeline side), computed from the table below:", ""]
     lines += [f"- {v}" for v in _verdicts(rows, scales)]
@@ -326,6 +390,30 @@ def _section(rows, levers, long_rows, cpu_rows, scales, band, command, seconds, 
               "each on its own. Worst scenario of the mean over full windows, the same over steady windows, the "
               "geomean over scenarios of the worse of the prices, deferral and planner seconds:", "",
               _lever_table(levers, scales), ""]
+    if end_rows:
+        lines += ["### End of the stream", "",
+                  "A finite stream's last window of arrivals holds few samples, and planning one window at a time "
+                  "leaves flush windows of what is left over (the heavy samples held back, a handful of short ones): "
+                  "windows of max/mean 2-4 at the end of runs that are balanced at 1.02-1.05 before it. The fix "
+                  "(library default, `atac_hf/packing/planners/wfap_end.py`): when the stream ends (`last=True` or "
+                  "a flush), WFAP plans the remaining windows together, the fewest that hold the tokens (`m x P` "
+                  "packs, each sample no later than its `max_defer` deadline), emits the first and plans the rest "
+                  "again at the next window (a function of the pool alone: the resumable state is unchanged); and "
+                  "feeders that know the rest of the stream (`pack_lengths`, the map-style sampler, the simulator) "
+                  "feed a rest under one window with the window before it (`StreamPacker.rest_fits_window`, the "
+                  "one-window lookahead; WFAP with `max_defer >= 2`). The levers side by side, WFAP alone with the "
+                  "main table's band on each grid scenario's own stream: worst scenario of the mean over full "
+                  "windows at each price, the geomean over scenarios of the worse price, the step time over its "
+                  "bound (sum over every window, partial ones too, of the costliest pack, over the work per pack; "
+                  "geomean over scenarios), deferral and planner seconds. *Deal*: every sample, largest first, to "
+                  "the cheapest of the `m x P` packs, dealt into windows by cost rank or round-robin; *windows*: the "
+                  "largest samples anchor the packs `P` per window in rank order, the others go where they raise "
+                  "their window's max/mean least; *better of both*: the plan with the lower sum of window max/mean "
+                  "(balanced at the band's worse end, so the band's minimax covers the remainder too). Releasing "
+                  "held-back samples earlier as the end nears needs the end known a window ahead, which the "
+                  "lookahead gives; *told only at the flush*: the feeder does not pass `last=True` (an iterable "
+                  "stream that learns its end when it runs dry: the flush windows still get the end plan):", "",
+                  _end_lever_table(end_rows, scales), ""]
     if long_rows:
         lines += ["The packing benchmark's streams (`scripts/bench_packing.py` defaults: 64K packs, 64 per window, "
                   "7B on A800; the `## Packing` tables there are WFAP without a band), WFAP under each lever: mean "
