@@ -58,6 +58,8 @@ END_LEVERS = [
     ("end plan: windows (anchors per window)", dict(end_plan=True, lookahead=False, mode="windows", eos="last")),
     ("end plan: better of both", dict(end_plan=True, lookahead=False, mode="best", eos="last")),
     ("end plan + lookahead (default)", dict(end_plan=True, lookahead=True, mode="best", eos="last")),
+    ("one window at a time, end told only at the flush", dict(end_plan=False, lookahead=True, mode="best",
+                                                              eos="flush")),
     ("default, end told only at the flush", dict(end_plan=True, lookahead=True, mode="best", eos="flush")),
 ]
 TARGETS = {"lb_plan": 1.05, "lb_band": 1.08, "window": 1.10, "defer": 16}
@@ -412,7 +414,9 @@ def _section(rows, levers, long_rows, cpu_rows, scales, band, command, seconds, 
                   "(balanced at the band's worse end, so the band's minimax covers the remainder too). Releasing "
                   "held-back samples earlier as the end nears needs the end known a window ahead, which the "
                   "lookahead gives; *told only at the flush*: the feeder does not pass `last=True` (an iterable "
-                  "stream that learns its end when it runs dry: the flush windows still get the end plan):", "",
+                  "stream that learns its end when it runs dry): the flush windows still get the end plan, but the "
+                  "last window of arrivals is planned as an ordinary one, holding back what a later window would "
+                  "have balanced, which no flush can undo; feeders should pass `last=True` where they can:", "",
                   _end_lever_table(end_rows, scales), ""]
     if long_rows:
         lines += ["The packing benchmark's streams (`scripts/bench_packing.py` defaults: 64K packs, 64 per window, "

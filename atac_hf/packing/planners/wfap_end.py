@@ -157,18 +157,23 @@ def _plan_windows(order: np.ndarray, lens: np.ndarray, costs: np.ndarray, slack:
         for i, j in zip(rest, empty):
             put(i, j)
         win = np.repeat(np.arange(m), P)
+        w3 = pc.reshape(m, P, K)
+        wsum, wmax = w3.sum(axis=1), w3.max(axis=1)  # (m, K), kept up to date below
         for i in rest[len(empty):]:
             ok = pt + lens[i] <= C
             if not ok.any():
                 left += 1
                 continue
-            w3 = pc.reshape(m, P, K)
-            wsum, wmax = w3.sum(axis=1), w3.max(axis=1)  # (m, K)
+            ci = costs[i]
             old = (wmax / np.maximum(wsum / P, 1e-300)).max(axis=1)  # (m,)
-            nmax = np.maximum(wmax[win], pc + costs[i][None, :])
-            nmean = (wsum[win] + costs[i][None, :]) / P
-            delta = (nmax / np.maximum(nmean, 1e-300)).max(axis=1) - old[win]
-            put(i, int(np.argmin(np.where(ok, delta, np.inf))))
+            nmax = np.maximum(wmax[win], pc + ci)
+            nmean = (wsum + ci) / P
+            delta = (nmax / np.maximum(nmean[win], 1e-300)).max(axis=1) - old[win]
+            j = int(np.argmin(np.where(ok, delta, np.inf)))
+            put(i, j)
+            w = j // P
+            wsum[w] += ci
+            np.maximum(wmax[w], pc[j], out=wmax[w])
         if not left:
             break
     return member, [list(range(w * P, (w + 1) * P)) for w in range(m)]
@@ -205,7 +210,7 @@ def _plan_deal(order: np.ndarray, lens: np.ndarray, costs: np.ndarray, slack: np
         if not left:
             break
     if search and Q > 1:
-        local_search(pc, pt, tail_of, anchor_of, L, c, C, max_steps=2 * Q)
+        local_search(pc, pt, tail_of, anchor_of, L, c, C, max_steps=2 * P)  # a window's budget (each step O(Q))
     members = [anchor_of[j] + tail_of[j] for j in range(Q)]
     deadline = [min((int(lim[i]) for i in anchor_of[j]), default=m - 1) for j in range(Q)]
     sc = [max(v) for v in pc]
