@@ -332,3 +332,41 @@ def test_split_chains_cost_resplit_with_costs_far_below_a_second():
     """The same cost re-split where every cost is 1000x smaller (real costs are milliseconds):
     the second lay still runs."""
     assert _split(SPLITS[1], "cost", scale=1e-3) == SPLITS[1][6]
+
+
+def test_plan_subgroups_needs_a_token_on_every_rank():
+    """Docs [4, 1, 1] on 6 ranks (6 tokens): the anchor splits over 2 ranks and the tails take 2
+    more, so 2 ranks would hold nothing: no plan."""
+    assert plan_subgroups(np.array([4, 1, 1]), 6, LINEAR) is None
+
+
+def test_plan_subgroups_keeps_a_cap_its_busiest_rank_meets_exactly():
+    """The plan of docs [6, 2, 2, 2, 2, 2] on 4 ranks holds at most 4 tokens a rank (16 / 4):
+    capped at 4 it is the same plan (a rank exactly at the cap is allowed)."""
+    plan = plan_subgroups(np.array([6, 2, 2, 2, 2, 2]), 4, LINEAR)
+    assert plan.rank_num_tokens().tolist() == [4, 4, 4, 4]
+    capped = plan_subgroups(np.array([6, 2, 2, 2, 2, 2]), 4, LINEAR, max_tokens_per_rank=4)
+    assert [s.tolist() for s in capped.segments] == [s.tolist() for s in plan.segments]
+
+
+# Characterisation (seeded search, as SPLITS): whole plans whose tails follow the two-way shape and
+# the worst of the three price models, with one-rank and two-rank nodes.
+PLANS = [
+    ([6, 2, 2, 2, 2, 2], 4, None, 1.0,
+     [[[0, 0, 1], [0, 5, 6], [3, 0, 2]], [[0, 1, 2], [0, 4, 5], [4, 0, 2]], [[1, 0, 2], [2, 0, 2]],
+      [[0, 2, 4], [5, 0, 2]]]),
+    ([26, 13, 8, 25], 3, 1, 0.5,
+     [[[0, 0, 7], [0, 20, 26], [1, 0, 13]], [[0, 7, 20], [2, 0, 8], [3, 11, 15]], [[3, 0, 11], [3, 15, 25]]]),
+    ([7, 18, 24, 8, 10, 25, 17, 15], 6, 2, 0.25,
+     [[[0, 0, 7], [5, 0, 8], [5, 19, 25]], [[4, 0, 10], [5, 8, 19]], [[2, 0, 20]], [[2, 20, 24], [7, 0, 15]],
+      [[1, 0, 18]], [[3, 0, 8], [6, 0, 17]]]),
+]
+
+
+@pytest.mark.parametrize("case", PLANS, ids=["one-node", "node-1", "node-2"])
+def test_plan_subgroups_characterisation(case):
+    """The hierarchical plan of the pack, token for token, and a valid one."""
+    L, C, node, share, want = case
+    plan = plan_subgroups(np.array(L), C, CM.replace(node_size=node), anchor_share=share)
+    plan.validate()
+    assert [s.tolist() for s in plan.segments] == want
