@@ -48,3 +48,18 @@ def test_robustly_no_worse_fills_in_the_callers_block_times():
     assert got == {0.25: 82.5, 0.5: 85.0, 2.0: 136.0, 4.0: 208.0}
     # costed once: a cached block time is used as given (here a made-up one that a beats)
     assert _robustly_no_worse(A, B, CM8, {0.25: 82.5, 0.5: 87.0, 2.0: 136.0, 4.0: 208.0}) is True
+
+
+def test_head_tail_flat_segments_and_ranks_of_two_documents():
+    """Docs 0 (8 tokens) and 1 (3 tokens) head-tail over 2 ranks, bounds [0, 2, 4, 6, 8] and
+    [0, 1, 2, 2, 3] (doc 1's remainder: rank 0 gets 2 tokens, rank 1 one, rank 1's tail chunk
+    empty): every rank's head chunk first, then the tails; empty chunks dropped."""
+    from atac_hf.sharding.atp import _head_tail_flat
+    from atac_hf.sharding.segments import head_tail_bounds
+
+    bounds = head_tail_bounds(np.array([8, 3]), 2)
+    assert bounds.tolist() == [[0, 2, 4, 6, 8], [0, 1, 2, 2, 3]]
+    seg, rank = _head_tail_flat(np.array([0, 1]), bounds, 2)
+    assert seg.dtype == np.int64
+    assert seg.tolist() == [[0, 0, 2], [0, 2, 4], [1, 0, 1], [1, 1, 2], [0, 6, 8], [0, 4, 6], [1, 2, 3]]
+    assert rank.tolist() == [0, 1, 0, 1, 0, 1, 0]
