@@ -349,6 +349,24 @@ def test_plan_subgroups_keeps_a_cap_its_busiest_rank_meets_exactly():
     assert [s.tolist() for s in capped.segments] == [s.tolist() for s in plan.segments]
 
 
+def test_plan_subgroups_tries_the_uncapped_placement_where_the_capped_one_finds_no_layout():
+    """Docs [26, 13, 8, 25] on 3 one-rank nodes: the uncapped plan holds at most 26 tokens a rank,
+    but tails steered by a cap of 26-28 left no layout under it (None, though the cap can be kept).
+    The uncapped placement is tried then: the same plan as without a cap; a cap of 25 still gets a
+    plan under it; every plan keeps its cap."""
+    L, cm = np.array([26, 13, 8, 25]), CM.replace(node_size=1)
+    free = plan_subgroups(L, 3, cm, anchor_share=0.5)
+    assert free.rank_num_tokens().max() == 26
+    for cap in (26, 27, 28):
+        plan = plan_subgroups(L, 3, cm, anchor_share=0.5, max_tokens_per_rank=cap)
+        assert [s.tolist() for s in plan.segments] == [s.tolist() for s in free.segments], cap
+    tight = plan_subgroups(L, 3, cm, anchor_share=0.5, max_tokens_per_rank=25)
+    tight.validate()
+    assert tight.rank_num_tokens().max() <= 25
+    below = plan_subgroups(L, 3, cm, anchor_share=0.5, max_tokens_per_rank=24)  # 72 / 3: nothing to spare
+    assert below is None or below.rank_num_tokens().max() <= 24
+
+
 # Characterisation (seeded search, as SPLITS): whole plans whose tails follow the two-way shape and
 # the worst of the three price models, with one-rank and two-rank nodes.
 PLANS = [

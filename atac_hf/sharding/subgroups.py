@@ -134,9 +134,20 @@ def _layouts(lengths, C, cm, anchor_share, max_tokens_per_rank, min_chunk, two_w
     # two_way: inside a chain, tails go where tokens and pairs (each over its mean) stay lowest,
     # so that the chain's two-way re-split can level both
     shape = np.stack([L * (C / float(L.sum())), pairs * (C / float(pairs.sum()))]) if two_way else None
-    owner = _place_tails(tails, unit, L, planned, chains, C, cap, shape)
-    if owner is None:
-        return None
+    out: list = []
+    # A cap steers the tails to ranks with room; where that leaves no layout under the cap, the
+    # uncapped placement is tried too: its layouts are kept where they respect the cap all the same.
+    for place_cap in (cap, np.inf) if cap < np.inf else (cap,):
+        owner = _place_tails(tails, unit, L, planned, chains, C, place_cap, shape)
+        if owner is not None:
+            out = _resplit(L, C, cm, chains, tails, owner, whole, pairs, min_chunk, two_way, cap)
+            if out:
+                break
+    return (L, out) if out or owner is not None else None
+
+
+def _resplit(L, C, cm, chains, tails, owner, whole, pairs, min_chunk, two_way, cap):
+    """The layouts of the chains re-split around the tails ``owner`` places (see :func:`_layouts`)."""
     # what each rank holds apart from the split anchors: its tails
     held: list[list[tuple[int, int, int]]] = [[] for _ in range(C)]
     for d, r in zip(tails.tolist(), owner.tolist()):
@@ -159,7 +170,7 @@ def _layouts(lengths, C, cm, anchor_share, max_tokens_per_rank, min_chunk, two_w
         if n_tok.max() > cap or (n_tok.min() == 0 and L.sum() >= C):
             continue  # every rank gets a token (transformers cannot run on none)
         out.append((mode, seg, rank))
-    return L, out
+    return out
 
 
 def rank_compute(per_rank: list[np.ndarray], cm: CostModel) -> np.ndarray:
