@@ -1,9 +1,10 @@
 """Worker for the resume-across-an-epoch-boundary test (tests/test_mutation_survivors.py).
 
 Run under ``torchrun --nproc_per_node 2 tests/_resume_worker.py OUT``: DP 2 (CP 1), gradient
-accumulation 2, two epochs. Per scenario (an epoch of 12 packs = 6 per replica = 3 optimizer
-steps; an epoch of 10 packs = 5 per replica, so Trainer makes 3 steps, the last of one
-micro-batch):
+accumulation 2, two epochs. Per scenario (even: WFAP, an epoch of 12 packs = 6 per replica =
+3 optimizer steps; uneven: bfd, an epoch of 6 packs = 3 per replica, so Trainer makes 2 steps,
+the last of one micro-batch. WFAP fills every window of its epoch, DP x GA packs each, since it
+plans the end of the pass over its last windows, so it makes no uneven epoch here):
 
 1. an uninterrupted run (seed 0) that checkpoints every step;
 2. a fresh trainer with another data seed (5) resumed from a checkpoint one step into epoch 1.
@@ -26,10 +27,10 @@ from _integration_worker import dataset, end_processes, model  # noqa: E402
 
 torch.set_num_threads(1)
 GA = 2
-SCENARIOS = {"uneven": 40, "even": 60}  # documents: 10 and 12 packs per epoch (5 and 6 per replica)
+SCENARIOS = {"uneven": (40, "bfd"), "even": (60, "wfap")}  # documents, packing: 6 and 12 packs per epoch
 
 
-def make_trainer(out_dir: str, num_docs: int, *, data_seed: int | None):
+def make_trainer(out_dir: str, num_docs: int, packing: str, *, data_seed: int | None):
     from transformers import PrinterCallback, TrainingArguments
 
     from atac_hf.integrations import ATACConfig, ATACTrainer
@@ -52,7 +53,7 @@ def make_trainer(out_dir: str, num_docs: int, *, data_seed: int | None):
         per_device_train_batch_size=1, use_cpu=True, report_to=[], seed=0, data_seed=data_seed,
         save_strategy="steps", save_steps=1, disable_tqdm=True, log_level="error", ddp_find_unused_parameters=False,
     )
-    cfg = ATACConfig(cp_size=1, max_tokens=384, cost_preset="H100", min_chunk=8)
+    cfg = ATACConfig(cp_size=1, max_tokens=384, cost_preset="H100", min_chunk=8, packing_strategy=packing)
     trainer = Recording(model=model(), args=args, train_dataset=dataset(num_docs, seed=1), atac_config=cfg)
     trainer.remove_callback(PrinterCallback)
     trainer.digests, trainer.sampler_seen, trainer.restored = [], [], None
@@ -66,16 +67,16 @@ def losses(trainer) -> list[float]:
 def main(out_path: str) -> None:
     rank = int(os.environ.get("RANK", "0"))
     results: dict = {}
-    for name, num_docs in SCENARIOS.items():
+    for name, (num_docs, packing) in SCENARIOS.items():
         run_dir = f"{out_path}.runs/{name}"
-        full = make_trainer(run_dir, num_docs, data_seed=None)
+        full = make_trainer(run_dir, num_docs, packing, data_seed=None)
         full.train()
         steps_per_epoch = full.state.max_steps // 2
         kill = steps_per_epoch + 1  # one optimizer step into epoch 1
         ckpt = os.path.join(run_dir, f"checkpoint-{kill}")
         with open(os.path.join(ckpt, "atac_sampler.json")) as f:
             saved = json.load(f)
-        resumed = make_trainer(run_dir + "_b", num_docs, data_seed=5)
+        resumed = make_trainer(run_dir + "_b", num_docs, packing, data_seed=5)
         resumed.train(resume_from_checkpoint=ckpt)
         results[name] = {
             "num_batches": len(full.atac_sampler), "dp_size": full.dp_size, "max_steps": full.state.max_steps,
