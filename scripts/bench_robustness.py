@@ -122,13 +122,19 @@ def _lever_rows(grid, scales, seed, end_of_stream):
                      for i, w in enumerate(packed.packs) if len(w) == cluster.packs_per_step]
                 row[f"all{k:g}"] = float(np.mean([x for x, _ in r]))
                 row[f"steady{k:g}"] = float(np.mean([x for x, st in r if st]))
-            spans = np.array([(sid, w) for w, win in enumerate(packed.packs) for pk in win for sid, _, _ in pk])
-            last = np.full(len(stream), -1)
-            np.maximum.at(last, spans[:, 0], spans[:, 1])
-            delay = last - packed.arrival
-            row["delay_mean"], row["delay_max"] = float(delay.mean()), int(delay.max())
+            row["delay_mean"], row["delay_max"] = _delay(packed, len(stream))
             out.append(row)
     return out
+
+
+def _delay(packed, n: int) -> tuple[float, int]:
+    """Windows each of the stream's ``n`` samples waited (its last span's window minus its
+    arrival): mean over samples, max."""
+    spans = np.array([(sid, w) for w, win in enumerate(packed.packs) for pk in win for sid, _, _ in pk])
+    last = np.full(n, -1)
+    np.maximum.at(last, spans[:, 0], spans[:, 1])
+    delay = last - packed.arrival
+    return float(delay.mean()), int(delay.max())
 
 
 def _end_lever_rows(grid, scales, seed, band):
@@ -155,11 +161,7 @@ def _end_lever_rows(grid, scales, seed, band):
                     row[f"all{k:g}"] = float(np.mean([c.max() / c.mean() for c in costs if len(c) == P]))
                     # every window, partial ones too: sum of window maxima over the work per pack
                     row[f"time{k:g}"] = sum(float(c.max()) for c in costs) / (sum(float(c.sum()) for c in costs) / P)
-                spans = np.array([(sid, w) for w, win in enumerate(packed.packs) for pk in win for sid, _, _ in pk])
-                last = np.full(len(stream), -1)
-                np.maximum.at(last, spans[:, 0], spans[:, 1])
-                delay = last - packed.arrival
-                row["delay_mean"], row["delay_max"] = float(delay.mean()), int(delay.max())
+                row["delay_mean"], row["delay_max"] = _delay(packed, len(stream))
                 out.append(row)
     finally:
         wfap.END_PLAN, wfap_end.LOOKAHEAD, wfap_end.MODE = saved
