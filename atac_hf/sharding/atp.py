@@ -79,16 +79,20 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
     anchor_comm = cm.comm_cost(anchor_len, C).tolist()  # the K/V exchange of j anchors, every j
     zeros_c = np.zeros(C)
 
-    def attempt(j):
-        """(block, owner, bounds) of the j most expensive anchors over all ranks, tails placed
-        longest first; None where the cap forbids it."""
+    def place(j):
+        """(owner, load, tokens, local attention) of the tails of the j most expensive anchors, placed
+        longest first; None where they do not fit under the cap (more anchors needed)."""
         not_tail = np.zeros(D, dtype=bool)
         not_tail[cand[:j]] = True
         tails = order[~not_tail[order]]
-        placed = _place_tails(D, tails, whole[tails], whole_attn[tails], lengths[tails],
-                              zeros_c, np.zeros(C, np.int64), cap)
+        return _place_tails(D, tails, whole[tails], whole_attn[tails], lengths[tails], zeros_c,
+                            np.zeros(C, np.int64), cap)
+
+    def attempt(j, placed):
+        """(block, owner, bounds, load) of the j most expensive anchors water-filled over all ranks
+        around the tails ``place(j)`` placed; None where the cap forbids either."""
         if placed is None:
-            return None  # tails do not fit under the cap: more anchors needed
+            return None
         owner, load, tok, tail_attn = placed
         bounds = None
         if j:
@@ -100,9 +104,18 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
         comm = anchor_comm[j]
         return float(np.max(load - tail_attn + np.maximum(tail_attn, comm if j else 0.0))), owner, bounds, load
 
-    def build(j, owner, bounds):
+    # a lower bound of the block time of any plan splitting the j most expensive anchors and keeping
+    # the rest whole, every j: its mean compute (block time >= slowest rank's compute >= mean), with
+    # the anchors at their exact work (see _doc_work_lower_bounds) and the whole documents as costed
+    anchor_saving = np.concatenate([[0.0], np.cumsum((whole - _doc_work_lower_bounds(lengths, cm))[cand])])
+    level_bound = ((float(whole.sum()) - anchor_saving) / C * (1 - 1e-9)).tolist()  # margin: sums' rounding
+
+    def build(j, owner, bounds, two_way=None):
         """The plan of ``attempt(j)``, its anchors re-split two-way where that is within
-        TWO_WAY_TOLERANCE; and whether it is (level in tokens and pairs separately)."""
+        TWO_WAY_TOLERANCE; and whether it is (level in tokens and pairs separately).
+        ``two_way``: the two-way split of the anchors, given by a caller that wants no other
+        plan: (None, False) instead of one that is not two-way."""
+        two_way_only = two_way is not None
         anchors = cand[:j]
         tails = np.flatnonzero(owner >= 0)
         tail_seg = np.stack([tails, np.zeros(len(tails), np.int64), lengths[tails]], axis=1)
@@ -114,20 +127,31 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
             o = np.lexsort((offsets[seg[:, 0]] + seg[:, 1], rank))
             return seg[o], rank[o]
 
-        seg, rank = _head_tail_flat(anchors, bounds, C) if j else (np.zeros((0, 3), np.int64), np.zeros(0, np.int64))
-        # the all-to-all is costed only for the plan ATP returns, where it cannot move the block time
-        plan = finish_flat(lengths, C, "atp", *with_tails(seg, rank), np.sort(anchors), cm, "auto", defer_a2a=True)
+        def cost_level():
+            """The cost-level split of attempt(j) (the all-to-all is costed only for the plan ATP
+            returns, where it cannot move the block time)."""
+            seg, rank = _head_tail_flat(anchors, bounds, C) if j else (np.zeros((0, 3), np.int64),
+                                                                       np.zeros(0, np.int64))
+            return finish_flat(lengths, C, "atp", *with_tails(seg, rank), np.sort(anchors), cm, "auto", defer_a2a=True)
+
         # The same anchors and tails with every rank level in tokens and in attention pairs
         # separately: balanced whatever the true price ratio of the two (the cost model's is
-        # off by 5-20% on CPU); taken unless the estimate says it costs over TWO_WAY_TOLERANCE.
-        two_way = _two_way_anchor_segments(lengths, C, anchors, owner, cap, min_chunk) if j else None
-        if two_way is not None:
-            rank = np.repeat(np.arange(C), [len(x) for x in two_way])
-            robust = finish_flat(lengths, C, "atp", *with_tails(np.concatenate(two_way), rank), np.sort(anchors),
-                                 cm, "auto", defer_a2a=True)
-            if robust.block_time_s <= plan.block_time_s * (1 + TWO_WAY_TOLERANCE):
-                return robust, True
-        return plan, False
+        # off by 5-20% on CPU); taken unless the estimate says it costs over TWO_WAY_TOLERANCE
+        # more than the cost-level split, which is not built where the bound on its block time
+        # already says it cannot.
+        if not two_way_only:
+            two_way = _two_way_anchor_segments(lengths, C, anchors, owner, cap, min_chunk) if j else None
+        if two_way is None:
+            return cost_level(), False
+        rank = np.repeat(np.arange(C), [len(x) for x in two_way])
+        robust = finish_flat(lengths, C, "atp", *with_tails(np.concatenate(two_way), rank), np.sort(anchors),
+                             cm, "auto", defer_a2a=True)
+        if robust.block_time_s <= level_bound[j] * (1 + TWO_WAY_TOLERANCE):
+            return robust, True
+        plan = cost_level()
+        if robust.block_time_s <= plan.block_time_s * (1 + TWO_WAY_TOLERANCE):
+            return robust, True
+        return (None, False) if two_way_only else (plan, False)
 
     best = None
     stale = 0
@@ -136,7 +160,7 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
         # more anchors (whose exchange only grows) can beat best, so none is tried
         if j and best is not None and anchor_comm[j] >= best[0] * (1 - 1e-9):
             break
-        got = attempt(j)
+        got = attempt(j, place(j))
         if got is None:
             continue
         block, owner, bounds, load = got
@@ -155,10 +179,15 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
         # estimated cost only: one or two more anchors, split two-way, make it level whatever the
         # price ratio; taken where that costs at most TWO_WAY_TOLERANCE more by the estimate.
         for j in range(best[1] + 1, min(jmax, best[1] + ROBUST_EXTRA_ANCHORS) + 1) if not level_two_ways else ():
-            got = attempt(j)
+            # the plan is taken only where its anchors split two-way, which the tails alone decide: where
+            # they cannot, the anchors are not water-filled
+            placed = place(j)
+            two_way = None if placed is None else _two_way_anchor_segments(lengths, C, cand[:j], placed[0], cap,
+                                                                           min_chunk)
+            got = None if two_way is None else attempt(j, placed)
             if got is None:
                 continue
-            plan, ok = build(j, got[1], got[2])
+            plan, ok = build(j, got[1], got[2], two_way)
             if ok and plan.block_time_s <= anchor_plan.block_time_s * (1 + TWO_WAY_TOLERANCE):
                 anchor_plan = plan
                 break
@@ -232,6 +261,20 @@ def _work_lower_bound(lengths: np.ndarray, C: int, cm: CostModel) -> float:
     price = min(cm.attn_s_per_pair, cm.attn_s_per_pair if cm.masked_attn_s_per_pair is None
                 else cm.masked_attn_s_per_pair)
     return (pairs * price + float(lengths.sum()) * cm.linear_s_per_token) / C
+
+
+def _doc_work_lower_bounds(lengths: np.ndarray, cm: CostModel) -> np.ndarray:
+    """(D,) a lower bound of the summed compute of the segments any plan cuts each document into:
+    its token-wise work, its exact causal pairs (what tiles, masks and windows add is never
+    negative; the pairs of a document's chunks sum to the whole document's) at the cheaper of the
+    causal and masked prices, and one kernel call at the cheaper per-call price (every document
+    is at least one non-empty segment)."""
+    price = min(cm.attn_s_per_pair, cm.attn_s_per_pair if cm.masked_attn_s_per_pair is None
+                else cm.masked_attn_s_per_pair)
+    call = min(cm.segment_overhead_s, cm.segment_overhead_s if cm.masked_segment_overhead_s is None
+               else cm.masked_segment_overhead_s)
+    pairs = _exact(cm).attention_pairs(np.zeros(len(lengths), np.int64), lengths)
+    return lengths * cm.linear_s_per_token + pairs * price + call
 
 
 def _per_doc_lower_bound(lengths: np.ndarray, C: int, cm: CostModel) -> float:

@@ -113,13 +113,8 @@ def _layouts(lengths, C, cm, anchor_share, max_tokens_per_rank, min_chunk, two_w
     anchors = order[(whole[order] > anchor_share * total / C) & (L[order] >= 4 * min_chunk)]
     if not len(anchors):
         return None
-    pairs = causal_pairs(L).astype(np.float64)
-    # (M, D) work of each document in rank shares: estimated cost, and with two_way the cost with
-    # attention priced at 0.5x and 2x (the error a cost model makes in that ratio)
-    costs = [whole] + ([_scaled(cm, 0.5).doc_cost(L), _scaled(cm, 2.0).doc_cost(L)] if two_way else [])
-    unit = np.stack([c * (C / float(c.sum())) for c in costs])
     node = C if cm.node_size is None else max(1, min(C, int(cm.node_size)))
-    spans, ranges = _slot_line(unit[0, anchors], C, node)
+    spans, ranges = _slot_line(whole[anchors] * (C / total), C, node)
     planned = []  # (anchor, pieces) of the anchors on 2+ ranks; one whose interval lies in one slot is a tail
     is_anchor = np.zeros(len(L), dtype=bool)
     for d, (start, end) in zip(anchors.tolist(), spans):
@@ -130,6 +125,12 @@ def _layouts(lengths, C, cm, anchor_share, max_tokens_per_rank, min_chunk, two_w
     if not any(2 <= len(p) < C for _, p in planned):  # no anchor on a proper sub-group: the flat plan's job
         return None
     chains = _chains(planned, ranges)
+    pairs = causal_pairs(L).astype(np.float64)
+    # (M, D) work of each document in rank shares: estimated cost, and with two_way the cost with
+    # attention priced at 0.5x and 2x (the error a cost model makes in that ratio); costed only
+    # where some anchor lands on a proper sub-group
+    costs = [whole] + ([_scaled(cm, 0.5).doc_cost(L), _scaled(cm, 2.0).doc_cost(L)] if two_way else [])
+    unit = np.stack([c * (C / float(c.sum())) for c in costs])
     tails = order[~is_anchor[order]]
     # two_way: inside a chain, tails go where tokens and pairs (each over its mean) stay lowest,
     # so that the chain's two-way re-split can level both
