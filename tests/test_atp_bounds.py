@@ -72,3 +72,26 @@ def test_doc_work_lower_bound_holds_for_any_cut_of_a_document(length, cuts, cost
     for cm_ in (cm, scale_attention(cm, 4.0)):
         bound = float(_doc_work_lower_bounds(np.array([length], np.int64), cm_)[0])
         assert float(cm_.segment_cost(edges[:-1], edges[1:]).sum()) >= bound * (1 - 1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.one_of(st.integers(1, 64), st.integers(1, 20_000)), min_size=2, max_size=30),
+       cp=st.integers(3, 8), cost=st.sampled_from(sorted(COSTS)), share=st.sampled_from([0.25, 0.5]))
+def test_sub_group_layouts_compute_no_less_than_their_floor(lengths, cp, cost, share):
+    """The sub-group planner lays its cost-level re-split only where the two-way one is not within
+    TWO_WAY_TOLERANCE of a floor: the mean of the whole documents' cost and the split ones' exact work.
+    Every layout's slowest rank computes at least that."""
+    from atac_hf.sharding.subgroups import _layouts
+
+    lengths = np.asarray(lengths, dtype=np.int64)
+    cm = COSTS[cost]
+    got = _layouts(lengths, cp, cm, share, None, 1, True)
+    if got is None:
+        return
+    whole, bound = cm.doc_cost(lengths), _doc_work_lower_bounds(lengths, cm)
+    for mode, seg, rank, slowest in got[1]:
+        pieces = np.bincount(seg[:, 0], minlength=len(lengths))
+        split = pieces > 1
+        floor = (whole[~split].sum() + bound[split].sum()) / cp
+        assert slowest >= floor * (1 - 1e-12), mode
+        assert slowest == float(np.bincount(rank, weights=cm.segment_cost(seg[:, 1], seg[:, 2]), minlength=cp).max())

@@ -9,7 +9,6 @@ exchange (all-gather or only-needed all-to-all) is picked by estimated time. Pur
 
 from __future__ import annotations
 
-import functools
 import heapq
 
 import numpy as np
@@ -17,8 +16,9 @@ import numpy as np
 from ..cost import CostModel
 from .baselines import per_doc_block_time, plan_contiguous
 from .plan import ShardPlan
-from .subgroups import ANCHOR_SHARES, _plan_subgroups, _scaled
-from .segments import causal_pairs, finish_flat, finish_plan, per_doc_segments, resolve_exchange, row_offsets
+from .subgroups import ANCHOR_SHARES, _level, _plan_subgroups, _scaled
+from .segments import (_cheapest, _doc_work_lower_bounds, _exact_pairs, causal_pairs, finish_flat, finish_plan,
+                       per_doc_segments, resolve_exchange, row_offsets)
 
 __all__ = ["ROBUST_EXTRA_ANCHORS", "SUBGROUP_MARGIN", "SUBGROUP_SKIP_LEVEL", "TWO_WAY_TOLERANCE", "plan_atp"]
 
@@ -66,8 +66,8 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
         return finish_plan(lengths, 1, "atp", [np.stack([np.arange(D), np.zeros(D, np.int64), lengths], 1)],
                        np.zeros(0, np.int64), cm)
     cap = np.inf if max_tokens_per_rank is None else float(max_tokens_per_rank)
-    whole = cm.doc_cost(lengths)
-    whole_attn = cm.attention_cost(np.zeros(D, np.int64), lengths)
+    # each document's cost whole (cm.doc_cost) and its attention, costed in one call
+    whole, whole_attn = cm.segment_and_attention_cost(np.zeros(D, np.int64), lengths)
     order = np.argsort(-whole, kind="stable")  # most expensive first (ties: row order)
     eligible = order[lengths[order] >= 2 * C * min_chunk]
     jmax = len(eligible) if max_anchors is None else min(len(eligible), int(max_anchors))
@@ -107,7 +107,10 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
     # a lower bound of the block time of any plan splitting the j most expensive anchors and keeping
     # the rest whole, every j: its mean compute (block time >= slowest rank's compute >= mean), with
     # the anchors at their exact work (see _doc_work_lower_bounds) and the whole documents as costed
-    anchor_saving = np.concatenate([[0.0], np.cumsum((whole - _doc_work_lower_bounds(lengths, cm))[cand])])
+    exact_pairs = _exact_pairs(lengths, cm)  # per-pack quantities of the bounds below, counted once
+    work_bound = _work_lower_bound(lengths, C, cm, exact_pairs)
+    doc_bounds = _doc_work_lower_bounds(lengths, cm, exact_pairs)
+    anchor_saving = np.concatenate([[0.0], np.cumsum((whole - doc_bounds)[cand])])
     level_bound = ((float(whole.sum()) - anchor_saving) / C * (1 - 1e-9)).tolist()  # margin: sums' rounding
 
     def build(j, owner, bounds, two_way=None):
@@ -194,7 +197,7 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
     # Head-tail inside every document, moving only the K/V of documents it splits,
     # is a candidate too (ATP is never worse than per_doc); its block time is costed
     # without building it first, and the plan is built only if it can win.
-    if anchor_plan is None or (_per_doc_lower_bound(lengths, C, cm) < anchor_plan.block_time_s * (1 + 1e-6)
+    if anchor_plan is None or (_per_doc_lower_bound(lengths, C, cm, work_bound) < anchor_plan.block_time_s * (1 + 1e-6)
                                and per_doc_block_time(lengths, C, cm) < anchor_plan.block_time_s * (1 + 1e-6)):
         even = finish_plan(lengths, C, "atp", per_doc_segments(lengths, C), None, cm, "auto")
         if even.rank_num_tokens().max() <= cap and (anchor_plan is None
@@ -208,11 +211,13 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
     # slowest rank computes less than the mean of the exact work: where the incumbent is at that
     # bound already, none can beat it; where its exchange is hidden and its ranks are level within
     # SUBGROUP_SKIP_LEVEL, none can gain more than that: the candidates are not built.
-    if C >= 3 and (anchor_plan is None or anchor_plan.block_time_s > _work_lower_bound(lengths, C, cm)
+    if C >= 3 and (anchor_plan is None or anchor_plan.block_time_s > work_bound
                    and (anchor_plan.block_time_s > float(anchor_plan.rank_compute_s.max()) * (1 + 1e-9)
                         or anchor_plan.imbalance > 1 + SUBGROUP_SKIP_LEVEL)):
         alt_blocks: dict = {}  # the incumbent's block time at each attention price, costed once
         tried = []  # anchor sets built: a share with the same anchors builds the same candidate
+        # the document costs and bounds the candidates use (whole is cm.doc_cost), costed once
+        doc_costs = {1.0: whole, "work_lower_bound": doc_bounds}
         for share in ANCHOR_SHARES:
             anchors = (whole > share * float(whole.sum()) / C) & (lengths >= 4 * min_chunk)  # as in subgroups
             if any(np.array_equal(anchors, t) for t in tried):
@@ -220,7 +225,7 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
             tried.append(anchors)
             # a candidate whose slowest rank computes more than the incumbent's block time loses: not finished
             sub = _plan_subgroups(lengths, C, cm, share, max_tokens_per_rank, min_chunk, "atp", True,
-                                  np.inf if anchor_plan is None else anchor_plan.block_time_s)
+                                  np.inf if anchor_plan is None else anchor_plan.block_time_s, doc_costs)
             if sub is not None and (anchor_plan is None or sub.block_time_s <= anchor_plan.block_time_s
                                     and _robustly_no_worse(sub, anchor_plan, cm, alt_blocks)):
                 anchor_plan, alt_blocks = sub, {}
@@ -246,45 +251,25 @@ def _head_tail_flat(docs: np.ndarray, bounds: np.ndarray, C: int) -> tuple[np.nd
     return seg[keep].astype(np.int64), rank[keep]
 
 
-@functools.lru_cache(maxsize=64)
-def _exact(cm: CostModel) -> CostModel:
-    """``cm`` counting exact causal pairs (``tile=1``; cached: models are frozen)."""
-    return cm.replace(tile=1)
-
-
-def _work_lower_bound(lengths: np.ndarray, C: int, cm: CostModel) -> float:
+def _work_lower_bound(lengths: np.ndarray, C: int, cm: CostModel, pairs: np.ndarray | None = None) -> float:
     """A lower bound of any plan's per-rank compute: the exact causal pairs (no tile waste, at the
     cheaper of the causal and masked prices, no per-call overhead) and the token-wise work of the
-    pack, spread evenly over the ``C`` ranks. Splitting a document never lowers either term."""
-    exact = _exact(cm)
-    pairs = float(exact.attention_pairs(np.zeros(len(lengths), np.int64), lengths).sum())
-    price = min(cm.attn_s_per_pair, cm.attn_s_per_pair if cm.masked_attn_s_per_pair is None
-                else cm.masked_attn_s_per_pair)
+    pack, spread evenly over the ``C`` ranks. Splitting a document never lowers either term.
+    ``pairs``: :func:`_exact_pairs` of the pack, where the caller has it."""
+    pairs = float((_exact_pairs(lengths, cm) if pairs is None else pairs).sum())
+    price = _cheapest(cm.attn_s_per_pair, cm.masked_attn_s_per_pair)
     return (pairs * price + float(lengths.sum()) * cm.linear_s_per_token) / C
 
 
-def _doc_work_lower_bounds(lengths: np.ndarray, cm: CostModel) -> np.ndarray:
-    """(D,) a lower bound of the summed compute of the segments any plan cuts each document into:
-    its token-wise work, its exact causal pairs (what tiles, masks and windows add is never
-    negative; the pairs of a document's chunks sum to the whole document's) at the cheaper of the
-    causal and masked prices, and one kernel call at the cheaper per-call price (every document
-    is at least one non-empty segment)."""
-    price = min(cm.attn_s_per_pair, cm.attn_s_per_pair if cm.masked_attn_s_per_pair is None
-                else cm.masked_attn_s_per_pair)
-    call = min(cm.segment_overhead_s, cm.segment_overhead_s if cm.masked_segment_overhead_s is None
-               else cm.masked_segment_overhead_s)
-    pairs = _exact(cm).attention_pairs(np.zeros(len(lengths), np.int64), lengths)
-    return lengths * cm.linear_s_per_token + pairs * price + call
-
-
-def _per_doc_lower_bound(lengths: np.ndarray, C: int, cm: CostModel) -> float:
+def _per_doc_lower_bound(lengths: np.ndarray, C: int, cm: CostModel, work: float | None = None) -> float:
     """A lower bound of the per_doc layout's block time, without costing its chunks: it gathers
     every document of 2+ tokens and only rank 0 holds local (1-token) documents, so every other
     rank waits for the whole exchange; summed over the ranks, the block time is at least all the
-    compute (>= C x the work lower bound) plus the exchange on C - 1 ranks."""
+    compute (>= C x the work lower bound) plus the exchange on C - 1 ranks. ``work``:
+    :func:`_work_lower_bound`, where the caller has it."""
     split = lengths >= 2
     comm = float(cm.comm_cost(int(lengths[split].sum()), C)) if split.any() else 0.0
-    return _work_lower_bound(lengths, C, cm) + (C - 1) * comm / C
+    return (_work_lower_bound(lengths, C, cm) if work is None else work) + (C - 1) * comm / C
 
 
 def _two_way_anchor_segments(lengths: np.ndarray, C: int, anchors: np.ndarray, owner: np.ndarray, cap: float,
@@ -373,12 +358,9 @@ def _water_fill(cm: CostModel, lengths: np.ndarray, costs: np.ndarray, load: np.
     """
     C = len(load)
     room = cap - tok
-    total = float(costs.sum())
-    srt = np.sort(load)
-    levels = (total + np.cumsum(srt)) / np.arange(1, C + 1)
-    kk = int(np.flatnonzero(levels >= srt)[-1])
-    share = np.maximum(levels[kk] - load, 0.0)
-    frac = share / share.sum() if share.sum() > 0 else np.full(C, 1.0 / C)
+    share = _level(load, float(costs.sum()))
+    shared = share.sum()
+    frac = share / shared if shared > 0 else np.full(C, 1.0 / C)
     split = _split_by_share(cm, lengths, frac, room)
     if split is None:
         return None
@@ -386,7 +368,7 @@ def _water_fill(cm: CostModel, lengths: np.ndarray, costs: np.ndarray, load: np.
     # Tile quantisation makes per-token cost differ a little between ranks: one
     # correction step rescales each rank's tokens by its measured cost per token.
     got = n.sum(axis=0)
-    if share.sum() > 0 and np.all(added[got > 0] > 0):
+    if shared > 0 and np.all(added[got > 0] > 0):
         per_tok = np.where(got > 0, added / np.maximum(got, 1), 0.0)
         adj = np.where((frac > 0) & (per_tok > 0), share / np.where(per_tok > 0, per_tok, 1.0), 0.0)
         if adj.sum() > 0:
@@ -447,10 +429,9 @@ def _split_by_share(cm: CostModel, lengths: np.ndarray, frac: np.ndarray, room: 
     sizes = np.concatenate([heads, (n - heads)[:, ::-1]], axis=1)
     bounds = np.zeros((len(lengths), 2 * C + 1), dtype=np.int64)
     np.cumsum(sizes, axis=1, out=bounds[:, 1:])
-    # rank r's head chunk [b_r, b_r+1) and tail chunk [b_2C-1-r, b_2C-r), costed in one call
-    hc = cm.segment_cost(np.stack([bounds[:, :C], bounds[:, 2 * C - 1:C - 1:-1]]),
-                         np.stack([bounds[:, 1:C + 1], bounds[:, 2 * C:C:-1]]))
-    added = (hc[0] + hc[1]).sum(axis=0)
+    # every chunk costed in one call: rank r holds chunk r (its head) and chunk 2C-1-r (its tail)
+    cost = cm.segment_cost(bounds[:, :-1], bounds[:, 1:])
+    added = (cost[:, :C] + cost[:, :C - 1:-1]).sum(axis=0)
     return bounds, n, added
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import functools
 import heapq
 
 import numpy as np
@@ -310,3 +311,31 @@ def row_offsets(lengths: np.ndarray) -> np.ndarray:
 def causal_pairs(n):
     """Query-key pairs of a causal prefix of ``n`` tokens (int or int64 array)."""
     return n * (n + 1) // 2
+
+
+@functools.lru_cache(maxsize=64)
+def _exact(cm: CostModel) -> CostModel:
+    """``cm`` counting exact causal pairs (``tile=1``; cached: models are frozen)."""
+    return cm.replace(tile=1)
+
+
+def _exact_pairs(lengths: np.ndarray, cm: CostModel) -> np.ndarray:
+    """(D,) exact causal pairs of each whole document (``cm``'s sliding window counted, no tiles)."""
+    return _exact(cm).attention_pairs(np.zeros(len(lengths), np.int64), lengths)
+
+
+def _cheapest(price: float, masked: float | None) -> float:
+    """The cheaper of a causal price and its masked counterpart (None: the same)."""
+    return min(price, price if masked is None else masked)
+
+
+def _doc_work_lower_bounds(lengths: np.ndarray, cm: CostModel, pairs: np.ndarray | None = None) -> np.ndarray:
+    """(D,) a lower bound of the summed compute of the segments any plan cuts each document into:
+    its token-wise work, its exact causal pairs (what tiles, masks and windows add is never
+    negative; the pairs of a document's chunks sum to the whole document's) at the cheaper of the
+    causal and masked prices, and one kernel call at the cheaper per-call price (every document
+    is at least one non-empty segment). ``pairs``: :func:`_exact_pairs`, where the caller has it."""
+    price = _cheapest(cm.attn_s_per_pair, cm.masked_attn_s_per_pair)
+    call = _cheapest(cm.segment_overhead_s, cm.masked_segment_overhead_s)
+    pairs = _exact_pairs(lengths, cm) if pairs is None else pairs
+    return lengths * cm.linear_s_per_token + pairs * price + call

@@ -45,7 +45,7 @@ import numpy as np
 
 from ..cost import CostModel
 from .plan import ShardPlan
-from .segments import causal_pairs, finish_flat, row_offsets
+from .segments import _doc_work_lower_bounds, causal_pairs, finish_flat, row_offsets
 
 __all__ = ["ANCHOR_SHARES", "plan_subgroups"]
 
@@ -82,30 +82,40 @@ def plan_subgroups(lengths, C: int, cm: CostModel, *, anchor_share: float = 1.0,
 
 
 def _plan_subgroups(lengths, C, cm, anchor_share, max_tokens_per_rank, min_chunk, strategy, two_way,
-                    bound: float = np.inf) -> ShardPlan | None:
+                    bound: float = np.inf, doc_costs: dict | None = None) -> ShardPlan | None:
     """:func:`plan_subgroups`, or None too where the plan's slowest rank computes more than
-    ``bound`` (its block time, at least that, would be higher: it is not finished)."""
-    layouts = _layouts(lengths, C, cm, anchor_share, max_tokens_per_rank, min_chunk, two_way)
+    ``bound`` (its block time, at least that, would be higher: it is not finished). ``doc_costs``:
+    a cache of the pack's document costs and bounds for calls on the same pack (see :func:`_layouts`)."""
+    layouts = _layouts(lengths, C, cm, anchor_share, max_tokens_per_rank, min_chunk, two_way, doc_costs)
     if layouts is None:
         return None
     L, found = layouts
     best = None
-    for mode, seg, rank in found:
-        # the two re-splits exchange about the same K/V: compared on their slowest rank's compute
-        slowest = float(np.bincount(rank, weights=cm.segment_cost(seg[:, 1], seg[:, 2]), minlength=C).max())
+    for mode, seg, rank, slowest in found:
         if best is None or (mode == "two_way" and slowest <= best[0] * (1 + TWO_WAY_TOLERANCE)):
             best = (slowest, seg, rank)
     return None if best is None else finish_flat(L, C, strategy, best[1], best[2], None, cm, "auto", bound=bound)
 
 
-def _layouts(lengths, C, cm, anchor_share, max_tokens_per_rank, min_chunk, two_way):
+def _cached(cache: dict | None, key, compute):
+    """``cache[key]``, computed by ``compute()`` and kept there where absent (``cache`` None: computed)."""
+    if cache is None:
+        return compute()
+    if key not in cache:
+        cache[key] = compute()
+    return cache[key]
+
+
+def _layouts(lengths, C, cm, anchor_share, max_tokens_per_rank, min_chunk, two_way, doc_costs=None):
     """(lengths, [(re-split mode, (S, 3) segments rank by rank in row order, (S,) rank of each)]) of
     the hierarchical plan, or None."""
     L = np.asarray(lengths, dtype=np.int64)
     cap = np.inf if max_tokens_per_rank is None else float(max_tokens_per_rank)
     if C < 2:
         return None
-    whole = cm.doc_cost(L)
+    # per document (D,): the estimated cost whole (key 1.0; 0.5, 2.0: attention priced so) and a lower
+    # bound of what its chunks cost ("work_lower_bound"), kept in doc_costs for the next call on the pack
+    whole = _cached(doc_costs, 1.0, lambda: cm.doc_cost(L))
     total = float(whole.sum())
     if total <= 0:
         return None
@@ -129,26 +139,34 @@ def _layouts(lengths, C, cm, anchor_share, max_tokens_per_rank, min_chunk, two_w
     # (M, D) work of each document in rank shares: estimated cost, and with two_way the cost with
     # attention priced at 0.5x and 2x (the error a cost model makes in that ratio); costed only
     # where some anchor lands on a proper sub-group
-    costs = [whole] + ([_scaled(cm, 0.5).doc_cost(L), _scaled(cm, 2.0).doc_cost(L)] if two_way else [])
+    costs = [whole] + ([_cached(doc_costs, k, lambda k=k: _scaled(cm, k).doc_cost(L)) for k in (0.5, 2.0)]
+                       if two_way else [])
     unit = np.stack([c * (C / float(c.sum())) for c in costs])
     tails = order[~is_anchor[order]]
     # two_way: inside a chain, tails go where tokens and pairs (each over its mean) stay lowest,
     # so that the chain's two-way re-split can level both
     shape = np.stack([L * (C / float(L.sum())), pairs * (C / float(pairs.sum()))]) if two_way else None
+    # no layout of these anchors computes less on its slowest rank than the mean of the tails' cost and
+    # the anchors' exact work (margin: the sums' rounding)
+    lower = _cached(doc_costs, "work_lower_bound", lambda: _doc_work_lower_bounds(L, cm))
+    floor = (float(whole[tails].sum()) + float(lower[is_anchor].sum())) / C * (1 - 1e-9)
     out: list = []
     # A cap steers the tails to ranks with room; where that leaves no layout under the cap, the
     # uncapped placement is tried too: its layouts are kept where they respect the cap all the same.
     for place_cap in (cap, np.inf) if cap < np.inf else (cap,):
         owner = _place_tails(tails, unit, L, planned, chains, C, place_cap, shape)
         if owner is not None:
-            out = _resplit(L, C, cm, chains, tails, owner, whole, pairs, min_chunk, two_way, cap)
+            out = _resplit(L, C, cm, chains, tails, owner, whole, pairs, min_chunk, two_way, cap, floor)
             if out:
                 break
     return (L, out) if out or owner is not None else None
 
 
-def _resplit(L, C, cm, chains, tails, owner, whole, pairs, min_chunk, two_way, cap):
-    """The layouts of the chains re-split around the tails ``owner`` places (see :func:`_layouts`)."""
+def _resplit(L, C, cm, chains, tails, owner, whole, pairs, min_chunk, two_way, cap, floor=0.0):
+    """The layouts of the chains re-split around the tails ``owner`` places (see :func:`_layouts`), as
+    (mode, segments, rank of each, slowest rank's compute), cost-level first. The two-way re-split is
+    laid first: where its slowest rank is within TWO_WAY_TOLERANCE of ``floor`` (a lower bound of
+    any layout's), it is kept whatever the cost-level one would compute, which is then not laid."""
     # what each rank holds apart from the split anchors: its tails
     held: list[list[tuple[int, int, int]]] = [[] for _ in range(C)]
     for d, r in zip(tails.tolist(), owner.tolist()):
@@ -159,7 +177,7 @@ def _resplit(L, C, cm, chains, tails, owner, whole, pairs, min_chunk, two_way, c
     np.add.at(base[2], owner, pairs[tails])
     offsets = row_offsets(L)
     out = []
-    for mode in (("cost", "two_way") if two_way else ("cost",)):
+    for mode in (("two_way", "cost") if two_way else ("cost",)):
         segs = _split_chains(chains, L, whole, pairs, base, C, min_chunk, mode, cm)
         # every rank's segments, rank by rank in row order (as sort_segments per rank: row starts
         # are distinct within a rank)
@@ -170,8 +188,12 @@ def _resplit(L, C, cm, chains, tails, owner, whole, pairs, min_chunk, two_way, c
         n_tok = np.bincount(rank, weights=seg[:, 2] - seg[:, 1], minlength=C)
         if n_tok.max() > cap or (n_tok.min() == 0 and L.sum() >= C):
             continue  # every rank gets a token (transformers cannot run on none)
-        out.append((mode, seg, rank))
-    return out
+        # the two re-splits exchange about the same K/V: compared on their slowest rank's compute
+        slowest = float(np.bincount(rank, weights=cm.segment_cost(seg[:, 1], seg[:, 2]), minlength=C).max())
+        out.append((mode, seg, rank, slowest))
+        if mode == "two_way" and slowest <= floor * (1 + TWO_WAY_TOLERANCE):
+            break
+    return out[::-1]
 
 
 def rank_compute(per_rank: list[np.ndarray], cm: CostModel) -> np.ndarray:
