@@ -9,6 +9,7 @@ exchange (all-gather or only-needed all-to-all) is picked by estimated time. Pur
 
 from __future__ import annotations
 
+import functools
 import heapq
 
 import numpy as np
@@ -79,6 +80,9 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
     anchor_comm = cm.comm_cost(anchor_len, C).tolist()  # the K/V exchange of j anchors, every j
     zeros_c = np.zeros(C)
 
+    # place and attempt are kept per anchor count: the extra anchors tried below may be ones the
+    # anchor-count loop tried already (their results are not changed by their callers)
+    @functools.cache
     def place(j):
         """(owner, load, tokens, local attention) of the tails of the j most expensive anchors, placed
         longest first; None where they do not fit under the cap (more anchors needed)."""
@@ -88,9 +92,11 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
         return _place_tails(D, tails, whole[tails], whole_attn[tails], lengths[tails], zeros_c,
                             np.zeros(C, np.int64), cap)
 
-    def attempt(j, placed):
+    @functools.cache
+    def attempt(j):
         """(block, owner, bounds, load) of the j most expensive anchors water-filled over all ranks
         around the tails ``place(j)`` placed; None where the cap forbids either."""
+        placed = place(j)
         if placed is None:
             return None
         owner, load, tok, tail_attn = placed
@@ -163,7 +169,7 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
         # more anchors (whose exchange only grows) can beat best, so none is tried
         if j and best is not None and anchor_comm[j] >= best[0] * (1 - 1e-9):
             break
-        got = attempt(j, place(j))
+        got = attempt(j)
         if got is None:
             continue
         block, owner, bounds, load = got
@@ -187,7 +193,7 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
             placed = place(j)
             two_way = None if placed is None else _two_way_anchor_segments(lengths, C, cand[:j], placed[0], cap,
                                                                            min_chunk)
-            got = None if two_way is None else attempt(j, placed)
+            got = None if two_way is None else attempt(j)
             if got is None:
                 continue
             plan, ok = build(j, got[1], got[2], two_way)
