@@ -9,7 +9,6 @@ exchange (all-gather or only-needed all-to-all) is picked by estimated time. Pur
 
 from __future__ import annotations
 
-import functools
 import heapq
 
 import numpy as np
@@ -82,20 +81,28 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
 
     # place and attempt are kept per anchor count: the extra anchors tried below may be ones the
     # anchor-count loop tried already (their results are not changed by their callers)
-    @functools.cache
+    placed_by_count: dict = {}
+    attempt_by_count: dict = {}
+
     def place(j):
         """(owner, load, tokens, local attention) of the tails of the j most expensive anchors, placed
         longest first; None where they do not fit under the cap (more anchors needed)."""
-        not_tail = np.zeros(D, dtype=bool)
-        not_tail[cand[:j]] = True
-        tails = order[~not_tail[order]]
-        return _place_tails(D, tails, whole[tails], whole_attn[tails], lengths[tails], zeros_c,
-                            np.zeros(C, np.int64), cap)
+        if j not in placed_by_count:
+            not_tail = np.zeros(D, dtype=bool)
+            not_tail[cand[:j]] = True
+            tails = order[~not_tail[order]]
+            placed_by_count[j] = _place_tails(D, tails, whole[tails], whole_attn[tails], lengths[tails], zeros_c,
+                                              np.zeros(C, np.int64), cap)
+        return placed_by_count[j]
 
-    @functools.cache
     def attempt(j):
         """(block, owner, bounds, load) of the j most expensive anchors water-filled over all ranks
         around the tails ``place(j)`` placed; None where the cap forbids either."""
+        if j not in attempt_by_count:
+            attempt_by_count[j] = _attempt(j)
+        return attempt_by_count[j]
+
+    def _attempt(j):
         placed = place(j)
         if placed is None:
             return None
@@ -126,7 +133,7 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
         plan: (None, False) instead of one that is not two-way."""
         two_way_only = two_way is not None
         anchors = cand[:j]
-        tails = np.flatnonzero(owner >= 0)
+        tails = (owner >= 0).nonzero()[0]
         tail_seg = np.stack([tails, np.zeros(len(tails), np.int64), lengths[tails]], axis=1)
 
         def with_tails(seg, rank):
@@ -297,7 +304,7 @@ def _two_way_anchor_segments(lengths: np.ndarray, C: int, anchors: np.ndarray, o
     tails alone exceed a rank's share of tokens or pairs, or the cap forbids level tokens.
     """
     L = lengths.astype(np.int64)
-    tails = np.flatnonzero(owner >= 0)
+    tails = (owner >= 0).nonzero()[0]
     tail_tok = np.bincount(owner[tails], weights=L[tails].astype(np.float64), minlength=C)
     tail_pairs = np.bincount(owner[tails], weights=causal_pairs(L[tails]).astype(np.float64), minlength=C)
     need_tok = float(L.sum()) / C - tail_tok
@@ -339,13 +346,14 @@ def _two_way_anchor_segments(lengths: np.ndarray, C: int, anchors: np.ndarray, o
             else:
                 # pairs(h) = pairs(H + h) - pairs(H) + pairs(E) - pairs(E - nr + h): linear in h
                 a, b = H, E - nr
-                base = (causal_pairs(E) - causal_pairs(a)) + (a - b) * (a + b + 1) / 2.0
+                base = (E * (E + 1) - a * (a + 1)) // 2 + (a - b) * (a + b + 1) / 2.0  # causal_pairs, inlined
                 slope = float(a - b)  # < 0: a longer head (a shorter tail) has fewer pairs
                 # round() is half to even, as np.rint
                 h = min(max(round((target[r] - base) / slope), 0), nr) if slope < 0 else (nr + 1) // 2
                 if 0 < h < min_chunk or 0 < nr - h < min_chunk:  # no chunk under min_chunk tokens
                     h = (0 if h < nr - h else nr) if nr < 2 * min_chunk else min(max(h, min_chunk), nr - min_chunk)
-            got = causal_pairs(H + h) - causal_pairs(H) + causal_pairs(E) - causal_pairs(E - (nr - h))
+            t = E - (nr - h)
+            got = ((H + h) * (H + h + 1) - H * (H + 1) + E * (E + 1) - t * (t + 1)) // 2  # exact: each term even
             remaining[r] -= got
             if h > 0:
                 out[r].append((doc, H, H + h))
@@ -414,7 +422,7 @@ def _split_by_share(cm: CostModel, lengths: np.ndarray, frac: np.ndarray, room: 
         # hand out the remainders (largest fraction first) in Python scalars: a few per document
         prefs = np.argsort(-(want - n), axis=1, kind="stable").tolist()
         left, nl = left.tolist(), n.tolist()
-        for d in np.flatnonzero(rest).tolist():
+        for d in rest.nonzero()[0].tolist():
             k = int(rest[d])
             for r in prefs[d]:
                 if k == 0:

@@ -171,7 +171,7 @@ def finish_flat(lengths, C, strategy, allseg, rank_of, gathered_docs, cm: CostMo
         gathered = np.bincount(held // C, minlength=len(lengths)) > 1
     else:
         gathered[gathered_docs] = True
-    gdocs = np.flatnonzero(gathered).astype(np.int64)
+    gdocs = gathered.nonzero()[0].astype(np.int64)
     comm = float(cm.comm_cost(int(lengths[gdocs].sum()), C)) if C > 1 else 0.0
     ends = np.cumsum(np.bincount(rank_of, minlength=C)).tolist()
     segments = [allseg[a:b] for a, b in zip([0] + ends[:-1], ends)]

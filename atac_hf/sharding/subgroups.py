@@ -286,7 +286,7 @@ def _level(base: np.ndarray, amount: float) -> np.ndarray:
     one level above ``base`` ((k,) loads); (k,) rooms summing to ``amount``."""
     srt = np.sort(base)
     levels = (amount + np.cumsum(srt)) / np.arange(1, len(srt) + 1)
-    k = int(np.flatnonzero(levels >= srt)[-1])
+    k = int((levels >= srt).nonzero()[0][-1])
     return np.maximum(levels[k] - base, 0.0)
 
 
