@@ -127,8 +127,9 @@ def _layouts(lengths, C, cm, anchor_share, max_tokens_per_rank, min_chunk, two_w
     spans, ranges = _slot_line(whole[anchors] * (C / total), C, node)
     planned = []  # (anchor, pieces) of the anchors on 2+ ranks; one whose interval lies in one slot is a tail
     is_anchor = np.zeros(len(L), dtype=bool)
+    slots = [float(r) for r in range(C + 1)]  # rank r's slot [r, r + 1)
     for d, (start, end) in zip(anchors.tolist(), spans):
-        pieces = _pieces((start, end), list(range(C + 1)), int(L[d]), min_chunk)
+        pieces = _pieces((start, end), slots, int(L[d]), min_chunk)
         if len(pieces) > 1:
             planned.append((d, pieces))
             is_anchor[d] = True
@@ -252,16 +253,22 @@ def _pieces(span, edges, n: int, min_chunk: int) -> list[tuple[int, int]]:
     C = len(edges) - 1
     r0 = min(C - 1, max(0, bisect.bisect_right(edges, start) - 1))
     r1 = min(C - 1, max(r0, bisect.bisect_left(edges, end - 1e-9 * max(1.0, end)) - 1))
-    share = [max(min(float(edges[r + 1]), end) - max(float(edges[r]), start), 0.0) for r in range(r0, r1 + 1)]
-    share[-1] = max(share[-1], end - max(float(edges[r1]), start))  # past the line's end (rounding): the last rank
+    # (edges that are ints give the same values: every one is exact as a float)
+    share = [max(min(edges[r + 1], end) - max(edges[r], start), 0.0) for r in range(r0, r1 + 1)]
+    share[-1] = max(share[-1], end - max(edges[r1], start))  # past the line's end (rounding): the last rank
     tot = sum(share)
     want = [x / tot * n for x in share] if tot > 0 else [n / len(share)] * len(share)
     got = [int(w) for w in want]
-    for i in sorted(range(len(want)), key=lambda i: (-(want[i] - got[i]), i))[: n - sum(got)]:
-        got[i] += 1
+    short = n - sum(got)
+    if short:  # largest remainders first, ties to the lower rank (got - want is -(want - got) exactly)
+        for _, i in sorted([(g - w, i) for i, (w, g) in enumerate(zip(want, got))])[:short]:
+            got[i] += 1
     pieces = [(r0 + i, k) for i, k in enumerate(got) if k > 0]
-    while len(pieces) > 1 and min(k for _, k in pieces) < 2 * min_chunk:
-        i = min(range(len(pieces)), key=lambda j: pieces[j][1])
+    while len(pieces) > 1:
+        sizes = [k for _, k in pieces]
+        i = sizes.index(min(sizes))  # the smallest piece (the first of equals)
+        if sizes[i] >= 2 * min_chunk:
+            break
         j = i - 1 if i > 0 and (i == len(pieces) - 1 or pieces[i - 1][1] <= pieces[i + 1][1]) else i + 1
         pieces[j] = (pieces[j][0], pieces[j][1] + pieces[i][1])
         del pieces[i]
