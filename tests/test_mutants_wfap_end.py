@@ -173,3 +173,62 @@ def test_windows_plan_tries_more_windows_while_items_are_left():
     members, wins = _windows([8, 7, 6, 6, 6, 6], [0, 0, 5, 5, 5, 5], P=1, C=10)
     assert len(wins) == 6
     assert members[0] == [0] and sorted(i for m in members for i in m) == [0, 2, 3, 4, 5]
+
+
+# The items after the anchors go where they raise their window's max/mean cost the least.
+# x__plan_windows__mutmut_115 (the new max as `pc - ci`): cap 10, 2 packs, lengths 9, 6, 1
+# (cost = tokens): one window, 9 and 6 anchor it (max/mean 9 / 7.5 = 1.2); 1 on the 9 gives
+# 10 / 8 = 1.25, on the 6 gives 9 / 8 = 1.125: it joins the 6.
+
+def test_windows_plan_puts_an_item_where_it_raises_the_max_over_mean_least():
+    members, wins = _windows([9, 6, 1], [9, 9, 9], P=2, C=10)
+    assert members == [[0], [1, 2]] and wins == [[0, 1]]
+
+
+# x__plan_windows__mutmut_107 (the old max/mean over `wsum * P`): the change is compared across
+# windows. Cap 10, 2 packs a window, lengths 1, 7, 2, 7, 9 (ids 0-4): 26 tokens, 2 windows;
+# 9 and 7 anchor the first (9 / 8 = 1.125), 7 and 2 the second (7 / 4.5 = 1.556). The 1:
+# on the 9: 10 / 8.5 = 1.176 (+0.051); on the 7: 9 / 8.5 = 1.059 (-0.066); on the second
+# window's 7: 8 / 5 = 1.6 (+0.044); on its 2: 7 / 5 = 1.4 (-0.156): it joins the 2.
+
+def test_windows_plan_compares_the_change_of_max_over_mean_across_windows():
+    members, wins = _windows([1, 7, 2, 7, 9], [9] * 5, P=2, C=10)
+    assert members == [[4], [1], [3], [2, 0]] and wins == [[0, 1], [2, 3]]
+
+
+# x__plan_windows__mutmut_127 (the mean floored at 1.0 instead of a guard against 0): the plan
+# does not depend on the unit of the costs. Cap 10, one pack a window, lengths 8, 4, 1: at one
+# pack a window every window's max/mean is 1, so the 1 goes to the first pack with room (the
+# 8's); in units 1000 times larger (costs < 1) the same.
+
+def test_windows_plan_does_not_depend_on_the_cost_unit():
+    lens = np.array([8, 4, 1])
+    for scale in (1.0, 1e-3):
+        members, wins = _windows(lens, [9, 9, 9], P=1, C=10, costs=lens[:, None] * scale)
+        assert members == [[0, 2], [1]] and wins == [[0], [1]]
+
+
+# x__plan_windows__mutmut_151 (a window's max cost not updated after an item joins it). Cap 10,
+# one pack a window, lengths 5, 1, 1, 7 (ids 0-3), slack 3, 0, 2, 3: 14 tokens, 2 windows; the
+# due 1 (id 1) takes the first window's pack, 7 anchors the second; 5 fits only the first
+# (6 tokens). The last 1: at one pack a window every window's max/mean stays 1, so it goes to
+# the first pack with room, the first window's. With the first window's max left at 1 (its
+# old max/mean 1/6), the mutant sees the first window worsen and puts the 1 in the second.
+
+def test_windows_plan_keeps_each_windows_max_up_to_date():
+    members, wins = _windows([5, 1, 1, 7], [3, 0, 2, 3], P=1, C=10)
+    assert members == [[1, 0, 2], [3]] and wins == [[0], [1]]
+
+
+# x__plan_deal__mutmut_160 (`min(plans, key=None)`: the deal chosen by list order, not by step
+# time). Cap 10, 2 packs a window, lengths 9, 3, 10, 7, 9 (ids 0-4): the deal makes {10}, {9},
+# {9}, {7, 3}; by rank the two 10s share the first window (10 + 9 = 19), round-robin by rank
+# pairs each 10 with a 9 (10 + 10 = 20); the windows plan also gives 20. The end plan's first
+# window: {10} and {7, 3}.
+
+def test_deal_plan_puts_the_costliest_packs_together_where_that_is_cheaper():
+    cfg = PackingConfig(max_tokens=10, packs_per_window=2, max_defer=5)
+    items = [_item(i, L, arrival=0) for i, L in enumerate([9, 3, 10, 7, 9])]
+    packs, carry = _plan(items, _ctx(cfg, 0))
+    assert sorted(map(sorted, packs)) == [[1, 3], [2]]
+    assert sorted(carry) == [0, 4]

@@ -1,0 +1,110 @@
+"""Tests that kill the mutmut survivors of WFAP's per-window planner (issue 20, fourth pass).
+
+``atac_hf.packing.planners.wfap``: each test names the mutants it kills (mutmut 3 names,
+``atac_hf.packing.planners.wfap.<name>``) and the hand-checked case on which the mutant gives
+another answer. docs/TESTING.md lists the run and the verdicts. Expected values are worked
+out by hand, never computed with the code under test.
+
+The cases use a cost of causal pairs only, L (L + 1) / 2, cap 100 and reference documents of
+10 tokens: a light pack (100 tokens of 10-token documents) costs 10 x 55 = 550, so a sample is
+heavy from 34 tokens on (34 x 35 / 2 = 595 > 1.05 x 550).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from atac_hf.cost import CostModel
+from atac_hf.packing import PackingConfig
+from atac_hf.packing.planners.wfap import plan_wfap
+from atac_hf.packing.planners.window import WindowContext, ref_cost_per_token
+
+PAIRS = CostModel(linear_s_per_token=0.0, attn_s_per_pair=1.0, tile=1)
+
+
+def _cfg(**kw) -> PackingConfig:
+    return PackingConfig(max_tokens=100, packs_per_window=2, reference_doc_tokens=10, **kw)
+
+
+def _ctx(cfg: PackingConfig, window: int, final: bool = False) -> WindowContext:
+    return WindowContext(config=cfg, cost_model=PAIRS, window=window, final=final,
+                         ref_cost_per_token=ref_cost_per_token(cfg, PAIRS))
+
+
+def _item(sid: int, length: int, arrival: int) -> tuple:
+    # (sample_id, start, end, arrival, seq, frag)
+    return (sid, 0, length, arrival, sid, 0)
+
+
+def _ids(packs):
+    return sorted(sorted(it[0] for it in p) for p in packs)
+
+
+# ---------------------------------------------------------------- the forced release
+# x__select_release__mutmut_111 (`members & (...)`: the run released anyway is dropped).
+# Six heavy samples (HELD_LIMIT x 2 packs) of 100, 85, 70, 58, 48, 34 tokens, none overdue,
+# in release order (potential: cost + 5.5 per token of room: 5050, 3737.5, 2650, 1942, 1462,
+# 958). A run of two anchors costs the first one's cost c, the second at most c: its max/mean
+# is 2c / (c + min(c, potential of the second)): 1.149, 1.159, 1.123, 1.079, 1.102, none within
+# the tolerance 1.05. The pool holds enough heavy samples that the best-balanced run, 58 and
+# 48, is released anyway, one per pack; the other four wait.
+
+@pytest.mark.parametrize("balance_split", [False, True])
+def test_a_full_pool_of_heavy_samples_releases_its_best_run_anyway(balance_split):
+    items = [_item(i, L, arrival=0) for i, L in enumerate([100, 85, 70, 58, 48, 34])]
+    packs, carry, split = plan_wfap(items, _ctx(_cfg(balance_split=balance_split), window=1))
+    assert _ids(packs) == [[3], [4]]
+    assert sorted(it[0] for it in carry) == [0, 1, 2, 5] and split == []
+
+
+# ---------------------------------------------------------------- balance_split
+# An overdue heavy sample that no balanced run takes is split into the fewest near-equal
+# fragments that each cost at most a light pack (550). Alone in a window of 2 packs its run is
+# unbalanced (66 tokens: 2211 against the mean (2211 + 550) / 2).
+# x__split_light__mutmut_17 (the fragment size as -(L // k)): 66 tokens in 2 fragments of 33
+# cost 561 each, over 550: 3 fragments of 22 (253 each). The mutant stops at 2.
+
+def test_balance_split_cuts_an_overdue_heavy_sample_until_each_fragment_is_light():
+    cfg = _cfg(balance_split=True, max_defer=2, min_fragment=5)
+    packs, carry, split = plan_wfap([_item(0, 66, arrival=0)], _ctx(cfg, window=2))
+    spans = sorted((it[1], it[2]) for p in packs for it in p)
+    assert spans == [(0, 22), (22, 44), (44, 66)]
+    assert split == [(0, 66)] and carry == []
+
+
+# x__select_release__mutmut_47 (splittable from 3 x min_fragment): a sample of 50 tokens with
+# min_fragment 20 can be cut into two fragments of 25 (>= 20; 325 each, light), so it is split.
+
+def test_balance_split_cuts_a_sample_of_twice_the_minimum_fragment():
+    cfg = _cfg(balance_split=True, max_defer=2, min_fragment=20)
+    packs, carry, split = plan_wfap([_item(0, 50, arrival=0)], _ctx(cfg, window=2))
+    assert sorted((it[1], it[2]) for p in packs for it in p) == [(0, 25), (25, 50)]
+    assert split == [(0, 50)] and carry == []
+
+
+# ---------------------------------------------------------------- the end of the stream
+# x_plan_wfap__mutmut_20 (`price_band is not None or not band_placement`): at the end of the
+# stream the end plan balances the band's costs (the pair of scaled costs) with band_placement,
+# the cost model's alone without it. Cap 12, one pack a window, cost = tokens + 0.2 x pairs,
+# band (0.5, 2), window 2, lengths 5, 3, 6 arrived in windows 2, 2, 0: the two cost vectors
+# give different first windows ({6, 3} under the band, {5, 3} under the cost model alone).
+
+def test_end_plan_balances_the_band_with_band_placement_and_the_cost_model_without():
+    import numpy as np
+
+    from atac_hf.packing.planners.wfap_end import plan_end
+
+    cm = CostModel(linear_s_per_token=1.0, attn_s_per_pair=0.2, tile=1)
+    items = [_item(0, 5, 2), _item(1, 3, 2), _item(2, 6, 0)]
+    lens = np.array([5, 3, 6])
+    firsts = {}
+    for placement in (True, False):
+        cfg = PackingConfig(max_tokens=12, packs_per_window=1, max_defer=3, price_band=(0.5, 2.0),
+                            band_placement=placement)
+        ctx = WindowContext(config=cfg, cost_model=cm, window=2, final=True,
+                            ref_cost_per_token=ref_cost_per_token(cfg, cm))
+        packs, carry, split = plan_wfap(items, ctx)
+        costs = ctx.balance.costs(lens) if placement else cm.doc_cost(lens)[:, None]
+        assert (packs, carry) == plan_end(items, lens, costs, ctx) and split == []
+        firsts[placement] = _ids(packs)
+    assert firsts == {True: [[1, 2]], False: [[0, 1]]}
