@@ -108,3 +108,20 @@ def test_end_plan_balances_the_band_with_band_placement_and_the_cost_model_witho
         assert (packs, carry) == plan_end(items, lens, costs, ctx) and split == []
         firsts[placement] = _ids(packs)
     assert firsts == {True: [[1, 2]], False: [[0, 1]]}
+
+
+# ---------------------------------------------------------------- release order
+# x__select_release__mutmut_15 (`costs.shape[1] == 2`: without a band, heavy samples ordered by
+# length instead of potential). Pair cost in 16-token tiles: 60 and 64 tokens both cost 2560
+# (4 tiles), the reference 16-token document 256 (16 a token; a light pack of 100 tokens 1600).
+# The 60 leaves 4 tokens more room, so its potential is higher (2560 + 16 x 40 = 3200 against
+# 3136): at one pack a window every single anchor is balanced and the first in release order,
+# the 60, is released; the 64 waits.
+
+def test_heavy_samples_are_released_by_potential_not_length():
+    cm = CostModel(linear_s_per_token=0.0, attn_s_per_pair=1.0, tile=16)
+    cfg = PackingConfig(max_tokens=100, packs_per_window=1, reference_doc_tokens=16)
+    ctx = WindowContext(config=cfg, cost_model=cm, window=1, final=False,
+                        ref_cost_per_token=ref_cost_per_token(cfg, cm))
+    packs, carry, split = plan_wfap([_item(0, 64, 0), _item(1, 60, 0)], ctx)
+    assert _ids(packs) == [[1]] and [it[0] for it in carry] == [0]
