@@ -43,6 +43,9 @@ from atac_hf.workloads import sample_path
 ROOT = Path(__file__).resolve().parents[1]
 WLB_PATH = Path(sample_path("wlbllm"))
 STRATEGIES = ("contiguous", "zigzag", "per_doc", "wlb_adaptive", "atp")
+#: the strategies whose plans depend on the cost model (``--preset-plan`` plans them twice)
+PRESET_STRATEGIES = ("per_doc", "wlb_adaptive", "atp")
+PRESET_SUFFIX = " (preset-planned)"
 
 
 def parse_args(argv=None):
@@ -64,6 +67,11 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="packs of 4K-8K, one world size, 1 repeat")
     p.add_argument("--skip-steps", action="store_true",
                    help="only the per-rank timings (no distributed training steps)")
+    p.add_argument("--preset-plan", metavar="MODEL@GPU", type=preset_cost_model,
+                   help="also plan the cost-model-driven strategies (%s) with this preset (e.g. 8b@H100, the "
+                        "library default) instead of this CPU's calibration, and time those plans' ranks in the "
+                        "same rounds: what balance is left when the planning model's prices are off (issue 15)"
+                        % ", ".join(PRESET_STRATEGIES))
     p.add_argument("--json-out", help="write all measurements to this JSON file")
     p.add_argument("--markdown-out", help="write the result tables (markdown) to this file")
     args = p.parse_args(argv)
@@ -113,6 +121,19 @@ def cpu_cost_model(profile: str | None, layers: int, max_len: int | None = None)
         return CostModel(linear_s_per_token=2e-6, attn_s_per_pair=4e-9, segment_overhead_s=3e-5, tile=1,
                          kv_bytes_per_token=2 * 2 * 32 * 4, link_bandwidth=2e9, link_latency_s=5e-5,
                          name="cpu-estimate"), "a fixed CPU estimate"
+
+
+def preset_cost_model(spec: str):
+    """``--preset-plan``: ``MODEL@GPU`` (keys of ``MODEL_PRESETS`` and ``HARDWARE_PRESETS``) as a cost model."""
+    from atac_hf.cost import CostModel
+    from atac_hf.cost.presets import HARDWARE_PRESETS, MODEL_PRESETS
+
+    model, sep, gpu = spec.partition("@")
+    if not sep or model not in MODEL_PRESETS or gpu not in HARDWARE_PRESETS:
+        raise argparse.ArgumentTypeError(
+            f"{spec!r}: expected MODEL@GPU with MODEL one of {sorted(MODEL_PRESETS)} and GPU one of "
+            f"{sorted(HARDWARE_PRESETS)}, e.g. 8b@H100 (the library's default cost model)")
+    return CostModel.from_model(model, gpu)
 
 
 def model_dims(layers: int = 2):
@@ -291,6 +312,39 @@ def distributed_steps(world: int, packs, cm, repeats: int, warmup: int, layers: 
 
 
 # ---------------------------------------------------------------------------- report
+def same_plan(a, b) -> bool:
+    """Whether two shard plans give every rank the same segments (then they run the same kernels)."""
+    return a.cp_size == b.cp_size and all(np.array_equal(a.rank_segments(r), b.rank_segments(r))
+                                          for r in range(a.cp_size))
+
+
+def preset_table(rows: list[dict], preset: str) -> list[str]:
+    """Markdown lines: each cost-model-driven strategy planned with the calibrated model and with
+    ``preset``, measured side by side (same packs, same rounds)."""
+    by = {(r["cp"], r["pack"], r["strategy"]): r for r in rows}
+    md = ["", f"Planned with this CPU's calibrated model vs with the `{preset}` preset (the planners' prices "
+              f"off by the GPU/CPU difference), every plan timed in the same rounds; `layer max, preset / "
+              f"calibrated`: the slowest rank's layer compute of the preset-planned plan over the "
+              f"calibrated-planned one's.", "",
+          "| CP | pack | strategy | packs planned differently | attn max/mean: calibrated, preset "
+          "| layer max/mean: calibrated, preset | layer max, preset / calibrated (mean over packs; those planned "
+          "differently: worst) | KV MB/layer: calibrated, preset |",
+          "|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for (cp, pack, s), cal in by.items():
+        if s not in PRESET_STRATEGIES:
+            continue
+        pre = by[(cp, pack, s + PRESET_SUFFIX)]
+        ratios = [b / a for a, b in zip(cal["layer max s per pack"], pre["layer max s per pack"])]
+        differ = [q for q, same in zip(ratios, pre["same plan per pack"]) if not same]
+        worst = f"{max(differ):.3f}" if differ else "-"
+        md.append(f"| {cp} | {pack} | {s} | {len(differ)} of {len(ratios)} | "
+                  f"{cal['attn max/mean']:.3f}, {pre['attn max/mean']:.3f} | "
+                  f"{cal['layer max/mean']:.3f}, {pre['layer max/mean']:.3f} | "
+                  f"{statistics.mean(ratios):.3f}; {worst} | "
+                  f"{cal['KV MB sent/layer']:.2f}, {pre['KV MB sent/layer']:.2f} |")
+    return md
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     from tqdm.auto import tqdm
@@ -305,6 +359,8 @@ def main(argv=None) -> int:
     # calibrate up to the longest document the packs hold: CPU per-pair cost keeps falling with length
     longest = max(max(p) for packs in all_packs.values() for p in packs)
     cm0, cm_source = cpu_cost_model(args.profile, args.layers, max_len=longest)
+    preset_cm = args.preset_plan
+    timed_strategies = STRATEGIES + (tuple(s + PRESET_SUFFIX for s in PRESET_STRATEGIES) if preset_cm else ())
     rows, raw, links = [], [], {}
     for world in args.world_sizes:
         bw, lat = measure_link(world)
@@ -314,19 +370,27 @@ def main(argv=None) -> int:
         for pack_tokens in args.pack_tokens:
             packs = all_packs[pack_tokens]
             if args.skip_steps:
-                step = {(pi, s): {"step_s": float("nan"), "plan_ms": float("nan")}
-                        for pi in range(len(packs)) for s in STRATEGIES}
+                step = {}
             else:
                 print(f"cp={world}, {pack_tokens // 1024}K packs: distributed steps...", file=sys.stderr, flush=True)
                 steps = distributed_steps(world, packs, cm, args.repeats, args.warmup, args.layers, args.seed)
                 step = {(r["pack"], r["strategy"]): r for r in steps}
             per = {s: {"attn_max_over_mean": [], "layer_max_over_mean": [], "attn_max_s": [], "layer_max_s": [],
                        "step_s": [],
-                       "kv_mb": [], "kv_mb_est": [], "plan_ms": []} for s in STRATEGIES}
+                       "kv_mb": [], "kv_mb_est": [], "plan_ms": [], "same_plan": []} for s in timed_strategies}
             for pi, pack in enumerate(tqdm(packs, desc=f"cp={world} {pack_tokens // 1024}K per-rank timing",
                                            leave=False)):
                 plans = {s: plan_shards(pack, world, s, cm) for s in STRATEGIES}
-                timed = per_rank_times(plans, args.layers, args.repeats, args.warmup, args.seed + pi)
+                if preset_cm is not None:  # the preset as a user who did not calibrate has it (its own link too)
+                    plans.update({s + PRESET_SUFFIX: plan_shards(pack, world, s, preset_cm)
+                                  for s in PRESET_STRATEGIES})
+                # a preset plan identical to the calibrated one is timed once (its twin's figures): the
+                # differences left are the plans', not this shared machine's noise
+                twins = {s + PRESET_SUFFIX: s for s in PRESET_STRATEGIES
+                         if s + PRESET_SUFFIX in plans and same_plan(plans[s + PRESET_SUFFIX], plans[s])}
+                timed = per_rank_times({s: p for s, p in plans.items() if s not in twins}, args.layers, args.repeats,
+                                       args.warmup, args.seed + pi)
+                timed.update({s: timed[t] for s, t in twins.items()})
                 for s, plan in plans.items():
                     t, lin = timed[s]
                     layer_t = [a + b for a, b in zip(t, lin)]
@@ -337,15 +401,17 @@ def main(argv=None) -> int:
                     d["layer_max_over_mean"].append(max(layer_t) / (sum(layer_t) / len(layer_t)))
                     d["attn_max_s"].append(max(t))
                     d["layer_max_s"].append(max(layer_t))
-                    d["step_s"].append(step[(pi, s)]["step_s"])
+                    no_step = {"step_s": float("nan"), "plan_ms": float("nan")}  # --skip-steps; preset plans
+                    d["step_s"].append(step.get((pi, s), no_step)["step_s"])
                     d["kv_mb"].append(sent / 2**20)
                     d["kv_mb_est"].append(plan.kv_bytes(kv_bytes_tok) / 2**20)
-                    d["plan_ms"].append(step[(pi, s)]["plan_ms"])
+                    d["plan_ms"].append(step.get((pi, s), no_step)["plan_ms"])
+                    d["same_plan"].append(s in twins)  # a preset plan identical to the calibrated one
                     raw.append({"world": world, "pack_tokens": pack_tokens, "pack": pi, "docs": len(pack), "lengths": pack,
                                 "strategy": s, "rank_attn_s": t, "rank_linear_s": lin,
                                 **{k: v[-1] for k, v in d.items()}})
             base_step = sum(per["contiguous"]["step_s"])
-            for s in STRATEGIES:
+            for s in timed_strategies:
                 d = per[s]
                 rows.append({
                     "cp": world, "pack": f"{pack_tokens // 1024}K", "strategy": s,
@@ -358,6 +424,7 @@ def main(argv=None) -> int:
                     "step ms": 1e3 * statistics.mean(d["step_s"]),
                     "KV MB sent/layer": statistics.mean(d["kv_mb"]),
                     "planner ms": statistics.mean(d["plan_ms"]),
+                    "layer max s per pack": d["layer_max_s"], "same plan per pack": d["same_plan"],
                 })
     # planner alone: 128K tokens, 200 documents, cp 8
     rng = np.random.default_rng(args.seed)
@@ -389,6 +456,8 @@ def main(argv=None) -> int:
                   f"{r['layer max ms']:.1f} | "
                   f"{r['step vs contiguous']:.3f} | "
                   f"{r['step ms']:.0f} | {r['KV MB sent/layer']:.2f} | {r['planner ms']:.2f} |")
+    if preset_cm is not None:
+        md += preset_table(rows, preset_cm.name)
     md += ["", "Planner alone, 128K-token pack of 200 documents, cp_size 8 (mean of 50 calls):", "",
            "| strategy | ms per pack |", "|---|---:|"]
     md += [f"| {s} | {planner[s]:.3f} |" for s in STRATEGIES]
