@@ -252,22 +252,30 @@ class CostModel:
 
         Vectorised over ``start``/``end`` (broadcastable int arrays). Empty segments give 0.
         """
-        s = np.asarray(start, dtype=np.int64)
-        e = np.asarray(end, dtype=np.int64)
+        return self._pairs(np.asarray(start, dtype=np.int64), np.asarray(end, dtype=np.int64))[1]
+
+    def _pairs(self, s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(n, pairs, nonempty)`` of int64 segments ``[s, e)``: rows ``max(e - s, 0)``, tile-quantised
+        pairs (float64) and ``n > 0``. One pass shared by every costing method: the planners cost
+        arrays of 10-100 segments, where each numpy operation (about 1 us) costs more than its
+        arithmetic, so the rows and the non-empty mask are computed once, not per method."""
         n = np.maximum(e - s, 0)
+        nonempty = n > 0
         t = self.tile
         if t == 1:
             pairs = n * s + n * (n + 1) // 2
         else:
             k = int(t).bit_length() - 1
-            if t == 1 << k:  # ceil(x / t) as a shift (the same integers, fewer and cheaper ops)
-                nq, c, last = (n + (t - 1)) >> k, (s + (t - 1)) >> k, (e + (t - 1)) >> k
+            # query tile i < nq - 1 (nq = ceil(n/t) query tiles) sees keys [0, s + (i+1) t):
+            # ceil(s/t) + i + 1 key tiles; the last query tile sees ceil(e/t) key tiles.
+            if t == 1 << k:  # the ceilings as shifts (the same integers, fewer and cheaper ops)
+                # m = max(nq - 1, 0) = max(floor((n - 1) / t), 0); c1 = ceil(s/t) + 1 = floor((s + 2t - 1) / t)
+                m = np.maximum((n - 1) >> k, 0)
+                c1, last = (s + (2 * t - 1)) >> k, (e + (t - 1)) >> k
             else:
-                nq, c, last = -(-n // t), -(-s // t), -(-e // t)  # query tiles, ceil(s/t), ceil(e/t)
-            # query tile k < nq-1 sees keys [0, s + (k+1) t): ceil(s/t) + k + 1 key tiles;
-            # the last query tile sees ceil(e/t) key tiles.
-            m = np.maximum(nq - 1, 0)
-            tiles = m * (c + 1) + ((m * (m - 1)) >> 1) + np.where(n > 0, last, 0)
+                m = np.maximum(-(-n // t) - 1, 0)
+                c1, last = -(-s // t) + 1, -(-e // t)
+            tiles = m * c1 + ((m * (m - 1)) >> 1) + np.where(nonempty, last, 0)
             pairs = tiles * (t * t)
         pairs = pairs.astype(np.float64)
         if self.sliding_window is not None:
@@ -280,7 +288,7 @@ class CostModel:
 
             band = (prefix(e) - prefix(s)).astype(np.float64) + (n * (t - 1) if t > 1 else 0)
             pairs = np.minimum(pairs, band)
-        return pairs
+        return n, pairs, nonempty
 
     @property
     def models_masking(self) -> bool:
@@ -302,12 +310,15 @@ class CostModel:
         """Seconds of attention (work + per-call overhead) of segments ``[start, end)``."""
         s = np.asarray(start, dtype=np.int64)
         e = np.asarray(end, dtype=np.int64)
-        pairs = self.attention_pairs(s, e)
-        calls = (e > s).astype(np.float64)
+        return self._attention(s, e, *self._pairs(s, e))
+
+    def _attention(self, s: np.ndarray, e: np.ndarray, n: np.ndarray, pairs: np.ndarray,
+                   nonempty: np.ndarray) -> np.ndarray:
+        """:meth:`attention_cost` of int64 segments ``[s, e)`` given their :meth:`_pairs`."""
+        calls = nonempty.astype(np.float64)
         if not self.models_masking:
             return pairs * self.attn_s_per_pair + calls * self.segment_overhead_s
         masked = self.needs_mask(s, e)
-        n = np.maximum(e - s, 0)
         b = int(self.mask_block)
         if b:
             # each call of b rows computes the rectangle up to its last row: the causal
@@ -329,16 +340,15 @@ class CostModel:
         a chunk of a sharded document is ``segment_cost(start, end)``, and a pack is
         the sum over its documents (:meth:`pack_cost`).
         """
-        s = np.asarray(start, dtype=np.int64)
-        e = np.asarray(end, dtype=np.int64)
-        return np.maximum(e - s, 0) * self.linear_s_per_token + self.attention_cost(s, e)
+        return self.segment_and_attention_cost(start, end)[0]
 
     def segment_and_attention_cost(self, start: Any, end: Any) -> tuple[np.ndarray, np.ndarray]:
         """``(segment_cost(start, end), attention_cost(start, end))``, the attention costed once."""
         s = np.asarray(start, dtype=np.int64)
         e = np.asarray(end, dtype=np.int64)
-        attn = self.attention_cost(s, e)
-        return np.maximum(e - s, 0) * self.linear_s_per_token + attn, attn
+        n, pairs, nonempty = self._pairs(s, e)
+        attn = self._attention(s, e, n, pairs, nonempty)
+        return n * self.linear_s_per_token + attn, attn
 
     def doc_cost(self, lengths: Any) -> np.ndarray:
         """Seconds of whole documents of the given lengths."""
@@ -355,6 +365,12 @@ class CostModel:
         ``kv_tokens`` is the total number of tokens, over the whole CP group, whose K/V
         travel; with a ring, each rank receives ``(C - 1) / C`` of them.
         """
+        if type(kv_tokens) in (int, float) and cp_size > 1:
+            # one number (the planners' calls: a plan's gathered tokens): the same IEEE arithmetic in
+            # Python floats, in the same order, without numpy's per-call overhead (about 10 ops of 1 us)
+            kv = float(kv_tokens)
+            return np.float64(2.0 * (self.link_latency_s * (cp_size - 1) + kv * self.kv_bytes_per_token
+                                     * (cp_size - 1) / cp_size / self.link_bandwidth) if kv > 0 else 0.0)
         kv = np.asarray(kv_tokens, dtype=np.float64)
         if cp_size <= 1:
             return np.zeros_like(kv)
