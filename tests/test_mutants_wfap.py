@@ -125,3 +125,32 @@ def test_heavy_samples_are_released_by_potential_not_length():
                         ref_cost_per_token=ref_cost_per_token(cfg, cm))
     packs, carry, split = plan_wfap([_item(0, 64, 0), _item(1, 60, 0)], ctx)
     assert _ids(packs) == [[1]] and [it[0] for it in carry] == [0]
+
+
+# x__select_release__mutmut_79 (`ctx.final and overdue.any()`): with the end plan switched off
+# (END_PLAN = False, a measurement switch: the final windows planned like the others), the
+# final window still holds nothing back: the best run is released even when it is not
+# balanced. 100 and 58 tokens, 2 packs: 2 x 5050 / (5050 + 1942) = 1.44 > 1.05, none overdue.
+
+def test_final_window_without_the_end_plan_releases_an_unbalanced_run(monkeypatch):
+    from atac_hf.packing.planners import wfap
+
+    monkeypatch.setattr(wfap, "END_PLAN", False)
+    items = [_item(0, 100, 0), _item(1, 58, 0)]
+    packs, carry, split = plan_wfap(items, _ctx(_cfg(), window=1, final=True))
+    assert _ids(packs) == [[0], [1]] and carry == [] and split == []
+
+
+# ---------------------------------------------------------------- wfap_place.py
+# x_place_tails__mutmut_76 (the general K-model branch subtracting the tail's costs): with
+# three balance models (K = 3; the planners use 1 or 2, place_tails takes any K) a placed tail
+# adds its costs to its pack, so the next tail goes to the other, still empty pack.
+
+def test_place_tails_adds_the_costs_of_every_model():
+    from atac_hf.packing.planners.wfap_place import place_tails
+
+    pc, pt, tail_of = [[0.0] * 3, [0.0] * 3], [0, 0], [[], []]
+    left = place_tails([0, 1], [3, 2], [[3.0, 1.0, 2.0], [2.0, 2.0, 2.0]], [False, False], pc, pt, tail_of, 10,
+                       float("inf"))
+    assert left == [] and tail_of == [[0], [1]]
+    assert pc == [[3.0, 1.0, 2.0], [2.0, 2.0, 2.0]] and pt == [3, 2]

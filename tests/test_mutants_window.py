@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from atac_hf.cost import CostModel
 from atac_hf.packing import PackingConfig
-from atac_hf.packing.planners.window import (WindowContext, fill_empty_packs, overlength_pieces, ref_cost_per_token,
+from atac_hf.packing.planners.window import (WindowContext, fill_empty_packs, overlength_pieces, place_overdue,
+                                             ref_cost_per_token,
                                              scale_attention_price)
 
 LINEAR = CostModel(linear_s_per_token=1.0, attn_s_per_pair=0.0, tile=1)
@@ -54,3 +55,35 @@ def test_fill_empty_packs_gives_each_empty_pack_one_carried_item_due_first():
     assert packs[1:] == [[b], [c]] and rest == [a]
     full = [[a], [b]]
     assert fill_empty_packs(full, [c], ctx) == [c] and full == [[a], [b]]
+
+
+# x_place_overdue__mutmut_40 (the pack's cost lowered when an overdue item joins it): each
+# overdue item goes whole into the pack that is cheapest once the ones before are placed. Cap
+# 10, cost = tokens, packs of 3 and 4 tokens, two overdue 3-token items: the first joins the
+# 3 (then 6), the second the 4.
+
+def test_place_overdue_puts_each_overdue_item_in_the_pack_cheapest_after_the_last():
+    cfg = PackingConfig(max_tokens=10, packs_per_window=2, max_defer=1)
+    ctx = WindowContext(config=cfg, cost_model=LINEAR, window=1, final=False,
+                        ref_cost_per_token=ref_cost_per_token(cfg, LINEAR))
+    x, y = _item(0, 3, 1, 0), _item(1, 4, 1, 1)
+    o1, o2 = _item(2, 3, 0, 2), _item(3, 3, 0, 3)
+    packs = [[x], [y]]
+    rest, split = place_overdue(packs, [o1, o2], ctx)
+    assert packs == [[x, o1], [y, o2]] and rest == [] and split == []
+
+
+# x_place_overdue__mutmut_72 (a pack's cost reset to 0 after room is made in it): cap 10,
+# cost = tokens, packs of 7 and 6 tokens (not overdue). An overdue 8 fits neither: the 6
+# leaves (fewer tokens than the 7) and the 8 takes its pack (cost 8). An overdue 2 then fits
+# both and joins the cheaper, the 7.
+
+def test_place_overdue_costs_a_pack_after_making_room_in_it():
+    cfg = PackingConfig(max_tokens=10, packs_per_window=2, max_defer=1)
+    ctx = WindowContext(config=cfg, cost_model=LINEAR, window=1, final=False,
+                        ref_cost_per_token=ref_cost_per_token(cfg, LINEAR))
+    a, b = _item(0, 7, 1, 0), _item(1, 6, 1, 1)
+    o1, o2 = _item(2, 8, 0, 2), _item(3, 2, 0, 3)
+    packs = [[a], [b]]
+    rest, split = place_overdue(packs, [o1, o2], ctx)
+    assert packs == [[a, o2], [o1]] and rest == [b] and split == []
