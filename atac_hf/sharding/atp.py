@@ -18,7 +18,7 @@ from .baselines import per_doc_block_time, plan_contiguous
 from .plan import ShardPlan
 from .subgroups import ANCHOR_SHARES, _level, _plan_subgroups, _scaled
 from .segments import (_cheapest, _doc_work_lower_bounds, _exact_pairs, causal_pairs, finish_flat, finish_plan,
-                       per_doc_segments, resolve_exchange, row_offsets)
+                       per_doc_flat, resolve_exchange, row_offsets)
 
 __all__ = ["ROBUST_EXTRA_ANCHORS", "SUBGROUP_MARGIN", "SUBGROUP_SKIP_LEVEL", "TWO_WAY_TOLERANCE", "plan_atp"]
 
@@ -156,12 +156,10 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
         # more than the cost-level split, which is not built where the bound on its block time
         # already says it cannot.
         if not two_way_only:
-            two_way = _two_way_anchor_segments(lengths, C, anchors, owner, cap, min_chunk) if j else None
+            two_way = _two_way_flat(lengths, C, anchors, owner, cap, min_chunk) if j else None
         if two_way is None:
             return cost_level(), False
-        rank = np.repeat(np.arange(C), [len(x) for x in two_way])
-        robust = finish_flat(lengths, C, "atp", *with_tails(np.concatenate(two_way), rank), np.sort(anchors),
-                             cm, "auto", defer_a2a=True)
+        robust = finish_flat(lengths, C, "atp", *with_tails(*two_way), np.sort(anchors), cm, "auto", defer_a2a=True)
         if robust.block_time_s <= level_bound[j] * (1 + TWO_WAY_TOLERANCE):
             return robust, True
         plan = cost_level()
@@ -198,8 +196,7 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
             # the plan is taken only where its anchors split two-way, which the tails alone decide: where
             # they cannot, the anchors are not water-filled
             placed = place(j)
-            two_way = None if placed is None else _two_way_anchor_segments(lengths, C, cand[:j], placed[0], cap,
-                                                                           min_chunk)
+            two_way = None if placed is None else _two_way_flat(lengths, C, cand[:j], placed[0], cap, min_chunk)
             got = None if two_way is None else attempt(j)
             if got is None:
                 continue
@@ -212,7 +209,7 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
     # without building it first, and the plan is built only if it can win.
     if anchor_plan is None or (_per_doc_lower_bound(lengths, C, cm, work_bound) < anchor_plan.block_time_s * (1 + 1e-6)
                                and per_doc_block_time(lengths, C, cm) < anchor_plan.block_time_s * (1 + 1e-6)):
-        even = finish_plan(lengths, C, "atp", per_doc_segments(lengths, C), None, cm, "auto")
+        even = finish_flat(lengths, C, "atp", *per_doc_flat(lengths, C), None, cm, "auto")
         if even.rank_num_tokens().max() <= cap and (anchor_plan is None
                                                       or even.block_time_s < anchor_plan.block_time_s):
             anchor_plan = even
@@ -303,6 +300,18 @@ def _two_way_anchor_segments(lengths: np.ndarray, C: int, anchors: np.ndarray, o
     Returns per-rank (n, 3) anchor segments, or None where no such split exists: a rank's
     tails alone exceed a rank's share of tokens or pairs, or the cap forbids level tokens.
     """
+    flat = _two_way_flat(lengths, C, anchors, owner, cap, min_chunk)
+    if flat is None:
+        return None
+    seg, rank = flat
+    ends = np.cumsum(np.bincount(rank, minlength=C)).tolist()
+    return [seg[a:b] for a, b in zip([0] + ends[:-1], ends)]
+
+
+def _two_way_flat(lengths: np.ndarray, C: int, anchors: np.ndarray, owner: np.ndarray, cap: float,
+                  min_chunk: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`_two_way_anchor_segments` as one (n, 3) array of every rank's segments in turn and the
+    (n,) rank of each: what :func:`finish_flat` takes (two numpy calls, not two per rank)."""
     L = lengths.astype(np.int64)
     tails = (owner >= 0).nonzero()[0]
     tail_tok = np.bincount(owner[tails], weights=L[tails].astype(np.float64), minlength=C)
@@ -360,7 +369,8 @@ def _two_way_anchor_segments(lengths: np.ndarray, C: int, anchors: np.ndarray, o
             if nr - h > 0:
                 out[r].append((doc, E - (nr - h), E))
             H, E = H + h, E - (nr - h)
-    return [np.array(x, dtype=np.int64).reshape(-1, 3) for x in out]
+    return (np.array([x for r in out for x in r], dtype=np.int64).reshape(-1, 3),
+            np.array([r for r, x in enumerate(out) for _ in x], dtype=np.int64))
 
 
 def _water_fill(cm: CostModel, lengths: np.ndarray, costs: np.ndarray, load: np.ndarray,
@@ -381,12 +391,16 @@ def _water_fill(cm: CostModel, lengths: np.ndarray, costs: np.ndarray, load: np.
     bounds, n, added = split
     # Tile quantisation makes per-token cost differ a little between ranks: one
     # correction step rescales each rank's tokens by its measured cost per token.
-    got = n.sum(axis=0)
-    if shared > 0 and np.all(added[got > 0] > 0):
-        per_tok = np.where(got > 0, added / np.maximum(got, 1), 0.0)
-        adj = np.where((frac > 0) & (per_tok > 0), share / np.where(per_tok > 0, per_tok, 1.0), 0.0)
-        if adj.sum() > 0:
-            split2 = _split_by_share(cm, lengths, adj / adj.sum(), room)
+    # Per rank in Python scalars (C of them, elementwise: the same IEEE divisions as numpy's, a few
+    # us fewer than a dozen numpy calls on (C,) arrays); only the sum of adj stays numpy's.
+    got, add_l = n.sum(axis=0).tolist(), added.tolist()
+    if shared > 0 and all(a > 0 for g, a in zip(got, add_l) if g > 0):
+        per_tok = [a / max(g, 1) if g > 0 else 0.0 for g, a in zip(got, add_l)]
+        adj = np.array([s / p if f > 0 and p > 0 else 0.0
+                        for s, p, f in zip(share.tolist(), per_tok, frac.tolist())])
+        adj_sum = adj.sum()
+        if adj_sum > 0:
+            split2 = _split_by_share(cm, lengths, adj / adj_sum, room)
             if split2 is not None and np.max(load + split2[2]) < np.max(load + added):
                 bounds, n, added = split2
     return bounds, added
@@ -416,14 +430,12 @@ def _split_by_share(cm: CostModel, lengths: np.ndarray, frac: np.ndarray, room: 
     frac = want_tot / total
     want = lengths[:, None] * frac[None, :]
     n = np.floor(want + 1e-9).astype(np.int64)
-    left = room - n.sum(axis=0)
-    rest = lengths - n.sum(axis=1)
-    if rest.any():
+    rest = (lengths - n.sum(axis=1)).tolist()
+    if any(rest):
         # hand out the remainders (largest fraction first) in Python scalars: a few per document
         prefs = np.argsort(-(want - n), axis=1, kind="stable").tolist()
-        left, nl = left.tolist(), n.tolist()
-        for d in rest.nonzero()[0].tolist():
-            k = int(rest[d])
+        left, nl = (room - n.sum(axis=0)).tolist(), n.tolist()
+        for d, k in enumerate(rest):
             for r in prefs[d]:
                 if k == 0:
                     break

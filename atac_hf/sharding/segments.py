@@ -16,7 +16,7 @@ import heapq
 import numpy as np
 
 from ..cost import CostModel
-from .exchange import a2a_pair_counts, a2a_pair_counts_flat
+from .exchange import a2a_pair_counts_flat
 from .plan import ShardPlan
 
 __all__ = ["causal_pairs", "check_doc_lengths", "fill_empty_ranks", "finish_plan", "head_tail_bounds", "head_tail_segments",
@@ -124,6 +124,31 @@ def per_doc_segments(lengths: np.ndarray, C: int) -> list[np.ndarray]:
     return out
 
 
+#: per_doc_flat lays packs of up to this many (document, rank) pairs out at once ((D, 2C + 1) bounds);
+#: larger ones rank by rank (per_doc_segments, O(D) memory).
+_PER_DOC_FLAT_MAX = 1 << 16
+
+
+def per_doc_flat(lengths: np.ndarray, C: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`per_doc_segments` as one (S, 3) array of every rank's segments in turn and the (S,) rank
+    of each (what :func:`finish_flat` takes). ATP costs this layout for every pack it may win on:
+    for a pack of tens of documents, a dozen numpy calls on :func:`head_tail_bounds` instead of a
+    dozen per rank."""
+    L = np.asarray(lengths, dtype=np.int64)
+    D = len(L)
+    if D * C > _PER_DOC_FLAT_MAX:
+        segs = per_doc_segments(L, C)
+        return np.concatenate(segs), np.repeat(np.arange(C), [len(x) for x in segs])
+    b = head_tail_bounds(L, C)
+    seg = np.empty((C, D, 2, 3), dtype=np.int64)  # rank, document, head / tail, (doc, start, end)
+    seg[:, :, :, 0] = np.arange(D)[None, :, None]
+    seg[:, :, 0, 1], seg[:, :, 0, 2] = b[:, :C].T, b[:, 1:C + 1].T  # rank r's head: chunk r
+    seg[:, :, 1, 1], seg[:, :, 1, 2] = b[:, 2 * C - 1:C - 1:-1].T, b[:, 2 * C:C:-1].T  # its tail: chunk 2C-1-r
+    seg = seg.reshape(-1, 3)
+    keep = seg[:, 2] > seg[:, 1]
+    return seg[keep], np.repeat(np.arange(C), 2 * D)[keep]
+
+
 def row_ranges_to_segments(offsets: np.ndarray, ranges: list[tuple[int, int]]) -> np.ndarray:
     """(n, 3) document segments covering row ranges ``[lo, hi)`` (given in ascending order)."""
     parts = []
@@ -166,9 +191,12 @@ def finish_flat(lengths, C, strategy, allseg, rank_of, gathered_docs, cm: CostMo
     allseg, rank_of = _merge_flat(allseg, rank_of)
     gathered = np.zeros(len(lengths), dtype=bool)
     if gathered_docs is None:
-        # documents held by 2+ ranks: distinct (document, rank) pairs counted per document
-        held = np.unique(allseg[:, 0] * C + rank_of)
-        gathered = np.bincount(held // C, minlength=len(lengths)) > 1
+        # documents held by 2+ ranks: distinct (document, rank) pairs counted per document (np.unique's
+        # sort and mask, without its Python-level overhead)
+        held = np.sort(allseg[:, 0] * C + rank_of)
+        distinct = np.ones(len(held), dtype=bool)
+        distinct[1:] = held[1:] != held[:-1]
+        gathered = np.bincount(held[distinct] // C, minlength=len(lengths)) > 1
     else:
         gathered[gathered_docs] = True
     gdocs = gathered.nonzero()[0].astype(np.int64)
@@ -205,8 +233,8 @@ def finish_flat(lengths, C, strategy, allseg, rank_of, gathered_docs, cm: CostMo
         kv_exchange=kind,
         kv_window=cm.sliding_window if kind == "all_to_all" else None,
     )
-    if deferred:
-        plan._cache["a2a_deferred"] = True
+    if deferred:  # what resolve_exchange needs, kept flat
+        plan._cache["a2a_deferred"] = (allseg, rank_of, gathered, segments)
     return plan
 
 
@@ -214,9 +242,11 @@ def resolve_exchange(plan: ShardPlan, cm: CostModel) -> ShardPlan:
     """``plan`` with the exchange :func:`finish_flat` deferred (``defer_a2a``) decided: the
     all-to-all where it is estimated faster than the all-gather (the block time is the same:
     either is hidden). Plans not deferred come back unchanged."""
-    if not plan._cache.pop("a2a_deferred", False):
+    deferred = plan._cache.pop("a2a_deferred", None)
+    if deferred is None:
         return plan
-    a2a = cm.a2a_pair_cost(a2a_pair_counts(list(plan.segments), plan.gathered_mask(), cm.sliding_window))
+    allseg, rank_of, gathered, segments = deferred
+    a2a = cm.a2a_pair_cost(a2a_pair_counts_flat(allseg, rank_of, plan.cp_size, gathered, cm.sliding_window, segments))
     if not a2a < plan.comm_s:
         return plan
     return ShardPlan(doc_lengths=plan.doc_lengths, cp_size=plan.cp_size, strategy=plan.strategy,

@@ -291,10 +291,15 @@ def _chains(planned: list, ranges: list[tuple[int, int]]) -> list[tuple[int, int
 def _level(base: np.ndarray, amount: float) -> np.ndarray:
     """Water filling: how much of ``amount`` each rank takes so the ranks that take any end at
     one level above ``base`` ((k,) loads); (k,) rooms summing to ``amount``."""
-    srt = np.sort(base)
-    levels = (amount + np.cumsum(srt)) / np.arange(1, len(srt) + 1)
-    k = int((levels >= srt).nonzero()[0][-1])
-    return np.maximum(levels[k] - base, 0.0)
+    # In Python floats (k is a CP group's ranks: a few to tens): the same sequential running sum
+    # as np.cumsum and the same divisions, without a dozen numpy calls on tiny arrays.
+    level, acc = None, 0.0  # the first rank always qualifies (amount >= 0)
+    for i, x in enumerate(sorted(base.tolist())):
+        acc += x
+        lv = (amount + acc) / (i + 1)
+        if lv >= x:
+            level = lv
+    return np.maximum(level - base, 0.0)
 
 
 def _lay(members, sizes, rooms, a, L, min_chunk):
