@@ -154,3 +154,39 @@ def test_place_tails_adds_the_costs_of_every_model():
                        float("inf"))
     assert left == [] and tail_of == [[0], [1]]
     assert pc == [[3.0, 1.0, 2.0], [2.0, 2.0, 2.0]] and pt == [3, 2]
+
+
+# local_search(pc, pt, tail_of, anchor_of, L, c, C, max_steps): move or swap one tail between
+# the costliest and the cheapest pack while that lowers the pair's higher cost.
+
+def _search(tails_of, L, c, C, max_steps=None):
+    from atac_hf.packing.planners.wfap_place import local_search
+
+    tail_of = [list(t) for t in tails_of]
+    pc = [[float(sum(c[i][0] for i in t))] for t in tail_of]
+    pt = [sum(L[i] for i in t) for t in tail_of]
+    local_search(pc, pt, tail_of, [[] for _ in tail_of], L, c, C, max_steps=max_steps)
+    return tail_of, pc, pt
+
+
+# x_local_search__mutmut_3 (max_steps ignored: always 2 x packs): the search stops after
+# max_steps moves (the end plan's deal gives a window's budget to a search over all its
+# packs). Cap 10, cost = tokens: packs {3, 3, 3}, {1}, {1}. One step moves the first 3 to
+# the first 1 (9 -> 6 and 4); a second would move the next 3 to the other 1.
+
+def test_local_search_stops_after_max_steps():
+    L = [3, 3, 3, 1, 1]
+    c = [[float(x)] for x in L]
+    assert _search([[0, 1, 2], [3], [4]], L, c, 10, max_steps=1)[0] == [[1, 2], [3, 0], [4]]
+    assert _search([[0, 1, 2], [3], [4]], L, c, 10, max_steps=2)[0] == [[2], [3, 0], [4, 1]]
+
+
+# x_local_search__mutmut_51 (`< C`): a move that fills the cheapest pack exactly is allowed.
+# Cap 10: pack {a: 3 tokens, cost 5; b: 4 tokens, cost 4} (cost 9, 7 tokens) and {d: 7 tokens,
+# cost 1}. Moving a fills d's pack to 10 tokens: max(4, 6) = 6; b does not fit; swapping b and
+# d gives 6 too, a swap replaces a move only when strictly better: a moves.
+
+def test_local_search_moves_a_tail_that_fills_the_other_pack_exactly():
+    L, c = [3, 4, 7], [[5.0], [4.0], [1.0]]
+    tail_of, pc, pt = _search([[0, 1], [2]], L, c, 10, max_steps=1)
+    assert tail_of == [[1], [2, 0]] and pt == [4, 10] and pc == [[4.0], [6.0]]
