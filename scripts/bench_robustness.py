@@ -344,7 +344,7 @@ def _section(rows, levers, long_rows, cpu_rows, scales, band, command, seconds, 
              f"Reproduce: `{command}` ({seconds:.0f} s on this machine). Plans (packs and shards) are made with "
              "each scenario's preset cost model; the times are those plans under an *evaluation* model: the same "
              "model with the attention pair price scaled (`attention xK`), or a calibrated profile "
-             "(`atac-hf simulate --eval-attn-scale 0.5,1,2` runs one scenario). WFAP (in ATAC and wfap+per_doc) "
+             "(`atac-hf simulate --eval-attn-scale 0.5,1,2` runs one scenario, `atac-hf bench --eval-attn-scale 0.5,1,2 [--eval-profile P.json]` the whole grid with its default packing options and every combination). WFAP (in ATAC and wfap+per_doc) "
              f"runs with {band_txt} (PackingConfig; the library default is still `None`), and {end_txt}; "
              "*ATAC/LB without band*: "
              "ATAC with `price_band=None` on the same stream. *ATAC/LB*: ATAC's time over the balance lower bound "

@@ -136,3 +136,38 @@ def test_bench_scenario_with_a_profile_runs_the_profiles_model(tmp_path):
     assert cfg.dims == dims and cfg.tp_size == 1 and cfg.cost_model().linear_s_per_token == 2e-6
     res = bench_mod.run_scenario(sc, profile=str(path), combos=[("wfap", "atp"), ("sequential", "zigzag")])
     assert res.combos["ATAC"].throughput > 0
+
+
+def test_bench_robustness_report_over_the_grid(monkeypatch, capsys):
+    """`atac-hf bench --eval-attn-scale`: every scenario planned with its own model and timed at
+    each attention price; a table with the scenario, and one summary per evaluation model."""
+    monkeypatch.setattr(bench_mod, "default_grid", _tiny_grid)
+    assert _run(["bench", "--eval-attn-scale", "0.5,2", "--workers", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    names = [s.name for s in _tiny_grid()]
+    assert {r["scenario"] for r in out["rows"]} == set(names)
+    assert {r["eval"] for r in out["rows"]} == {"attention x0.5", "attention x2"}
+    by = {(r["scenario"], r["eval"], r["combo"]): r for r in out["rows"]}
+    for s in out["summary"]:
+        atac = [by[(n, s["eval"], "ATAC")]["lb_ratio"] for n in names]
+        assert s["scenarios"] == 2 and s["atac_lb_worst"] == max(atac) and min(atac) <= s["atac_lb_geomean"] <= max(atac)
+        assert 0 <= s["ahead_of_all"] <= 2
+    assert _run(["bench", "--eval-attn-scale", "2", "--workers", "2", "--scenarios", names[0]]) == 0
+    printed = capsys.readouterr().out
+    assert names[0] in printed and names[1] not in printed and "attention x2: ATAC/LB geomean" in printed
+
+
+def test_bench_robustness_refusals(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench_mod, "default_grid", _tiny_grid)
+    out = tmp_path / "B.md"
+    with pytest.raises(ValueError, match="drop --output or the --eval options"):
+        _run(["bench", "--eval-attn-scale", "2", "--output", str(out)])
+    assert not out.exists()  # refused: nothing written
+    with pytest.raises(SystemExit):  # argparse: not a list of numbers > 0
+        _run(["bench", "--eval-attn-scale", "0,x"])
+    with pytest.raises(ValueError, match="needs an evaluation model"):
+        bench_mod.run_robustness_grid(_tiny_grid())
+    with pytest.raises(ValueError, match="attention price scale must be a finite number > 0"):
+        bench_mod.run_robustness_grid(_tiny_grid(), scales=(float("nan"),))
+    with pytest.raises((ValueError, OSError), match="nope.json"):
+        _run(["bench", "--eval-profile", str(tmp_path / "nope.json"), "--workers", "1"])

@@ -19,7 +19,7 @@ from .cluster import ClusterConfig
 from .simulate import SimResult, simulate
 from ..workloads import load_workload, sample_path, workload_name
 
-__all__ = ["Scenario", "default_grid", "run_grid", "run_scenario", "wlbllm_path", "PAPER_SCENARIO", "PAPER_SPLIT",
+__all__ = ["Scenario", "default_grid", "run_grid", "run_robustness_grid", "run_scenario", "wlbllm_path", "PAPER_SCENARIO", "PAPER_SPLIT",
            "FEATURED_SCENARIO"]
 
 PAPER_SCENARIO = "paper-7b-128K"  # the paper's setting (PP 4): a what-if for atac-hf, the comparison with the paper
@@ -144,6 +144,38 @@ def _run_one(args: tuple) -> tuple[int, SimResult]:
     return i, run_scenario(scenario, seed=seed, profile=profile, combos=combos)
 
 
+def _check_scenarios(scenarios: Sequence[Scenario], profile: str | None) -> None:
+    for s in scenarios:  # fail fast on user errors, in this process
+        s.config(profile)
+        _lengths(s.workload)
+
+
+def _pool_map(fn, jobs: list[tuple], scenarios: Sequence[Scenario], workers: int | None, progress: bool) -> list:
+    """``fn(job) -> (i, result)`` over ``jobs`` (the i-th for ``scenarios[i]``), in a fork pool when
+    ``workers > 1``, heaviest scenario first; results in grid order."""
+    workers = min(len(jobs), workers if workers is not None else (os.cpu_count() or 1))
+    out: list[Any] = [None] * len(jobs)
+    bar = _bar(len(jobs), progress)
+    if workers <= 1:
+        for job in jobs:
+            i, res = fn(job)
+            out[i] = res
+            bar.update(1)
+    else:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+        weight = lambda s: -s.num_steps * s.cluster["dp_size"] * s.cluster["num_micro_batches"] * (  # noqa: E731
+            1 if s.combos is None else 0.2)
+        jobs = sorted(jobs, key=lambda j: weight(scenarios[j[0]]))  # so that the pool's tail is short
+        with ctx.Pool(workers) as pool:
+            for i, res in pool.imap_unordered(fn, jobs):
+                out[i] = res
+                bar.update(1)
+    bar.close()
+    return [r for r in out if r is not None]
+
+
 def run_grid(scenarios: Sequence[Scenario], *, seed: int = 0, workers: int | None = None, profile: str | None = None,
              combos: Sequence[tuple[str, str]] | None = None, progress: bool = True) -> list[SimResult]:
     """Run every scenario (in a process pool when ``workers > 1``), in grid order.
@@ -152,31 +184,45 @@ def run_grid(scenarios: Sequence[Scenario], *, seed: int = 0, workers: int | Non
         ValueError: a scenario with an inconsistent cluster or a bad workload (checked
             up front, before any worker starts).
     """
-    for s in scenarios:  # fail fast on user errors, in this process
-        s.config(profile)
-        _lengths(s.workload)
-    workers = min(len(scenarios), workers if workers is not None else (os.cpu_count() or 1))
+    _check_scenarios(scenarios, profile)
     jobs = [(i, s, seed, profile, combos) for i, s in enumerate(scenarios)]
-    out: list[SimResult | None] = [None] * len(jobs)
-    bar = _bar(len(jobs), progress)
-    if workers <= 1:
-        for job in jobs:
-            i, res = _run_one(job)
-            out[i] = res
-            bar.update(1)
-    else:
-        import multiprocessing as mp
+    return _pool_map(_run_one, jobs, scenarios, workers, progress)
 
-        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-        # heaviest first, so that the pool's tail is short
-        jobs.sort(key=lambda j: -j[1].num_steps * j[1].cluster["dp_size"] * j[1].cluster["num_micro_batches"]
-                  * (1 if j[1].combos is None else 0.2))
-        with ctx.Pool(workers) as pool:
-            for i, res in pool.imap_unordered(_run_one, jobs):
-                out[i] = res
-                bar.update(1)
-    bar.close()
-    return [r for r in out if r is not None]
+
+def _robust_one(args: tuple) -> tuple[int, list[dict[str, Any]]]:
+    from .robustness import robustness_rows, run_robustness
+
+    i, scenario, seed, profile, scales, eval_profiles = args
+    runs = run_robustness(_lengths(scenario.workload), scenario.config(profile), scales=scales,
+                          profiles=eval_profiles, combos=scenario.combos, num_steps=scenario.num_steps, seed=seed,
+                          workload=workload_name(scenario.workload), packing_options=scenario.options)
+    return i, [{"scenario": scenario.name, **row} for row in robustness_rows(runs)]
+
+
+def run_robustness_grid(scenarios: Sequence[Scenario], *, scales: Sequence[float] = (),
+                        eval_profiles: Sequence[str] = (), seed: int = 0, workers: int | None = None,
+                        profile: str | None = None, progress: bool = True) -> list[dict[str, Any]]:
+    """Every scenario planned with its own cost model and timed by each evaluation model (its
+    model with attention priced ``scales`` x, and each of ``eval_profiles``): the rows of
+    :func:`~atac_hf.sim.robustness.robustness_rows`, each with its ``scenario``, in grid order.
+
+    Raises:
+        ValueError: as :func:`run_grid`; a scale that is not a finite number > 0; no evaluation model.
+    """
+    from .robustness import scale_attention
+
+    if not scales and not eval_profiles:
+        raise ValueError("run_robustness_grid needs an evaluation model: attention scales (--eval-attn-scale) or "
+                         "profiles (--eval-profile)")
+    _check_scenarios(scenarios, profile)
+    for s in scenarios:  # bad scales and profiles fail here, before any worker starts
+        cm = s.config(profile).cost_model()
+        for k in scales:
+            scale_attention(cm, k)
+    for path in eval_profiles:
+        CostModel.from_profile(path)
+    jobs = [(i, s, seed, profile, tuple(scales), tuple(eval_profiles)) for i, s in enumerate(scenarios)]
+    return [row for rows in _pool_map(_robust_one, jobs, scenarios, workers, progress) for row in rows]
 
 
 class _NoBar:

@@ -232,6 +232,11 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=None, help="processes (default: CPU count)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scenarios", default=None, help="comma-separated scenario names to run (default: all)")
+    p.add_argument("--eval-attn-scale", type=_scales, default=None, metavar="K[,K...]",
+                   help="robustness report: plan every scenario with its cost model, time it with that model's "
+                        "attention priced at these ratios (e.g. 0.5,1,2); prints the report, writes nothing")
+    p.add_argument("--eval-profile", action="append", default=[], metavar="PROFILE.json",
+                   help="robustness report: also time every scenario's plans with this cost profile (repeatable)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run_bench)
 
@@ -246,6 +251,12 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.plots_dir and not args.output:
         raise ValueError(f"--plots-dir {args.plots_dir!r} needs --output FILE.md (the report the plots belong to); "
                          "without --output bench writes nothing")
+    robust = bool(args.eval_attn_scale or args.eval_profile)
+    if robust and args.output and not args.no_write:
+        raise ValueError(f"--output {args.output!r} rewrites the simulator section from the planning model's run; "
+                         "with --eval-attn-scale / --eval-profile bench prints the robustness report only "
+                         "(scripts/bench_robustness.py --output writes its section): drop --output or the --eval "
+                         "options")
     write = bool(args.output) and not args.no_write
     grid = default_grid(args.workload_file)
     if args.scenarios:
@@ -262,6 +273,8 @@ def run_bench(args: argparse.Namespace) -> int:
     if write and not have_matplotlib():
         say("no plots: matplotlib is not installed (pip install matplotlib, or the package's [dev] extra)")
     t0 = time.perf_counter()
+    if robust:
+        return _bench_robustness(args, [s for s in grid if not s.extra], t0)
     results = run_grid(grid, seed=args.seed, workers=args.workers, profile=args.profile,
                        progress=not args.json)
     seconds = time.perf_counter() - t0
@@ -312,6 +325,27 @@ def run_bench(args: argparse.Namespace) -> int:
                                                     paper=paper_line))
         say(f"wrote {args.output}" + (f" and {len(plots)} plots in {os.path.dirname(plots[0]) or '.'}" if plots
                                       else " (no plots)"))
+    return 0
+
+
+def _bench_robustness(args: argparse.Namespace, grid: list, t0: float) -> int:
+    """``atac-hf bench --eval-attn-scale/--eval-profile``: every scenario of ``grid`` planned with its
+    own cost model, timed by each evaluation model; the table and one summary line per model."""
+    from .bench import run_robustness_grid
+    from .robustness import robustness_summary, robustness_summary_lines, robustness_table
+
+    rows = run_robustness_grid(grid, scales=args.eval_attn_scale or (), eval_profiles=args.eval_profile,
+                               seed=args.seed, workers=args.workers, profile=args.profile, progress=not args.json)
+    summary = robustness_summary(rows)
+    if args.json:
+        print(json.dumps({"rows": rows, "summary": summary, "seconds": time.perf_counter() - t0}, default=float))
+        return 0
+    print(robustness_table(rows))
+    print()
+    print("\n".join(robustness_summary_lines(summary)))
+    print(f"{len(grid)} scenarios, each planned with its own cost model; {time.perf_counter() - t0:.1f} s. "
+          "time/LB: step time over the balance lower bound under the evaluation model; ATAC speedup: ATAC's time "
+          "advantage over that row's combination.")
     return 0
 
 

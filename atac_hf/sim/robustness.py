@@ -24,7 +24,8 @@ from .cluster import ClusterConfig
 from .results import SimResult
 from .simulate import simulate
 
-__all__ = ["DEFAULT_SCALES", "RobustnessRun", "run_robustness", "robustness_rows", "robustness_table",
+__all__ = ["DEFAULT_SCALES", "RobustnessRun", "run_robustness", "robustness_rows", "robustness_summary",
+           "robustness_summary_lines", "robustness_table",
            "scale_attention", "window_imbalance_stats", "time_weighted_imbalance", "formula_lb_ratio"]
 
 #: Attention price ratios of the evaluation model to the planning one.
@@ -157,12 +158,49 @@ def robustness_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) 
     """The rows as a table (plain text or markdown)."""
     from .report import _render
 
-    head = ["timed by", "combination", "time/LB", "time/LB (1F1B formula)", "ATAC speedup", "window max/mean",
-            "worst window", "CP max/mean", "worst pack", "K/V MB/layer", "delay mean/max"]
+    scenario = any("scenario" in r for r in rows)  # rows of several scenarios (atac-hf bench)
+    head = ["scenario"] * scenario + [
+        "timed by", "combination", "time/LB", "time/LB (1F1B formula)", "ATAC speedup", "window max/mean",
+        "worst window", "CP max/mean", "worst pack", "K/V MB/layer", "delay mean/max"]
     fmt = lambda v, f: "-" if v != v else format(v, f)  # noqa: E731 (NaN -> "-")
-    body = [[r["eval"], r["combo"], fmt(r["lb_ratio"], ".3f"), fmt(r["formula_lb_ratio"], ".3f"),
+    body = [[r.get("scenario", "")] * scenario + [
+             r["eval"], r["combo"], fmt(r["lb_ratio"], ".3f"), fmt(r["formula_lb_ratio"], ".3f"),
              fmt(r["atac_speedup"], ".2f"), fmt(r["window_imbalance"], ".3f"), fmt(r["window_imbalance_worst"], ".3f"),
              fmt(r["cp_imbalance"], ".3f"), fmt(r["cp_imbalance_worst"], ".3f"), fmt(r["kv_mb_per_layer"], ".1f"),
              f"{r['delay_mean']:.2f}/{r['delay_max']}"]
             for r in rows]
     return _render(head, body, markdown)
+
+
+def robustness_summary(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per evaluation model, over the scenarios of ``rows`` (:func:`robustness_rows` with a
+    ``scenario`` each): ATAC's time over its balance bound (geomean, worst and where), its
+    smallest speedup over any other combination (and which, where), and in how many scenarios
+    it is ahead of every other combination."""
+    out = []
+    for label in dict.fromkeys(r["eval"] for r in rows):
+        mine = [r for r in rows if r["eval"] == label]
+        atac = [r for r in mine if r["combo"] == "ATAC"]
+        others = [r for r in mine if r["combo"] != "ATAC" and r["atac_speedup"] == r["atac_speedup"]]
+        if not atac:
+            continue
+        worst = max(atac, key=lambda r: r["lb_ratio"])
+        low = min(others, key=lambda r: r["atac_speedup"]) if others else None
+        behind = {r["scenario"] for r in others if r["atac_speedup"] < 1.0}
+        out.append({
+            "eval": label, "scenarios": len(atac),
+            "atac_lb_geomean": float(np.exp(np.mean(np.log([r["lb_ratio"] for r in atac])))),
+            "atac_lb_worst": worst["lb_ratio"], "atac_lb_worst_scenario": worst["scenario"],
+            "min_speedup": low["atac_speedup"] if low else float("nan"),
+            "min_speedup_vs": f"{low['combo']} in {low['scenario']}" if low else "-",
+            "ahead_of_all": len({r["scenario"] for r in atac} - behind),
+        })
+    return out
+
+
+def robustness_summary_lines(summary: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per evaluation model of :func:`robustness_summary`."""
+    return [f"{s['eval']}: ATAC/LB geomean {s['atac_lb_geomean']:.3f}, worst {s['atac_lb_worst']:.3f} "
+            f"({s['atac_lb_worst_scenario']}); ATAC's smallest speedup {s['min_speedup']:.3f}x "
+            f"(over {s['min_speedup_vs']}); ahead of every other combination in {s['ahead_of_all']} of "
+            f"{s['scenarios']} scenarios" for s in summary]
