@@ -185,7 +185,7 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
         else:
             stale += 1
         # level ranks: more anchors only add K/V traffic and remove overlap.
-        if float(load.max()) <= float(load.mean()) * 1.005 or stale >= 3:
+        if float(load.max()) <= float(load.sum()) / C * 1.005 or stale >= 3:  # the mean, as np.mean (sum / C)
             break
     anchor_plan = None
     if best is not None:

@@ -47,7 +47,7 @@ def check_doc_lengths(doc_lengths: Any) -> np.ndarray:
     if arr.dtype == np.bool_:
         raise ValueError("doc_lengths is a bool array, not document lengths: doc_lengths must be integers "
                          "(ints >= 1)")
-    if not np.issubdtype(arr.dtype, np.integer):
+    if arr.dtype != np.int64 and not np.issubdtype(arr.dtype, np.integer):  # int64: the usual case, checked first
         if np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)) \
                 and float(np.abs(arr).max()) < 2.0**62:
             arr = arr.astype(np.int64)
