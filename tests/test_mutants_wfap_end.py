@@ -232,3 +232,33 @@ def test_deal_plan_puts_the_costliest_packs_together_where_that_is_cheaper():
     packs, carry = _plan(items, _ctx(cfg, 0))
     assert sorted(map(sorted, packs)) == [[1, 3], [2]]
     assert sorted(carry) == [0, 4]
+
+
+# x__plan_windows__mutmut_53 (`break` for `continue` when an early item finds no room): the
+# early items after one that finds no room are still placed. Cap 10, one pack a window, 8, 7
+# and 2 all overdue: 8 takes the first window's pack, 7 does not fit, 2 fills it to 10.
+
+def test_windows_plan_places_the_early_items_after_one_without_room():
+    members, wins = _windows([8, 7, 2], [0, 0, 0], P=1, C=10)
+    assert members[0] == [0, 2] and all(1 not in m for m in members)
+
+
+# x__plan_windows__mutmut_93 (`< C`): an item after the anchors that fills a pack exactly is
+# placed there. Cap 10, one pack a window, 6, 4, 5 (none due): 2 windows, 6 and 5 anchor them;
+# the 4 fits both, and at one pack a window it goes to the first with room: 6 + 4 = 10.
+
+def test_windows_plan_fills_a_pack_exactly_after_the_anchors():
+    members, wins = _windows([6, 4, 5], [9, 9, 9], P=1, C=10)
+    assert members == [[0, 1], [2]] and wins == [[0], [1]]
+
+
+# x__plan_windows__mutmut_117 (the new mean as `(wsum + ci) * P`): the change of max/mean is
+# compared across windows in the same units. Cap 10, 2 packs a window, lengths 10, 4, 8, 2, 4
+# (ids 0-4), slack 2, 0, 2, 2, 3: 28 tokens, 2 windows; the due 4 (id 1) takes pack 0, then
+# 10, 8 and the other 4 anchor packs 1-3: windows {4}, {10} (10 / 7 = 1.429) and {8}, {4}
+# (8 / 6 = 1.333). The 2: on the first window's 4: 10 / 8 = 1.25 (-0.179); on the 8: 10 / 7
+# (+0.095); on the second window's 4: 8 / 7 = 1.143 (-0.190): it joins the second window's 4.
+
+def test_windows_plan_compares_the_change_of_max_over_mean_in_the_same_units():
+    members, wins = _windows([10, 4, 8, 2, 4], [2, 0, 2, 2, 3], P=2, C=10)
+    assert members == [[1], [0], [2], [4, 3]] and wins == [[0, 1], [2, 3]]
