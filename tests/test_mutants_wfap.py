@@ -190,3 +190,40 @@ def test_local_search_moves_a_tail_that_fills_the_other_pack_exactly():
     L, c = [3, 4, 7], [[5.0], [4.0], [1.0]]
     tail_of, pc, pt = _search([[0, 1], [2]], L, c, 10, max_steps=1)
     assert tail_of == [[1], [2, 0]] and pt == [4, 10] and pc == [[4.0], [6.0]]
+
+
+# ---------------------------------------------------------------- overdue heavy samples
+# x__block_ratios__mutmut_26 (the packs without an anchor counted as `(P - size) / light`): a
+# run shorter than a window is balanced against light packs. One overdue heavy sample of 34
+# tokens (595) in a window of 2 packs: 595 / ((595 + 550) / 2) = 1.039 <= 1.05: it is released
+# whole, not split (balance_split on).
+
+def test_an_overdue_heavy_sample_balanced_against_light_packs_is_released_whole():
+    cfg = _cfg(balance_split=True, max_defer=2, min_fragment=5)
+    packs, carry, split = plan_wfap([_item(0, 34, arrival=0)], _ctx(cfg, window=2))
+    assert [[(it[0], it[1], it[2]) for it in p] for p in packs if p] == [[(0, 0, 34)]]
+    assert split == [] and carry == []
+
+
+# x__select_release__mutmut_147 (no companions) and _155 (at least one): without balance_split,
+# overdue heavy samples that no balanced run takes are released with the heaviest companions
+# no costlier than they are, up to a window's packs. max_defer 2, window 2, 2 packs:
+# (a) 58 overdue (1711), 100 and 48 not: runs in release order (100, 58) 1.44, (58, 48) 1.078:
+#     none balanced; the 58 goes with the 48 (1176 <= 1711; the 100 is costlier).
+# (b) 58 and 48 overdue, 40 not: (58, 48) 1.078; (48, 40) 1.011 but leaves the 58: no run; the
+#     two overdue fill the window, the 40 waits.
+
+def test_overdue_heavy_samples_are_released_with_companions_no_costlier_up_to_the_packs():
+    cfg = _cfg(max_defer=2)
+    packs, carry, split = plan_wfap([_item(0, 100, 1), _item(1, 58, 0), _item(2, 48, 1)], _ctx(cfg, window=2))
+    assert _ids(packs) == [[1], [2]] and [it[0] for it in carry] == [0]
+    packs, carry, split = plan_wfap([_item(0, 58, 0), _item(1, 48, 0), _item(2, 40, 1)], _ctx(cfg, window=2))
+    assert _ids(packs) == [[0], [1]] and [it[0] for it in carry] == [2]
+
+
+# x__heavy_mask__mutmut_5 (the all-light mask of defer_heavy=False as floats): with
+# defer_heavy=False nothing is held back: a heavy sample is placed at once like any other.
+
+def test_without_defer_heavy_a_heavy_sample_is_placed_at_once():
+    packs, carry, split = plan_wfap([_item(0, 100, 1), _item(1, 10, 1)], _ctx(_cfg(defer_heavy=False), window=1))
+    assert _ids(packs) == [[0], [1]] and carry == [] and split == []
