@@ -39,31 +39,30 @@ def _item(sid: int, length: int, seq: int, start: int = 0, arrival: int = 0) -> 
 
 # ---------------------------------------------------------------------------- carry order
 # Mutants x_plan_bfd__mutmut_66 and x_plan_wlb__mutmut_113: carry.sort(key=None) instead of
-# data order. place_overdue places the carried overdue items in carry order; when the first
-# one is split over the room left, the order decides which sample is split. Sample ids are
-# given out of data order (9, 5, 1), so sorting by the item tuple (id first) reverses it.
+# data order. place_overdue places the carried overdue items in carry order; where the first
+# one is split over the room left (all of it now: a sample that fits is cut only where every
+# piece goes in this window), the order decides which sample is split. Sample ids are given
+# out of data order, so sorting by the item tuple (id first) changes the order.
 
 def test_bfd_splits_the_oldest_carried_overdue_sample_first():
-    # cap 10, one pack, max_defer 0 (everything due at once), min_fragment 1. bfd: 7 (id 9) -> A
-    # (room 3); 6 (id 5) fits only a new pack B (room 4); 5 (id 1) fits neither: C. The
-    # fullest, A, is emitted; carry 6 (id 5, seq 1), 5 (id 1, seq 2). place_overdue splits the
-    # oldest, id 5: 3 tokens into A, 3 carried. In id order it would split id 1: (1, 0, 3).
-    p = StreamPacker(PackingConfig(max_tokens=10, packs_per_window=1, strategy="bfd", max_defer=0,
+    # cap 10, two packs, max_defer 0 (everything due at once), min_fragment 1. bfd: 7 (id 9) -> A
+    # (room 3), 7 (id 8) -> B (room 3), 6 (id 5) -> C, 5 (id 1) -> D; A and B are emitted, carry
+    # 6 (id 5, seq 1) and 5 (id 1, seq 2). place_overdue splits the oldest, id 5, 3 + 3 over A and
+    # B (all of it); id 1 then fits nowhere and waits whole. In id order id 1 would be split 3 + 2.
+    p = StreamPacker(PackingConfig(max_tokens=10, packs_per_window=2, strategy="bfd", max_defer=0,
                                    min_fragment=1), LINEAR)
-    assert p.add_window([9, 5, 1], [7, 6, 5]) == [[(9, 0, 7), (5, 0, 3)]]
-    assert [tuple(it) for it in p.state_dict()["pool"]] == [(5, 3, 6, 0, 1, 1), (1, 0, 5, 0, 2, 0)]
+    assert p.add_window([9, 5, 1, 8], [7, 6, 5, 7]) == [[(9, 0, 7), (5, 0, 3)], [(5, 3, 6), (8, 0, 7)]]
+    assert [tuple(it) for it in p.state_dict()["pool"]] == [(1, 0, 5, 0, 2, 0)]
 
 
 def test_wlb_splits_the_oldest_carried_overdue_sample_first():
-    # cap 10, one pack, default thresholds (2, 5), max_defer 0, min_fragment 1: all three are
-    # outliers in the >= 5 queue [7 (id 9), 6 (id 5), 5 (id 1)], which is full and releases its
-    # oldest, id 9; the other two are overdue and go first, longest first: 6 -> A; 5 does not
-    # fit (11 > 10). The released 7 does not fit either. Carry, in data order: id 9, id 1.
-    # place_overdue splits the oldest, id 9: 4 tokens into A. In id order it would split id 1.
-    p = StreamPacker(PackingConfig(max_tokens=10, packs_per_window=1, strategy="wlb", max_defer=0,
+    # the same window with wlb (default thresholds): its packs leave id 9 (7 tokens, the oldest)
+    # and id 5 carried, overdue; place_overdue splits id 9 5 + 2 over the two packs' room (all of
+    # it) and id 5 then waits whole. In id order id 5 would be split.
+    p = StreamPacker(PackingConfig(max_tokens=10, packs_per_window=2, strategy="wlb", max_defer=0,
                                    min_fragment=1), LINEAR)
-    assert p.add_window([9, 5, 1], [7, 6, 5]) == [[(9, 0, 4), (5, 0, 6)]]
-    assert [tuple(it) for it in p.state_dict()["pool"]] == [(9, 4, 7, 0, 0, 1), (1, 0, 5, 0, 2, 0)]
+    assert p.add_window([9, 5, 1, 8], [7, 6, 5, 7]) == [[(9, 5, 7), (8, 0, 7)], [(9, 0, 5), (1, 0, 5)]]
+    assert [tuple(it) for it in p.state_dict()["pool"]] == [(5, 0, 6, 0, 1, 0)]
 
 
 # ---------------------------------------------------------------------------- plan_wlb, directly

@@ -6,6 +6,7 @@ in the middle of the end; every sample packed once, deadlines kept, determinism.
 from __future__ import annotations
 
 import warnings
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from atac_hf.packing import PackingConfig, StreamPacker, pack_lengths
 from atac_hf.packing.metrics import pack_costs
 from atac_hf.packing.planners import wfap, wfap_end
 from atac_hf.packing.planners.wfap_end import _assign, rest_fits_window
+from atac_hf.packing.planners.window import place_overdue
 
 COST = CostModel(linear_s_per_token=1.0, attn_s_per_pair=0.05, tile=4, segment_overhead_s=0.5)
 
@@ -73,6 +75,13 @@ def _mean_window_ratio(res, P, cm):
 def test_end_plan_packs_every_sample_once_within_the_deadline(seed, P, max_defer, band, overlength, mode):
     saved = wfap_end.MODE
     wfap_end.MODE = mode
+    congested = []  # windows whose overdue items did not all fit its packs (PackingConfig.max_defer's exception)
+
+    def watched(packs, carry, ctx):
+        out = place_overdue(packs, carry, ctx)
+        congested.append(any(ctx.is_overdue(it) for it in out[0]))
+        return out
+
     try:
         rng = np.random.default_rng(seed)
         cap = int(rng.integers(16, 300))
@@ -81,7 +90,7 @@ def test_end_plan_packs_every_sample_once_within_the_deadline(seed, P, max_defer
             lengths[0] = 1
         config = PackingConfig(max_tokens=cap, packs_per_window=P, max_defer=max_defer, price_band=band,
                                overlength=overlength)
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), mock.patch("atac_hf.packing.stream.place_overdue", watched):
             warnings.simplefilter("ignore")
             res = pack_lengths(lengths, config, COST)
             again = pack_lengths(lengths, config, COST)
@@ -90,11 +99,36 @@ def test_end_plan_packs_every_sample_once_within_the_deadline(seed, P, max_defer
     _covers_once(res.packs, lengths, cap, overlength)
     assert res.packs == again.packs  # deterministic
     assert all(len(w) <= P for w in res.windows())
-    if P >= 2 or (lengths <= cap).all() or overlength == "truncate":
-        # (at one pack a window, a sample of more fragments than max_defer + 1 cannot finish in time)
+    if (P >= 2 or (lengths <= cap).all() or overlength == "truncate") and not any(congested):
+        # the bound holds "as long as a window's overdue samples fit in its packs" (PackingConfig.max_defer):
+        # many over-cap samples (full-cap fragments, one pack each) can overfill a window's packs with
+        # due work; at one pack a window, a sample of more fragments than max_defer + 1 cannot finish in time
         assert res.metrics["delay_max"] <= max_defer
     if (lengths <= cap).all():  # fidelity: nothing that fits the cap is cut
         assert all(len(v) == 1 for v in _spans_by_sample(res.packs).values())
+    # fidelity, any stream: a sample that fits is cut only to place all of it in one window (split_overdue)
+    window_of = {}
+    for p, w in zip(res.packs, res.pack_window):
+        for sid, _s, _e in p:
+            window_of.setdefault(sid, set()).add(w)
+    assert all(len(window_of[sid]) == 1 for sid, ss in _spans_by_sample(res.packs).items()
+               if len(ss) > 1 and lengths[sid] <= cap)
+
+
+def test_an_overdue_sample_that_fits_is_not_cut_where_part_of_it_would_still_be_late():
+    """A stream of mostly over-cap samples (cap 176, 128 of 210 samples longer) whose full-cap fragments fill
+    its last windows: the last sample (46 tokens, due in window 155) fits no pack there. Cutting it (24
+    tokens in window 155, 22 in 156, as before) would finish it in window 156 all the same: it stays whole."""
+    rng = np.random.default_rng(11865)
+    cap = int(rng.integers(16, 300))
+    lengths = rng.integers(0, int(cap * rng.choice([0.3, 1.0, 2.5])) + 1, size=int(rng.integers(1, 250)))
+    assert cap == 176 and len(lengths) == 210 and lengths[-1] == 46  # the scenario is what it is named for
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = pack_lengths(lengths, PackingConfig(max_tokens=cap, packs_per_window=2, max_defer=2), COST)
+    _covers_once(res.packs, lengths, cap)
+    assert _spans_by_sample(res.packs)[209] == [(0, 46)]
+    assert all(len(ss) == 1 for sid, ss in _spans_by_sample(res.packs).items() if lengths[sid] <= cap)
 
 
 def test_assign_keeps_every_pack_no_later_than_its_deadline():

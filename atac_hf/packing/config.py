@@ -62,7 +62,8 @@ class PackingConfig:
             samples wait long; others rarely wait more than one window.
         split_overdue: split a sample that has waited ``max_defer`` windows and fits in no
             pack whole over pack ends (fragments >= ``min_fragment``) rather than let it
-            wait longer. Rare: overdue samples are placed before everything else, and a
+            wait longer, where the packs' room holds all of it (a sample that fits the cap
+            is never cut for a part that would still finish late). Rare: overdue samples are placed before everything else, and a
             whole one first displaces samples that are not overdue to the next window; only
             when every sample of the window is overdue (e.g. ``max_defer=0``) is a sample
             that fits the cap cut.

@@ -172,7 +172,8 @@ def place_overdue(packs: list[list[Item]], carry: list[Item], ctx: WindowContext
     """Place overdue items that the strategy left over: whole into the cheapest pack with room;
     else a whole sample (it fits the cap) displaces items that are not overdue to the next
     window (:func:`_make_room`), so it is not cut; else (``split_overdue``) over the ends of
-    the packs with the most room, in fragments >= ``min_fragment``. Returns the new carry and ``(sample_id, tokens)`` of every item that
+    the packs with the most room, in fragments >= ``min_fragment`` (a whole sample only where
+    all of it goes; fragments of over-cap samples also in part). Returns the new carry and ``(sample_id, tokens)`` of every item that
     was whole before and is split now."""
     if not carry or not any(ctx.is_overdue(it) for it in carry):
         return carry, []
@@ -220,7 +221,9 @@ def place_overdue(packs: list[list[Item]], carry: list[Item], ctx: WindowContext
                 continue
             pieces.append((j, take))
             left -= take
-        if not pieces or 0 < left < m:
+        if not pieces or 0 < left < m or (left and it[FRAG] == 0):
+            # a whole sample is cut only where its pieces all go now: a part carried on would still
+            # finish late, so the cut would break fidelity for nothing
             out.append(it)
             continue
         sid, s, e, arr, seq, _f = it
