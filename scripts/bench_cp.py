@@ -362,6 +362,7 @@ def main(argv=None) -> int:
     preset_cm = args.preset_plan
     timed_strategies = STRATEGIES + (tuple(s + PRESET_SUFFIX for s in PRESET_STRATEGIES) if preset_cm else ())
     rows, raw, links = [], [], {}
+    no_step = {"step_s": float("nan"), "plan_ms": float("nan")}  # --skip-steps, and the preset plans
     for world in args.world_sizes:
         bw, lat = measure_link(world)
         links[world] = (bw, lat)
@@ -401,7 +402,6 @@ def main(argv=None) -> int:
                     d["layer_max_over_mean"].append(max(layer_t) / (sum(layer_t) / len(layer_t)))
                     d["attn_max_s"].append(max(t))
                     d["layer_max_s"].append(max(layer_t))
-                    no_step = {"step_s": float("nan"), "plan_ms": float("nan")}  # --skip-steps; preset plans
                     d["step_s"].append(step.get((pi, s), no_step)["step_s"])
                     d["kv_mb"].append(sent / 2**20)
                     d["kv_mb_est"].append(plan.kv_bytes(kv_bytes_tok) / 2**20)
