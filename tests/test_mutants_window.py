@@ -45,10 +45,15 @@ def _item(sid, length, arrival, seq):
     return (sid, 0, length, arrival, seq, 0)
 
 
+def _ctx(packs_per_window: int, max_defer: int, window: int) -> WindowContext:
+    """A mid-stream window of a cap-10 packer, cost = tokens."""
+    cfg = PackingConfig(max_tokens=10, packs_per_window=packs_per_window, max_defer=max_defer)
+    return WindowContext(config=cfg, cost_model=LINEAR, window=window, final=False,
+                         ref_cost_per_token=ref_cost_per_token(cfg, LINEAR))
+
+
 def test_fill_empty_packs_gives_each_empty_pack_one_carried_item_due_first():
-    cfg = PackingConfig(max_tokens=10, packs_per_window=3, max_defer=2)
-    ctx = WindowContext(config=cfg, cost_model=LINEAR, window=2, final=False,
-                        ref_cost_per_token=ref_cost_per_token(cfg, LINEAR))
+    ctx = _ctx(3, 2, 2)
     a, b, c = _item(0, 4, arrival=2, seq=5), _item(1, 4, arrival=0, seq=7), _item(2, 4, arrival=1, seq=3)
     packs = [[_item(9, 5, 2, 9)], [], []]
     rest = fill_empty_packs(packs, [a, b, c], ctx)
@@ -63,9 +68,7 @@ def test_fill_empty_packs_gives_each_empty_pack_one_carried_item_due_first():
 # 3 (then 6), the second the 4.
 
 def test_place_overdue_puts_each_overdue_item_in_the_pack_cheapest_after_the_last():
-    cfg = PackingConfig(max_tokens=10, packs_per_window=2, max_defer=1)
-    ctx = WindowContext(config=cfg, cost_model=LINEAR, window=1, final=False,
-                        ref_cost_per_token=ref_cost_per_token(cfg, LINEAR))
+    ctx = _ctx(2, 1, 1)
     x, y = _item(0, 3, 1, 0), _item(1, 4, 1, 1)
     o1, o2 = _item(2, 3, 0, 2), _item(3, 3, 0, 3)
     packs = [[x], [y]]
@@ -79,9 +82,7 @@ def test_place_overdue_puts_each_overdue_item_in_the_pack_cheapest_after_the_las
 # both and joins the cheaper, the 7.
 
 def test_place_overdue_costs_a_pack_after_making_room_in_it():
-    cfg = PackingConfig(max_tokens=10, packs_per_window=2, max_defer=1)
-    ctx = WindowContext(config=cfg, cost_model=LINEAR, window=1, final=False,
-                        ref_cost_per_token=ref_cost_per_token(cfg, LINEAR))
+    ctx = _ctx(2, 1, 1)
     a, b = _item(0, 7, 1, 0), _item(1, 6, 1, 1)
     o1, o2 = _item(2, 8, 0, 2), _item(3, 2, 0, 3)
     packs = [[a], [b]]
