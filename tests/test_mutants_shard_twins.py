@@ -554,3 +554,85 @@ def test_unshard_with_contiguous_ranks_of_unequal_size(world):
     outs = _ok(world(2).run(lambda r: unshard(full[idx[r]].unsqueeze(0), plan, r, GROUP)))
     for o in outs:
         assert o.dtype == torch.int32 and o.tolist() == [full.tolist()]
+
+
+# ---------------------------------------------------------------------------- survivors of the run on these twins
+def test_shard_batch_rank_equal_to_cp_size_is_refused_before_the_group_check(world):
+    b = _batch([[5, 6, 7, 8]], [[4]])
+    world(2)
+    with pytest.raises(ValueError) as e:
+        shard_batch(b, plan_shards([4], 2), 2, GROUP)
+    assert str(e.value) == "rank 2 is outside the CP group of size 2 (legal: 0..1)"
+
+
+def test_shard_batch_drops_num_items_without_labels():
+    b = _batch([[5, 6, 7, 8]], [[3, 1]])
+    out = shard_batch({**b, "num_items_in_batch": 9}, plan_shards([3, 1], 1), 0)
+    assert sorted(out) == ["atac_shard", "input_ids", "position_ids", "use_cache"]
+
+
+def test_shard_batch_keeps_the_given_positions_of_a_fragment():
+    """A fragment of a split sample keeps its own positions (they need not start at 0): never rebuilt."""
+    b = {"input_ids": torch.tensor([[5, 6, 7, 8]]), "position_ids": torch.tensor([[4, 5, 6, 0]])}
+    plan = plan_shards([3, 1], 1)
+    assert shard_batch(b, plan, 0)["position_ids"].tolist() == [[4, 5, 6, 0]]
+    assert shard_batch({**b, "seq_lengths": [[3, 1]]}, plan, 0)["position_ids"].tolist() == [[4, 5, 6, 0]]
+
+
+def test_shard_batch_position_ids_of_two_rows_in_another_shape():
+    b = _batch([[5, 6, 7, 8], [9, 10, 11, 12]], [[3, 1], [4]])
+    plan = plan_shards([3, 1, 4], 1)
+    out = shard_batch({**b, "position_ids": b["position_ids"].reshape(1, 2, 4)}, plan, 0)  # rows (B, S) inside
+    assert out["position_ids"].tolist() == [[0, 1, 2, 0, 0, 1, 2, 3]]
+    with pytest.raises(ValueError) as e:  # flat positions only for one row
+        shard_batch({**b, "position_ids": b["position_ids"].reshape(-1)}, plan, 0)
+    assert str(e.value) == "'position_ids' has shape (1, 8), expected (2, 4) like input_ids"
+
+
+def test_rows_of_another_rank_are_refused_whole_message():
+    from atac_hf.attention import doc_lengths_from_batch
+
+    with pytest.raises(ValueError) as e:
+        doc_lengths_from_batch({"input_ids": torch.zeros(1, 1, 4, dtype=torch.long), "seq_lengths": [[4]]})
+    assert str(e.value) == "packed rows must be (B, S) tensors, got shape (1, 1, 4)"
+    with pytest.raises(ValueError) as e:
+        doc_lengths_from_batch({"input_ids": torch.zeros(1, 4, dtype=torch.long), "position_ids": 3})
+    assert str(e.value) == "'position_ids' has shape (), expected (1, 4) like input_ids"
+
+
+def test_position_ids_that_need_grad_are_read_detached():
+    from atac_hf.attention import doc_lengths_from_batch
+
+    pos = torch.tensor([[0.0, 1.0, 2.0, 0.0]], requires_grad=True)
+    got = doc_lengths_from_batch({"input_ids": torch.zeros(1, 4, dtype=torch.long), "position_ids": pos})
+    assert got.dtype == np.int64 and got.tolist() == [3, 1]
+
+
+# Device placement without a GPU: tensors on the "meta" device (shapes, no data) stand in for CUDA ones.
+# Whatever shard_batch and unshard build must be on the device of their input (a CPU tensor beside a
+# CUDA one fails in the model); a CPU copy of a meta tensor fails ("Cannot copy out of meta tensor").
+def test_rows_shape_of_a_tensor_is_read_without_numpy():
+    from atac_hf.attention import doc_lengths_from_batch
+
+    ids = torch.empty(1, 4, dtype=torch.long, device="meta")  # np.asarray of it fails, as of a CUDA tensor
+    assert doc_lengths_from_batch({"input_ids": ids, "seq_lengths": [[3, 1]]}).tolist() == [3, 1]
+
+
+def test_shard_batch_builds_its_tensors_on_the_device_of_input_ids():
+    ids = torch.empty(2, 4, dtype=torch.long, device="meta")
+    labels = torch.empty(2, 4, dtype=torch.long, device="meta")
+    plan = plan_shards([3, 1, 4], 1)
+    base = {"input_ids": ids, "seq_lengths": [[3, 1], [4]], "labels": labels, "num_items_in_batch": 5}
+    for extra in ({}, {"position_ids": [[0, 1, 2, 0], [0, 1, 2, 3]]}):
+        out = shard_batch({**base, **extra}, plan, 0)
+        for k in ("input_ids", "position_ids", "labels", "shift_labels"):
+            assert out[k].device.type == "meta" and out[k].shape == (1, 8), k
+        assert out["position_ids"].dtype == torch.int64
+
+
+def test_unshard_builds_its_buffers_on_the_device_of_the_input(world):
+    plan = plan_shards([5, 2, 1], 3, strategy="zigzag")
+    counts = plan.rank_num_tokens().tolist()
+    outs = _ok(world(3).run(lambda r: unshard(torch.empty(1, counts[r], 2, device="meta"), plan, r, GROUP)))
+    for o in outs:
+        assert o.device.type == "meta" and o.shape == (1, 8, 2) and o.dtype == torch.float32
