@@ -14,9 +14,15 @@ row is one pack::
 
 Other columns (text, ids, lists of another length such as ``messages``) are dropped (a log
 line names them): a pack holds several samples, so a per-sample value has no single place
-in it. A null ``labels`` entry is filled with the sample's ``input_ids``. The rows live in
-memory (an Arrow table about the size of the source's token columns) and keep the source's
-format (``with_format``).
+in it. A null ``labels`` entry is filled with the sample's ``input_ids``. The rows keep the
+source's format (``with_format``).
+
+Where the rows live follows ``Dataset.map``: a source backed by cache files (``load_dataset``,
+``load_from_disk``) gets its packed rows written, record batch by record batch, to an Arrow
+cache file beside them and memory-mapped (memory stays at one batch of rows, whatever the
+dataset's size), and a later call with the same source, settings and packing code loads that
+file instead of packing again; an in-memory source (``Dataset.from_dict``), or
+``keep_in_memory=True``, gets an in-memory table (about the size of the source's token columns).
 
 Feed the rows to :class:`~atac_hf.packing.data.collator.PackedDataCollator` with
 ``batch_size=1`` (one pack per step and replica), in order and unshuffled if the packs
@@ -33,14 +39,16 @@ SFTTrainer does).
 from __future__ import annotations
 
 import logging
+import os
 import warnings
-from typing import Any, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from ...cost import CostModel, default_cost_model
 from ..config import PackingConfig
 from ..metrics import pack_costs
+from .cache_files import cache_path, code_digest, load_cache, plan_from_rows, split_cache_names, write_cache
 from .window_planner import plan_packs
 
 __all__ = ["dataset_lengths", "pack_dataset"]
@@ -80,7 +88,9 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
                  overlength: str = "split", window_size: int | None = None, num_replicas: int = 1,
                  shuffle: bool = False, seed: int = 0, cost_model: CostModel | None = None,
                  num_proc: int | None = None, desc: str = "Packing", progress: bool = True,
-                 return_metrics: bool = False, split_fill: bool = False, **packing_options: Any) -> Any:
+                 return_metrics: bool = False, split_fill: bool = False, keep_in_memory: bool = False,
+                 cache_file_name: str | os.PathLike | Mapping[str, str | os.PathLike] | None = None,
+                 load_from_cache_file: bool | None = None, **packing_options: Any) -> Any:
     """Pack a tokenized ``datasets.Dataset`` (or each split of a ``DatasetDict``) into packed rows.
 
     Args:
@@ -108,6 +118,15 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
             packs: within about 1% of ``ceil(tokens / max_tokens)`` where the windowed bfd
             leaves 1-5% (docs/BENCHMARKS.md, "Split mode"). It cuts overlength samples into
             more, shorter fragments (each >= ``min_fragment``); samples that fit stay whole.
+        keep_in_memory: build the rows in memory even where the source has cache files.
+        cache_file_name: the Arrow file to write the rows to (and memory-map); for a
+            ``DatasetDict`` a mapping ``{split: path}``. Default (None): as ``Dataset.map``, a
+            ``cache-atac-pack-<fingerprint>.arrow`` file in the directory of the source's first
+            cache file when it has one and caching is on (``datasets.is_caching_enabled()``),
+            else in memory. ``Dataset.cleanup_cache_files()`` removes the default files.
+        load_from_cache_file: reuse an existing cache file written by a call with the same
+            source (fingerprint), settings and packing code, instead of packing again (a file
+            written otherwise is replaced). Default: ``datasets.is_caching_enabled()``.
         **packing_options: further :class:`~atac_hf.packing.config.PackingConfig` fields
             (``min_fragment``, ``max_defer``, ``balance_split``, strategy options).
 
@@ -128,16 +147,28 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
             ``input_ids`` is not a list column.
         ValueError: an empty dataset, no ``input_ids`` column (lists the columns found),
             only empty samples, a ``labels`` (or other per-token column) whose length differs
-            from ``input_ids`` (names the sample), or invalid packing settings.
+            from ``input_ids`` (names the sample), invalid packing settings, or a
+            ``cache_file_name`` that does not fit the dataset (a path for a ``DatasetDict``,
+            a mapping missing a split, both it and ``keep_in_memory``).
+        OSError: the given ``cache_file_name`` cannot be written (nothing is left behind;
+            the default location falls back to memory with a warning instead).
     """
     import datasets
 
     kwargs = dict(max_tokens=max_tokens, packs_per_window=packs_per_window, strategy=strategy,
                   overlength=overlength, window_size=window_size, num_replicas=num_replicas, shuffle=shuffle,
                   seed=seed, cost_model=cost_model, num_proc=num_proc, progress=progress,
-                  return_metrics=return_metrics, split_fill=split_fill, **packing_options)
+                  return_metrics=return_metrics, split_fill=split_fill, keep_in_memory=keep_in_memory,
+                  load_from_cache_file=load_from_cache_file, **packing_options)
+    if keep_in_memory and cache_file_name is not None:
+        raise ValueError(f"pack_dataset: keep_in_memory=True and cache_file_name={cache_file_name!r} contradict each "
+                         "other; pass one of them")
     if isinstance(dataset, datasets.DatasetDict):
-        packed = {k: pack_dataset(v, desc=f"{desc} {k}", **kwargs) for k, v in dataset.items()}
+        names = split_cache_names(dataset, cache_file_name)
+        PackingConfig(max_tokens=max_tokens, packs_per_window=packs_per_window, strategy=strategy,
+                      overlength=overlength, **packing_options)  # refuse bad settings before any split is packed
+        packed = {k: pack_dataset(v, desc=f"{desc} {k}", cache_file_name=names[k], **kwargs)
+                  for k, v in dataset.items()}
         if return_metrics:
             return datasets.DatasetDict({k: v[0] for k, v in packed.items()}), {k: v[1] for k, v in packed.items()}
         return datasets.DatasetDict(packed)
@@ -146,6 +177,9 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
                         "atac_hf.packing.data.iterable.PackedIterableDataset (streaming packing)")
     if not isinstance(dataset, datasets.Dataset):
         raise TypeError(f"pack_dataset needs a datasets.Dataset, got {type(dataset).__name__}")
+    if isinstance(cache_file_name, Mapping):
+        raise ValueError("pack_dataset: cache_file_name is a mapping (one path per split, for a DatasetDict); give "
+                         "a datasets.Dataset one path, or None")
     if "input_ids" not in dataset.column_names:
         raise ValueError(_missing_column("input_ids", dataset.column_names))
     if len(dataset) == 0:
@@ -169,18 +203,46 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
     if dropped:
         logger.info("pack_dataset: dropped columns %s (not one entry per input_ids token)", dropped)
 
-    from tqdm.auto import tqdm
-
-    order = np.random.default_rng([seed, 0]).permutation(lengths.size) if shuffle else None
-    with tqdm(total=lengths.size, desc=f"{desc}: planning", disable=not progress, unit="samples") as bar:
-        spans, offsets = plan_packs(lengths, config, order=order, cost_model=cost_model, window_size=window_size,
-                                    num_replicas=num_replicas, progress=bar, split_fill=split_fill)
-    out = _build_table(table, rows, token_cols, spans, offsets, progress=progress, desc=desc)
     from datasets.fingerprint import Hasher
 
     fingerprint = Hasher.hash([dataset._fingerprint, config.to_dict(), token_cols, window_size, num_replicas,
-                               shuffle, seed, None if cost_model is None else repr(cost_model), split_fill])
-    result = _as_dataset(datasets, out, dataset, token_cols, fingerprint)
+                               shuffle, seed, None if cost_model is None else repr(cost_model), split_fill,
+                               code_digest()])
+    path, explicit = cache_path(dataset, cache_file_name, keep_in_memory, fingerprint)
+    reuse = datasets.is_caching_enabled() if load_from_cache_file is None else bool(load_from_cache_file)
+    result = load_cache(datasets, path, fingerprint) if path is not None and reuse else None
+    if result is not None:
+        logger.info("pack_dataset: loaded the packed rows from %s", path)
+        spans, offsets = plan_from_rows(result)
+    else:
+        from tqdm.auto import tqdm
+
+        order = np.random.default_rng([seed, 0]).permutation(lengths.size) if shuffle else None
+        with tqdm(total=lengths.size, desc=f"{desc}: planning", disable=not progress, unit="samples") as bar:
+            spans, offsets = plan_packs(lengths, config, order=order, cost_model=cost_model, window_size=window_size,
+                                        num_replicas=num_replicas, progress=bar, split_fill=split_fill)
+        features = _features(datasets, dataset, token_cols)
+        schema = features.arrow_schema
+        batches = _build_batches(table, rows, token_cols, spans, offsets, schema, progress=progress, desc=desc)
+        if path is not None:
+            try:
+                result = write_cache(datasets, path, schema, batches, fingerprint)
+            except OSError as e:
+                if explicit:
+                    raise OSError(f"pack_dataset: cannot write cache_file_name={str(path)!r} ({e}); pass a writable "
+                                  "path, or keep_in_memory=True") from e
+                warnings.warn(f"pack_dataset: cannot write the packed rows beside the source's cache files ({e}); "
+                              "building them in memory (pass cache_file_name= a writable path, or "
+                              "keep_in_memory=True)", stacklevel=2)
+                batches = _build_batches(table, rows, token_cols, spans, offsets, schema, progress=progress,
+                                         desc=desc)
+        if result is None:
+            from datasets.table import InMemoryTable
+
+            # the fingerprint given: hashing the rows would copy them all
+            result = datasets.Dataset(InMemoryTable(_table_from_batches(batches, schema)),
+                                      info=datasets.DatasetInfo(features=features), fingerprint=fingerprint)
+    result = _with_source_format(result, dataset)
     metrics = _metrics(lengths, spans, offsets, config, cost_model or default_cost_model())
     logger.info("pack_dataset: %d samples -> %d packs (%.4fx the lower bound ceil(tokens / max_tokens)), "
                 "%d samples split into %d fragments (lengths %s), %d empty samples skipped",
@@ -278,8 +340,10 @@ def _chunk_index(column: Any) -> tuple[list[Any], np.ndarray, np.ndarray]:
     return values, np.concatenate(starts), np.concatenate(chunk_of)
 
 
-def _build_table(table: Any, rows: np.ndarray | None, token_cols: Sequence[str], spans: np.ndarray,
-                 offsets: np.ndarray, *, progress: bool, desc: str) -> Any:
+def _build_batches(table: Any, rows: np.ndarray | None, token_cols: Sequence[str], spans: np.ndarray,
+                   offsets: np.ndarray, schema: Any, *, progress: bool, desc: str) -> Iterator[Any]:
+    """The packed rows as record batches of whole packs (about ``_BUILD_TOKENS`` tokens each),
+    cast to ``schema``: only one batch is built at a time."""
     import pyarrow as pa
     from tqdm.auto import tqdm
 
@@ -298,8 +362,7 @@ def _build_table(table: Any, rows: np.ndarray | None, token_cols: Sequence[str],
             null = np.concatenate([c.to_numpy(zero_copy_only=False) for c in null_arr.chunks])[trow]
             if not null.any():
                 null = None
-        sources[name] = (values, (starts[trow] + spans[:, 1]).tolist(), chunk_of[trow].tolist(), col_type, null)
-    lens_list = span_len.tolist()
+        sources[name] = (values, starts[trow] + spans[:, 1], chunk_of[trow], col_type, null)
     seq_type = pa.list_(pa.int64())
     # batches of whole packs, about _BUILD_TOKENS tokens each
     cum = np.cumsum(pack_len)
@@ -308,21 +371,23 @@ def _build_table(table: Any, rows: np.ndarray | None, token_cols: Sequence[str],
         base = cum[cuts[-1] - 1] if cuts[-1] else 0
         nxt = int(np.searchsorted(cum, base + _BUILD_TOKENS, side="right"))
         cuts.append(min(num_packs, max(nxt, cuts[-1] + 1)))
-    batches = []
     with tqdm(total=num_packs, desc=f"{desc}: building rows", disable=not progress, unit="packs") as bar:
         for b0, b1 in zip(cuts, cuts[1:]):
             s0, s1 = int(offsets[b0]), int(offsets[b1])
             row_off = np.concatenate([[0], np.cumsum(pack_len[b0:b1])])
+            lens = span_len[s0:s1].tolist()  # per batch: Python lists only of this batch's spans
+            ids_values, ids_starts, ids_chunk = sources["input_ids"][:3]
             arrays = []
             for name in token_cols:
                 values, starts, chunk_of, col_type, null = sources[name]
+                st, ch = starts[s0:s1].tolist(), chunk_of[s0:s1].tolist()
                 if null is None:
-                    pieces = [values[chunk_of[j]].slice(starts[j], lens_list[j]) for j in range(s0, s1)]
+                    pieces = [values[c].slice(a, n) for c, a, n in zip(ch, st, lens)]
                 else:  # null labels: the sample's input_ids
-                    ids_values, ids_starts, ids_chunk = sources["input_ids"][:3]
-                    pieces = [(ids_values[ids_chunk[j]].slice(ids_starts[j], lens_list[j]).cast(col_type.value_type)
-                               if null[j] else values[chunk_of[j]].slice(starts[j], lens_list[j]))
-                              for j in range(s0, s1)]
+                    ist, ich, nl = ids_starts[s0:s1].tolist(), ids_chunk[s0:s1].tolist(), null[s0:s1].tolist()
+                    pieces = [(ids_values[ich[j]].slice(ist[j], lens[j]).cast(col_type.value_type)
+                               if nl[j] else values[ch[j]].slice(st[j], lens[j]))
+                              for j in range(s1 - s0)]
                 flat = pa.concat_arrays(pieces) if pieces else pa.array([], type=col_type.value_type)
                 off_type = pa.int64() if pa.types.is_large_list(col_type) else pa.int32()
                 arrays.append(type(table.column(name).chunks[0]).from_arrays(pa.array(row_off, type=off_type), flat,
@@ -332,23 +397,29 @@ def _build_table(table: Any, rows: np.ndarray | None, token_cols: Sequence[str],
             span_vals = pa.ListArray.from_arrays(pa.array(np.arange(0, 3 * (s1 - s0) + 1, 3), type=pa.int32()),
                                                  pa.array(spans[s0:s1].reshape(-1), type=pa.int64()))
             span_rows = pa.ListArray.from_arrays(pa.array(offsets[b0:b1 + 1] - s0, type=pa.int32()), span_vals)
-            batches.append(pa.RecordBatch.from_arrays(arrays + [seq, span_rows],
-                                                      names=list(token_cols) + ["seq_lengths", "spans"]))
+            batch = pa.RecordBatch.from_arrays(arrays + [seq, span_rows],
+                                               names=list(token_cols) + ["seq_lengths", "spans"])
+            if not batch.schema.equals(schema, check_metadata=False):  # e.g. a feature type Arrow infers otherwise
+                yield from pa.Table.from_batches([batch]).cast(schema).to_batches()  # (RecordBatch.cast: pyarrow 16)
+            else:
+                yield batch
             bar.update(b1 - b0)
-    return pa.Table.from_batches(batches)
 
 
-def _as_dataset(datasets: Any, out: Any, source: Any, token_cols: Sequence[str], fingerprint: str) -> Any:
-    from datasets.table import InMemoryTable
+def _table_from_batches(batches: Iterator[Any], schema: Any) -> Any:
+    import pyarrow as pa
 
+    return pa.Table.from_batches(list(batches), schema=schema)
+
+
+def _features(datasets: Any, source: Any, token_cols: Sequence[str]) -> Any:
     feats = {name: source.features[name] for name in token_cols}
     feats["seq_lengths"] = datasets.List(datasets.Value("int64"))
     feats["spans"] = datasets.List(datasets.List(datasets.Value("int64")))
-    features = datasets.Features(feats)
-    if not out.schema.equals(features.arrow_schema, check_metadata=False):
-        out = out.cast(features.arrow_schema)  # e.g. a feature type Arrow does not infer alike
-    result = datasets.Dataset(InMemoryTable(out), info=datasets.DatasetInfo(features=features),
-                              fingerprint=fingerprint)  # given: hashing the rows would copy them all
+    return datasets.Features(feats)
+
+
+def _with_source_format(result: Any, source: Any) -> Any:
     fmt = dict(source.format)
     if fmt.get("type") is None and fmt.get("columns") is None and not fmt.get("format_kwargs"):
         return result
