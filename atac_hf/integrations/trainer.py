@@ -253,7 +253,8 @@ class ATACTrainer(Trainer):
             return self.accelerator.prepare(loader), None
         loader, sampler = build_packed_dataloader(
             dataset, self.atac_config, num_replicas=self.dp_size, grad_accum=grad_accum, seed=self._atac_seed(),
-            shuffle=shuffle, cost_model=self.atac_sharder.cost_model, collate_fn=self.data_collator, **extra)
+            shuffle=shuffle, cost_model=self.atac_sharder.cost_model, collate_fn=self.data_collator,
+            progress=False if self.args.disable_tqdm else None, **extra)
         return self.accelerator.prepare(loader), sampler
 
     def get_train_dataloader(self):

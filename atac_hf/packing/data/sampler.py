@@ -40,6 +40,8 @@ from .iterable import PackedIterableDataset
 __all__ = ["PackedIterableDataset", "SpanDataset", "WFAPBatchSampler", "plan_packs", "replica_order"]
 
 _SAMPLER_FORMAT = "atac-hf/wfap-batch-sampler/v1"
+#: Samples from which an epoch's planning shows a progress bar by default (about 2 s of planning).
+PROGRESS_MIN_SAMPLES = 100_000
 
 
 class WFAPBatchSampler(Sampler[list[Span]]):
@@ -61,6 +63,10 @@ class WFAPBatchSampler(Sampler[list[Span]]):
         even_batches: make the epoch's batch count a multiple of ``num_replicas``
             (:mod:`atac_hf.packing.data.window_planner`), so that Accelerate never repeats
             a batch.
+        progress: a progress bar while an epoch is planned: ``True`` always, ``False``
+            never, ``None`` (default) where the epoch has at least
+            :data:`PROGRESS_MIN_SAMPLES` samples (about 2 s of planning), on the main
+            process only (rank 0 where ``torch.distributed`` is initialized).
 
     State (``state_dict``, JSON): ``epoch``, ``seed``, ``position`` (batches of the epoch
     already taken), ``num_batches`` and a ``fingerprint`` of lengths + config. Resuming
@@ -78,13 +84,15 @@ class WFAPBatchSampler(Sampler[list[Span]]):
 
     def __init__(self, lengths: Sequence[int], config: PackingConfig, *, window_size: int | None = None,
                  num_replicas: int = 1, shuffle: bool = True, seed: int = 0,
-                 cost_model: CostModel | None = None, even_batches: bool = True) -> None:
+                 cost_model: CostModel | None = None, even_batches: bool = True, progress: bool | None = None) -> None:
         super().__init__()
         _check_common(config, window_size, num_replicas)
         lengths = check_lengths(lengths, "lengths")
         for name, flag in (("shuffle", shuffle), ("even_batches", even_batches)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise TypeError(f"{name}={flag!r} must be True or False (set {name})")
+        if progress is not None and not isinstance(progress, (bool, np.bool_)):
+            raise TypeError(f"progress={_short(progress)} must be True, False or None (set progress)")
         seed = check_seed(seed, "seed")
         if not (lengths > 0).any():
             raise ValueError(f"every one of the {lengths.size} samples is empty: nothing to pack")
@@ -98,6 +106,7 @@ class WFAPBatchSampler(Sampler[list[Span]]):
         self.shuffle = bool(shuffle)
         self.seed = seed
         self.even_batches = bool(even_batches)
+        self.progress = None if progress is None else bool(progress)
         self.epoch = 0
         self.num_empty_skipped = int((self.lengths == 0).sum())
         self._position = 0
@@ -125,11 +134,24 @@ class WFAPBatchSampler(Sampler[list[Span]]):
                 order = np.random.default_rng([seed, epoch]).permutation(n)
             else:
                 order = np.arange(n)
-            spans, offsets = plan_packs(self.lengths, self.config, order=order, cost_model=self.cost_model,
-                                        window_size=self.window_size, num_replicas=self.num_replicas,
-                                        even_batches=self.even_batches)
+            from tqdm.auto import tqdm
+
+            with tqdm(total=int((self.lengths > 0).sum()), desc=f"Planning WFAP packs (epoch {epoch})",
+                      unit="samples", disable=not self._show_progress(n)) as bar:
+                spans, offsets = plan_packs(self.lengths, self.config, order=order, cost_model=self.cost_model,
+                                            window_size=self.window_size, num_replicas=self.num_replicas,
+                                            even_batches=self.even_batches, progress=bar)
             self._plan = (seed, epoch, spans, offsets)
         return self._plan[2], self._plan[3]
+
+    def _show_progress(self, num_samples: int) -> bool:
+        if self.progress is not None:
+            return self.progress
+        if num_samples < PROGRESS_MIN_SAMPLES:
+            return False
+        import torch.distributed as dist
+
+        return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
     def __len__(self) -> int:
         return len(self._epoch_plan()[1]) - 1
