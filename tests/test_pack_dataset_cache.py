@@ -190,3 +190,13 @@ def test_a_cache_file_name_that_is_not_a_path_is_refused(tmp_path, monkeypatch):
     with pytest.raises(TypeError, match="cache_file_name must be a path .* got int"):
         pack_dataset(_source(20), max_tokens=CAP, progress=False, cache_file_name=5)
     assert os.listdir(tmp_path) == []
+
+
+def test_a_selected_and_shuffled_on_disk_source_gets_its_own_file(disk, tmp_path):
+    mem_src, disk_src = disk
+    view = disk_src.shuffle(seed=1).select(range(50))
+    packed = pack_dataset(view, max_tokens=CAP, progress=False)
+    whole = pack_dataset(disk_src, max_tokens=CAP, progress=False)
+    assert len(_packed_files(tmp_path / "src")) == 2 and packed.cache_files != whole.cache_files
+    assert _rows(packed) == _rows(pack_dataset(mem_src.shuffle(seed=1).select(range(50)), max_tokens=CAP,
+                                               progress=False))
