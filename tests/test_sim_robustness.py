@@ -124,3 +124,22 @@ def test_end_of_stream_last_trains_the_same_samples():
     assert set(told.combos) == set(plain.combos)
     with pytest.raises(ValueError, match=r"end_of_stream='end': legal values are 'flush'"):
         simulate(lengths, cluster, combos=COMBOS, num_steps=1, end_of_stream="end")
+
+
+def test_an_evaluation_model_times_the_exchange_each_plan_runs():
+    """A plan re-timed by another cost model keeps its K/V exchange: an all-to-all plan (what the
+    runtime runs) is not priced as an all-gather. With an equal copy of the planning model the
+    summaries are the planner's own."""
+    from atac_hf.sharding import plan_shards
+    from atac_hf.sim import ClusterConfig
+    from atac_hf.sim.simulate import plan_summaries
+
+    cluster = ClusterConfig(model="13b", hardware="H100", cp_size=4, tp_size=4, dp_size=2, max_tokens=65536)
+    cm = cluster.cost_model()
+    packs = [np.array([60000], np.int64), np.array([33000, 20000, 9000, 3000], np.int64)]
+    assert {plan_shards(p, 4, "atp", cm).kv_exchange for p in packs} == {"all_to_all"}
+    own = plan_summaries(packs, ["atp", "per_doc"], 4, cm, None)
+    copy = plan_summaries(packs, ["atp", "per_doc"], 4, cm, None, cm.replace())
+    for s in own:
+        assert [p.block_s for p in copy[s]] == pytest.approx([p.block_s for p in own[s]], rel=1e-12)
+        assert [p.kv_bytes for p in copy[s]] == pytest.approx([p.kv_bytes for p in own[s]], rel=1e-12)
