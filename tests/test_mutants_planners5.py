@@ -90,3 +90,108 @@ def test_local_search_stops_at_a_gap_within_rounding():
     tail_of = [[0, 1], [2, 3]]
     local_search(pc, pt, tail_of, [[], []], [10, 10, 10, 10], c, 100, max_steps=1)
     assert max(max(v) for v in pc) == 8.0 and [sorted(t) for t in tail_of] in ([[1, 2], [0, 3]], [[0, 3], [1, 2]])
+
+
+# x__place__mutmut_55 (`pt[best] = L[i]`: an anchor joining a pack that already holds an overdue
+# tail forgets the tail's tokens), which the fourth pass left: here it overfills a pack past
+# the cap. Window 2, max_defer 2: sample 0 (10 tokens, 55, arrived in window 0) is an overdue
+# light tail; samples 1 (50 tokens, 1275) and 2 (48 tokens, 1176), arrived in window 1, are
+# heavy and balanced (potentials 1275 + 5.5 x 50 = 1550 and 1176 + 5.5 x 52 = 1462: the run
+# costs max 1275 over a mean of (1275 + 1275) / 2, ratio 1.0), so both are released; samples
+# 3-62 are new 1-token tails (1 each). Overdue tails first: 0 -> pack 0. Then the anchors by
+# cost: 1 -> pack 1 (0 < 55), 2 -> pack 0 (55 < 1275): pack 0 costs 1231 with 58 tokens. The
+# ceiling is the costliest pack, 1275 (the fill level is 1.64 x 100 x 1.025 = 168). The new
+# tails go to pack 0 until it is full: 42 of them (1273 <= 1275); pack 1 would pass the
+# ceiling (1276), so 18 are left (holding back new tails does not leave fewer). The mutant
+# counts pack 0 at 48 tokens and puts 44 tails in it (1275): 102 tokens.
+
+def test_an_anchor_joining_an_overdue_tail_counts_its_tokens():
+    items = [_item(0, 10, arrival=0), _item(1, 50, arrival=1), _item(2, 48, arrival=1)]
+    items += [_item(i, 1, arrival=2) for i in range(3, 63)]
+    packs, carry, split = plan_wfap(items, _ctx(_cfg(max_defer=2), window=2))
+    assert [sum(it[2] - it[1] for it in p) for p in packs] == [100, 50]
+    assert [sorted(it[0] for it in p if it[0] < 3) for p in packs] == [[0, 2], [1]]
+    assert sorted(it[0] for it in packs[0] if it[0] >= 3) == list(range(3, 45))
+    assert [it[0] for it in carry] == list(range(45, 63)) and split == []
+
+
+# x__select_release__mutmut_75 (`ratio < tol`: a run balanced to exactly the tolerance is not
+# released), which the fourth pass left for want of an exact case. Cap 64, 2 packs, reference
+# documents of 1 token (a light pack costs 64 pairs), balance_tolerance 1.5, so every number is
+# exact in binary: samples 0 (30 tokens, 465 pairs) and 1 (14 tokens, 105) are heavy (> 1.5 x
+# 64 = 96), with potentials 465 + 34 = 499 and 105 + 50 = 155. The run of both costs max 465
+# over a mean of (465 + 155) / 2 = 310: 465 / 310 = 1.5, within the tolerance, so it is
+# released, one anchor a pack. The mutant holds both back (2 heavy samples: no forced release).
+
+def test_a_run_balanced_to_exactly_the_tolerance_is_released():
+    from atac_hf.packing import PackingConfig
+    from atac_hf.packing.planners.window import WindowContext, ref_cost_per_token
+    from test_mutants_wfap import PAIRS
+
+    cfg = PackingConfig(max_tokens=64, packs_per_window=2, reference_doc_tokens=1, balance_tolerance=1.5)
+    ctx = WindowContext(config=cfg, cost_model=PAIRS, window=1, final=False,
+                        ref_cost_per_token=ref_cost_per_token(cfg, PAIRS))
+    packs, carry, split = plan_wfap([_item(0, 30, arrival=0), _item(1, 14, arrival=0)], ctx)
+    assert packs == [[(0, 0, 30, 0, 0, 0)], [(1, 0, 14, 0, 1, 0)]] and carry == [] and split == []
+
+
+# x__select_release__mutmut_126 (`< tol` where fewer heavy items than packs are released together
+# if balanced): the same exact setting with 3 packs and balance_tolerance 2 (heavy above 128):
+# sample 1 (16 tokens, 136 pairs, arrived in window 0) is overdue in window 2 (max_defer 2),
+# sample 0 (31 tokens, 496, arrived in window 1) is not. Potentials 496 + 33 = 529 and
+# 136 + 48 = 184; with the third pack light (64): 496 / ((496 + 184 + 64) / 3) = 496 / 248 = 2,
+# within the tolerance, so both are released. The overdue anchor goes first (pack 0), then
+# sample 0 to the cheapest pack left (pack 1). The mutant releases the overdue one with only the
+# companions no costlier than it (none: 496 > 136), and holds sample 0 back.
+
+def test_fewer_heavy_samples_than_packs_balanced_to_exactly_the_tolerance_are_released_together():
+    from atac_hf.packing import PackingConfig
+    from atac_hf.packing.planners.window import WindowContext, ref_cost_per_token
+    from test_mutants_wfap import PAIRS
+
+    cfg = PackingConfig(max_tokens=64, packs_per_window=3, reference_doc_tokens=1, balance_tolerance=2.0,
+                        max_defer=2)
+    ctx = WindowContext(config=cfg, cost_model=PAIRS, window=2, final=False,
+                        ref_cost_per_token=ref_cost_per_token(cfg, PAIRS))
+    items = [_item(0, 31, arrival=1), _item(1, 16, arrival=0)]
+    packs, carry, split = plan_wfap(items, ctx)
+    assert packs == [[(1, 0, 16, 0, 1, 0)], [(0, 0, 31, 1, 0, 0)], []] and carry == [] and split == []
+
+
+# x__place__mutmut_151 (the hold-back count starting at `freed = 1.0`), which the fourth pass
+# left. Window 1, 2 packs, nothing overdue. Samples 17 (45 tokens, 1035) and 28 (40, 820), both
+# arrived in window 0, are heavy and balanced (potentials 1337.5 and 1150: max 1035 over a mean
+# of 1035), so they anchor packs 0 and 1. Light tails, carried before: 31 (12 tokens, 78),
+# 13 (5, 15), 33 (3, 6); new: 22 (12, 78), 32 (8, 36), 8 (3, 6), 12 (3, 6), 2 (2, 3). The
+# ceiling is the costliest pack, 1035 (fill level: 72 / 24 x 100 x 1.025 = 307.5). In order
+# (carried first, then by cost, ties in data order) each goes to the cheaper pack, 1: 31, 13,
+# 33, 22, 32 (1033); 8, 12 and 2 would pass 1035 and are left: 8 new tokens over. Holding back
+# new tails frees cost x 100 / 1035 tokens each: 22 (7.54 <= 8) is held, 32 (+3.48), 8 and 12
+# (+0.58) are not, 2 (+0.29: 7.83) is. Without 22 and 2: 31, 13, 33, 32, 8, 12 all go to pack 1
+# (967), 2 left instead of 3, so that is kept. The mutant's count starts at 1: 22 (8.54) is not
+# held but 32, 8, 12, 2 are; without them only 2 fewer tails are placed, 4 left, not fewer than
+# 3: it keeps the first placement.
+
+def test_holding_back_new_tails_frees_their_own_tokens_from_zero():
+    spec = [(2, 2, 1), (8, 3, 1), (12, 3, 1), (13, 5, 0), (17, 45, 0), (22, 12, 1), (28, 40, 0), (31, 12, 0),
+            (32, 8, 1), (33, 3, 0)]
+    items = [_item(sid, L, arrival=a) for sid, L, a in spec]
+    packs, carry, split = plan_wfap(items, _ctx(_cfg(), window=1))
+    assert [[it[0] for it in p] for p in packs] == [[17], [28, 31, 13, 33, 32, 8, 12]]
+    assert [it[0] for it in carry] == [2, 22] and split == []
+
+
+# x_local_search__mutmut_79 (`argmin(None)`: the first tail's move taken, not the best one).
+# One model; pack 0 holds tails 0 (7 tokens, cost 7) and 1 (3, 3): 10; pack 1 holds tail 2
+# (2, 2). Moving tail 0 gives max(3, 9) = 9, moving tail 1 max(7, 5) = 7: the best move is tail 1.
+# The best swap (0 with 2: packs 5 and 7) is no better than 7, so the move is made; then pack 0
+# holds one tail and no anchor (never emptied) and no swap lowers 7: packs (7) and (5). The
+# mutant takes the move of tail 0 (9), which the swap beats: packs (5) and (7), tails swapped.
+
+def test_local_search_moves_the_best_tail():
+    from atac_hf.packing.planners.wfap_place import local_search
+
+    c = [[7.0], [3.0], [2.0]]
+    pc, pt, tail_of = [[10.0], [2.0]], [10, 2], [[0, 1], [2]]
+    local_search(pc, pt, tail_of, [[], []], [7, 3, 2], c, 100)
+    assert tail_of == [[0], [2, 1]] and pc == [[7.0], [5.0]] and pt == [7, 5]
