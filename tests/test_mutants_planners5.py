@@ -195,3 +195,26 @@ def test_local_search_moves_the_best_tail():
     pc, pt, tail_of = [[10.0], [2.0]], [10, 2], [[0, 1], [2]]
     local_search(pc, pt, tail_of, [[], []], [7, 3, 2], c, 100)
     assert tail_of == [[0], [2, 1]] and pc == [[7.0], [5.0]] and pt == [7, 5]
+
+
+# ---------------------------------------------------------------- window.py
+# x_place_overdue__mutmut_132 (a pack's cost lowered when a piece of a split overdue sample
+# joins it). Cap 10, cost = tokens, 3 packs holding overdue items (none can leave): 6, 5 and 4
+# tokens (room 4, 5, 6). An overdue 9-token sample fits none, so it is cut over the packs with
+# the most room: 6 tokens to pack 2, 3 to pack 1 (costs 6, 8, 10; room 4, 2, 0). An overdue
+# 2-token item then fits packs 0 and 1 and joins the cheaper, pack 0 (6 < 8); the mutant counts
+# pack 1 at 5 - 3 = 2 and puts it there.
+
+def test_place_overdue_costs_the_pieces_of_a_split_sample():
+    from test_mutants_window import _ctx as _wctx
+    from test_mutants_window import _item as _witem
+
+    from atac_hf.packing.planners.window import place_overdue
+
+    ctx = _wctx(3, 1, 1)
+    x, y, z = _witem(0, 6, 0, 0), _witem(1, 5, 0, 1), _witem(2, 4, 0, 2)
+    o1, o2 = _witem(3, 9, 0, 3), _witem(4, 2, 0, 4)
+    packs = [[x], [y], [z]]
+    rest, split = place_overdue(packs, [o1, o2], ctx)
+    assert packs == [[x, o2], [y, (3, 6, 9, 0, 3, 1)], [z, (3, 0, 6, 0, 3, 1)]]
+    assert rest == [] and split == [(3, 9)]
