@@ -218,3 +218,20 @@ def test_place_overdue_costs_the_pieces_of_a_split_sample():
     rest, split = place_overdue(packs, [o1, o2], ctx)
     assert packs == [[x, o2], [y, (3, 6, 9, 0, 3, 1)], [z, (3, 0, 6, 0, 3, 1)]]
     assert rest == [] and split == [(3, 9)]
+
+
+# x__split_light__mutmut_19 (`>= light`: a fragment costing exactly a light pack is cut again).
+# Cap 100, reference documents of 5 tokens: a light pack is 20 x 15 = 300 pairs; a fragment of
+# 24 tokens costs 24 x 25 / 2 = 300, exactly light, which "at most a light pack" allows. An
+# overdue 48-token sample (1176 > 1.05 x 300, heavy) alone in a window of 2 packs is unbalanced
+# (1176 over a mean of (1176 + 300) / 2: 1.59), so balance_split cuts it: 2 fragments of 24
+# (the mutant: 3 of 16, 48 // 3 >= min_fragment 12).
+
+def test_balance_split_keeps_fragments_that_cost_exactly_a_light_pack():
+    from atac_hf.packing import PackingConfig
+
+    cfg = PackingConfig(max_tokens=100, packs_per_window=2, reference_doc_tokens=5, balance_split=True,
+                        max_defer=2)
+    packs, carry, split = plan_wfap([_item(0, 48, arrival=0)], _ctx(cfg, window=2))
+    assert sorted((it[1], it[2]) for p in packs for it in p) == [(0, 24), (24, 48)]
+    assert all(len(p) == 1 for p in packs) and carry == [] and split == [(0, 48)]
