@@ -170,7 +170,8 @@ def test_fewer_heavy_samples_than_packs_balanced_to_exactly_the_tolerance_are_re
 # (+0.58) are not, 2 (+0.29: 7.83) is. Without 22 and 2: 31, 13, 33, 32, 8, 12 all go to pack 1
 # (967), 2 left instead of 3, so that is kept. The mutant's count starts at 1: 22 (8.54) is not
 # held but 32, 8, 12, 2 are; without them only 2 fewer tails are placed, 4 left, not fewer than
-# 3: it keeps the first placement.
+# 3: it keeps the first placement. x__place__mutmut_157 (`s[i] * rate`: the cost times 1035 / 100)
+# holds nothing back (22 would free 807 tokens) and keeps the first placement too.
 
 def test_holding_back_new_tails_frees_their_own_tokens_from_zero():
     spec = [(2, 2, 1), (8, 3, 1), (12, 3, 1), (13, 5, 0), (17, 45, 0), (22, 12, 1), (28, 40, 0), (31, 12, 0),
@@ -235,3 +236,14 @@ def test_balance_split_keeps_fragments_that_cost_exactly_a_light_pack():
     packs, carry, split = plan_wfap([_item(0, 48, arrival=0)], _ctx(cfg, window=2))
     assert sorted((it[1], it[2]) for p in packs for it in p) == [(0, 24), (24, 48)]
     assert all(len(p) == 1 for p in packs) and carry == [] and split == [(0, 48)]
+
+
+# x_plan_wfap__mutmut_118 (due from `window - arrival > max_defer`, one window late). Window 3,
+# max_defer 2, 2 packs: samples 29 (arrived in window 1) and 33 (window 0), 1 token each, are
+# both due (3 - 1 >= 2), so they are placed in data order: 29 to pack 0, 33 to the cheaper pack
+# 1. The mutant counts only 33 as due and places it first.
+
+def test_a_sample_is_due_once_it_has_waited_max_defer_windows():
+    packs, carry, split = plan_wfap([_item(29, 1, arrival=1), _item(33, 1, arrival=0)],
+                                    _ctx(_cfg(max_defer=2), window=3))
+    assert packs == [[(29, 0, 1, 1, 29, 0)], [(33, 0, 1, 0, 33, 0)]] and carry == [] and split == []
