@@ -1,0 +1,114 @@
+"""Tests that kill the mutmut survivors of ``plan_atp`` and of the helpers of ``atac_hf/sharding/atp.py``
+the earlier passes did not run (``_place_tails``, ``_work_lower_bound``, ``_per_doc_lower_bound``;
+issue 20, docs/TESTING.md, fifth pass). Hand-worked values, on models whose seconds are exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from atac_hf.cost import CostModel
+from atac_hf.sharding.atp import _per_doc_lower_bound, _place_tails, _work_lower_bound, plan_atp
+
+
+def _place(costs, toks, base_load, base_tok, cap=np.inf, tails=None, num_docs=None, attn=None):
+    tails = np.arange(len(costs)) if tails is None else np.array(tails)
+    got = _place_tails(len(costs) if num_docs is None else num_docs, tails, np.array(costs, dtype=np.float64),
+                       np.array(attn if attn is not None else [0.5] * len(costs), dtype=np.float64),
+                       np.array(toks, dtype=np.int64), np.array(base_load, dtype=np.float64),
+                       np.array(base_tok, dtype=np.int64), cap)
+    if got is None:
+        return None
+    owner, load, tok, tail_attn = got
+    assert owner.dtype == np.int64 and tok.dtype == np.int64
+    return owner.tolist(), load.tolist(), tok.tolist(), tail_attn.tolist()
+
+
+def test_place_tails_longest_processing_time_on_the_least_loaded_rank():
+    """Costs 5, 3, 2 on two empty ranks: 5 -> rank 0, 3 -> rank 1, 2 -> rank 1 (load 3 < 5)."""
+    assert _place([5, 3, 2], [5, 3, 2], [0, 0], [0, 0], attn=[1, 2, 4]) == (
+        [0, 1, 1], [5.0, 5.0], [5, 5], [1.0, 6.0])
+
+
+def test_place_tails_starts_from_the_given_loads_and_tokens_and_ties_to_the_lower_rank():
+    """Base loads 4, 1, 1 and tokens 7, 0, 2: cost 2 goes to rank 1 (tie at 1 with rank 2, the lower
+    rank first), cost 1 to rank 2 (load 1 < 3)."""
+    assert _place([2, 1], [1, 1], [4, 1, 1], [7, 0, 2]) == ([1, 2], [4.0, 3.0, 2.0], [7, 1, 3], [0.0, 0.5, 0.5])
+
+
+def test_place_tails_skips_a_full_rank_and_keeps_its_heap_order():
+    """Cap 10, base loads 0, 1, 2 and tokens 9, 0, 0. Rank 0 is least loaded but full for 3 tokens:
+    (cost 5, 3 tokens) -> the least loaded with room, rank 1 (load 6); (2, 3) -> rank 2 (4);
+    (1, 1) fits rank 0 (load 1, tokens 10); (1, 1): rank 0 is full now -> rank 2 (5). Document
+    ids: tails 3, 0, 2, 1 of 5 (document 4 is no tail: owner -1)."""
+    assert _place([5, 2, 1, 1], [3, 3, 1, 1], [0, 1, 2], [9, 0, 0], cap=10, tails=[3, 0, 2, 1], num_docs=5) == (
+        [2, 2, 0, 1, -1], [1.0, 6.0, 5.0], [10, 3, 4], [0.5, 0.5, 1.0])
+
+
+def test_place_tails_fills_a_rank_to_exactly_the_cap():
+    assert _place([5, 3, 2], [5, 3, 3], [0, 0], [0, 0], cap=6) == ([0, 1, 1], [5.0, 5.0], [5, 6], [0.5, 1.0])
+    assert _place([5, 3, 2], [5, 3, 3], [0, 0], [0, 0], cap=5) is None  # 3 more tokens fit neither rank
+
+
+def test_place_tails_the_full_rank_may_be_a_later_one():
+    """The least-loaded rank with room is the minimum over all ranks, not the first with room:
+    cap 4, loads 0, 3, 1, tokens 4, 0, 0: cost 1 -> rank 2 (load 1 < 3)."""
+    assert _place([1], [2], [0, 3, 1], [4, 0, 0], cap=4) == ([2], [0.0, 3.0, 2.0], [4, 0, 2], [0.0, 0.0, 0.5])
+
+
+def test_place_tails_a_full_least_loaded_rank_gives_way_to_one_filled_exactly_to_the_cap():
+    """Cap 4, loads 0, 1, tokens 4, 2: 2 more tokens do not fit rank 0 and fill rank 1 to the cap."""
+    assert _place([1], [2], [0, 1], [4, 2], cap=4) == ([1], [0.0, 2.0], [4, 4], [0.0, 0.5])
+
+
+#: exact prices: 1 s a token, 2 s a causal pair, 1.5 s a masked pair, no per-call time
+CM = CostModel(linear_s_per_token=1.0, attn_s_per_pair=2.0, masked_attn_s_per_pair=1.5, tile=1,
+               kv_bytes_per_token=1.0, link_bandwidth=1.0, link_latency_s=0.5)
+
+
+def test_work_lower_bound_is_the_mean_of_the_exact_work_at_the_cheaper_pair_price():
+    """Documents 4 and 2: 10 + 3 exact pairs at 1.5 s (the cheaper price) and 6 tokens at 1 s,
+    over 2 ranks: (19.5 + 6) / 2. Tiles do not count (tile 4 gives the same); the masked price
+    None is the causal one: (26 + 6) / 2; a window of 2 counts 7 + 3 pairs: (15 + 6) / 2."""
+    L = np.array([4, 2])
+    assert _work_lower_bound(L, 2, CM) == 12.75
+    assert _work_lower_bound(L, 2, CM.replace(tile=4)) == 12.75
+    assert _work_lower_bound(L, 2, CM.replace(masked_attn_s_per_pair=None)) == 16.0
+    assert _work_lower_bound(L, 2, CM.replace(sliding_window=2)) == 10.5
+    assert _work_lower_bound(L, 3, CM) == 8.5
+    assert _work_lower_bound(L, 2, CM.replace(linear_s_per_token=4.0)) == (19.5 + 24) / 2  # tokens times their price
+    # the caller's pairs are used as given
+    assert _work_lower_bound(L, 2, CM, np.array([100.0, 0.0])) == 78.0
+
+
+def test_per_doc_lower_bound_adds_the_exchange_of_every_split_document_on_all_ranks_but_one():
+    """Documents 4, 1, 2 over 2 ranks: work bound (14 pairs x 1.5 + 7 tokens) / 2 = 14; the 4 and
+    the 2 are split (2+ tokens): the all-gather of 6 tokens costs 2 (0.5 + 6 / 2) = 7 s, (C - 1) / C
+    of it on top. The 2-token document alone: 2 (0.5 + 1) = 3 s, half of it. At 3 ranks: 2 (2 x 0.5
+    + 6 x 2/3) = 10 s, 2/3 of it."""
+    assert _work_lower_bound(np.array([4, 1, 2]), 2, CM) == 14.0
+    assert _per_doc_lower_bound(np.array([4, 1, 2]), 2, CM) == 14.0 + 3.5
+    assert _per_doc_lower_bound(np.array([4, 1, 2]), 2, CM, 100.0) == 103.5  # the caller's work as given
+    assert _per_doc_lower_bound(np.array([1, 2]), 2, CM) == 4.5 + 1.5
+    assert _per_doc_lower_bound(np.array([4, 1, 2]), 3, CM) == pytest.approx(28 / 3 + 20 / 3, rel=1e-12)
+
+
+def test_per_doc_lower_bound_of_one_token_documents_is_the_work_bound():
+    assert _per_doc_lower_bound(np.array([1, 1, 1]), 2, CM) == 3.75
+
+
+#: 1 s a token and a pair, 100 s a kernel call: a split costs more than it levels
+CM_CALL = CostModel(linear_s_per_token=1.0, attn_s_per_pair=1.0, segment_overhead_s=100.0, tile=1)
+
+
+def test_plan_atp_min_chunk_defaults_to_one():
+    """A 4-token document over 2 ranks: with min_chunk 1 (the default) it is an anchor candidate
+    (4 >= 2 x 2 x 1) and costlier than a rank's share, so it is split head-tail: rank 0 [0, 1) +
+    [3, 4) (2 tokens, 1 + 4 pairs, 2 calls: 207 s with the exchange's 20 us), rank 1 [1, 3); with
+    min_chunk 2 it is no candidate and stays whole on rank 0 (4 + 10 + 100 = 114 s)."""
+    split = [[[0, 0, 1], [0, 3, 4]], [[0, 1, 3]]]
+    got = plan_atp(np.array([4]), 2, CM_CALL)
+    assert [s.tolist() for s in got.segments] == split and got.block_time_s == pytest.approx(207.00002)
+    whole = plan_atp(np.array([4]), 2, CM_CALL, min_chunk=2)
+    assert [s.tolist() for s in whole.segments] == [[[0, 0, 4]], []] and whole.block_time_s == 114.0
