@@ -64,6 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="samples of the pack_dataset vs TRL runs (comma-separated; '' skips them)")
     p.add_argument("--dataset-max-tokens", type=int, default=131072, help="cap of the pack_dataset vs TRL runs")
     p.add_argument("--split-cases", type=int, default=200, help="random cases of the split-mode table (0 skips it)")
+    p.add_argument("--dataset-only", action="store_true",
+                   help="run only the pack_dataset vs TRL table and replace only its subsection of docs/BENCHMARKS.md")
     p.add_argument("--split-only", action="store_true",
                    help="run only the split-mode table and replace only its subsection of docs/BENCHMARKS.md")
     return p.parse_args(argv)
@@ -305,12 +307,12 @@ def split_section(num_cases: int, split_md: str, command: str) -> str:
     ])
 
 
-def write_split_section(path: Path, body: str) -> None:
-    """Replace only the split-mode subsection of the packing section (``--split-only``)."""
+def write_split_section(path: Path, body: str, heading: str = SPLIT_HEADING) -> None:
+    """Replace only one subsection of the packing section (``--split-only``, ``--dataset-only``)."""
     text = path.read_text(encoding="utf-8")
-    start = text.find(SPLIT_HEADING)
+    start = text.find(heading)
     if start < 0:
-        raise SystemExit(f"{path} has no '{SPLIT_HEADING}' subsection: run the full benchmark once")
+        raise SystemExit(f"{path} has no '{heading}' subsection: run the full benchmark once")
     nxt = min((k for k in (text.find("\n### ", start + 1), text.find("\n## ", start + 1)) if k >= 0),
               default=len(text))
     path.write_text(text[:start] + body.strip() + "\n\n" + text[nxt + 1:], encoding="utf-8")
@@ -378,6 +380,33 @@ def write_docs(path: Path, body: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+DATASET_HEADING = "### pack_dataset end to end vs. TRL"
+
+
+def dataset_section(max_tokens: int, ds_md: str) -> str:
+    """The pack_dataset vs TRL subsection: heading, how it was measured, the table."""
+    return "\n".join([
+        f"{DATASET_HEADING} ({max_tokens:,}-token cap)",
+        "",
+        "A `datasets.Dataset` of int32 token ids with the `wlbllm` lengths resampled (seed 0) to each size, packed "
+        "by `atac_hf.pack_dataset` (planning + building the rows, default settings unless the row says otherwise: "
+        "WFAP, 64 packs per window) and by TRL's `pack_dataset(strategy=\"bfd\", map_kwargs={\"keep_in_memory\": "
+        "True})` (both keep the rows in memory), each in a fresh subprocess with one Arrow thread, its imports "
+        "done before the clock starts (TRL's alone take about 5 s of CPU). CPU time is the "
+        "process's `time.process_time`; peak memory is the larger of the peak RSS over the run (Linux `VmHWM`, "
+        "reset before it) minus the RSS before it, and the peak of Arrow's memory pool (`max_memory`) over the "
+        "run (the RSS delta alone can hide pages the allocators recycle); the input's Arrow size is `dataset.data.nbytes`. Max/mean pack cost: the "
+        "packs in output order grouped in windows of 64 (what a 64-replica step runs side by side; the last "
+        "partial window left out), costed with the package's default cost model; its \"vs TRL\" column is the "
+        "ratio of the excess over 1.0. TRL 1.16 cuts samples over the cap (`bfd` truncates); these lengths have "
+        "none over 128K. Our peak is the output rows themselves (built in memory, about the input's size: an "
+        "in-memory source; one on disk gets its rows written to a cache file, next section)."
+        if ds_md else "pack_dataset vs. TRL: not run.",
+        "",
+        ds_md,
+    ])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--dataset-worker"]:
@@ -388,6 +417,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = parse_args(argv)
     command = "python scripts/bench_packing.py" + "".join(" " + shlex.quote(a) for a in argv)
+    if args.dataset_only:
+        sizes = [int(x) for x in args.dataset_sizes.split(",") if x.strip()]
+        ds_md, _ = run_dataset_bench(sizes, args.dataset_max_tokens, with_trl=not args.no_trl)
+        print(ds_md)
+        if not args.no_docs:
+            write_split_section(Path(args.docs), dataset_section(args.dataset_max_tokens, ds_md), DATASET_HEADING)
+            print(f"\nwrote {args.docs} ({DATASET_HEADING})")
+        return 0
     if args.split_only:
         split_md = run_split_cases(args.split_cases, with_trl=not args.no_trl)
         print(split_md)
@@ -462,23 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         split_section(args.split_cases, split_md, command) if split_md else "",
         "",
-        f"### pack_dataset end to end vs. TRL ({args.dataset_max_tokens:,}-token cap)",
-        "",
-        "A `datasets.Dataset` of int32 token ids with the `wlbllm` lengths resampled (seed 0) to each size, packed "
-        "by `atac_hf.pack_dataset` (planning + building the rows, default settings unless the row says otherwise: "
-        "WFAP, 64 packs per window) and by TRL's `pack_dataset(strategy=\"bfd\", map_kwargs={\"keep_in_memory\": "
-        "True})` (both keep the rows in memory), each in a fresh subprocess with one Arrow thread. CPU time is the "
-        "process's `time.process_time`; peak memory is the larger of the peak RSS over the run (Linux `VmHWM`, "
-        "reset before it) minus the RSS before it, and the peak of Arrow's memory pool (`max_memory`) over the "
-        "run (the RSS delta alone can hide pages the allocators recycle); the input's Arrow size is `dataset.data.nbytes`. Max/mean pack cost: the "
-        "packs in output order grouped in windows of 64 (what a 64-replica step runs side by side; the last "
-        "partial window left out), costed with the package's default cost model; its \"vs TRL\" column is the "
-        "ratio of the excess over 1.0. TRL 1.16 cuts samples over the cap (`bfd` truncates); these lengths have "
-        "none over 128K. Our peak is the output rows themselves (built in memory, about the input's size: an "
-        "in-memory source; one on disk gets its rows written to a cache file, next section)."
-        if ds_md else "pack_dataset vs. TRL: not run.",
-        "",
-        ds_md,
+        dataset_section(args.dataset_max_tokens, ds_md),
     ])
     if not args.no_docs:
         write_docs(Path(args.docs), body)
