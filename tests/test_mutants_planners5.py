@@ -247,3 +247,38 @@ def test_a_sample_is_due_once_it_has_waited_max_defer_windows():
     packs, carry, split = plan_wfap([_item(29, 1, arrival=1), _item(33, 1, arrival=0)],
                                     _ctx(_cfg(max_defer=2), window=3))
     assert packs == [[(29, 0, 1, 1, 29, 0)], [(33, 0, 1, 0, 33, 0)]] and carry == [] and split == []
+
+
+# x_local_search__mutmut_101 (`pt[q] + dl < C`: a swap that fills the cheaper pack exactly to the
+# cap refused). Cap 10, one model. Pack 0: an anchor (5 tokens, cost 4) and tail 0 (3, 6): cost
+# 10, 8 tokens; pack 1: an anchor (7, 3) and tail 1 (1, 3): cost 6, 8 tokens. Moving tail 0
+# does not fit (11 tokens); swapping tails 0 and 1 moves 2 tokens and 3 of cost: packs (7, 6
+# tokens) and (9, 10 tokens: exactly the cap), 9 < 10, so it is made; then nothing lowers 9.
+
+def test_local_search_swaps_into_an_exact_fit():
+    from atac_hf.packing.planners.wfap_place import local_search
+
+    L = [3, 1, 0, 5, 7]
+    c = [[6.0], [3.0], [0.0], [4.0], [3.0]]
+    pc, pt, tail_of, anchor_of = [[10.0], [6.0]], [8, 8], [[0], [1]], [[3], [4]]
+    local_search(pc, pt, tail_of, anchor_of, L, c, 10)
+    assert tail_of == [[1], [0]] and pc == [[7.0], [9.0]] and pt == [6, 10] and anchor_of == [[3], [4]]
+
+
+# x_balance_models__mutmut_41 (the message names the band's high end): a price band whose low end
+# is 0 under a model that prices only attention makes short documents free; the message names
+# the low end.
+
+def test_a_price_band_that_makes_short_documents_free_is_refused_naming_its_low_end():
+    import pytest
+
+    from atac_hf.cost import CostModel
+    from atac_hf.packing import PackingConfig
+    from atac_hf.packing.planners.window import balance_models
+
+    cfg = PackingConfig(max_tokens=100, packs_per_window=2, reference_doc_tokens=10, price_band=(0.0, 2.0))
+    with pytest.raises(ValueError) as e:
+        balance_models(cfg, CostModel(linear_s_per_token=0.0, attn_s_per_pair=1.0, tile=1))
+    assert str(e.value) == ("price_band=(0.0, 2.0): a pack of short documents costs 0 s under the cost model "
+                            "'custom' with its attention price scaled by 0 (it prices only attention): raise the "
+                            "band's low end above 0 (set price_band)")
