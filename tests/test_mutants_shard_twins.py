@@ -6,7 +6,7 @@ gloo process groups (slow tests), so mutmut could not judge them. Here they run 
 a fake ``torch.distributed`` (``FakeWorld``) stands in for a process group of ``size`` ranks, each
 rank a thread, with an ``all_gather_single`` that checks its buffers as the real collective does
 (same dtype and device, output ``size`` times the input) and exchanges them through a barrier
-(with a timeout: a collective that a rank skips breaks it after 10 s instead of hanging).
+(with a timeout: a collective that a rank skips breaks it after 30 s instead of hanging).
 ``ShardContext``'s attention records and ``shard_batch``'s refusals are checked here too, every
 message whole (a changed word, index or slice in a message is caught).
 """
@@ -38,7 +38,7 @@ class FakeWorld:
     def __init__(self, size: int, *, initialized: bool = True, available: bool = True, fail: bool = False):
         self.size = size
         self.initialized, self.available, self.fail = initialized, available, fail
-        self.barrier = threading.Barrier(size, timeout=10)
+        self.barrier = threading.Barrier(size, timeout=30)
         self.slots: dict = {}  # (the rank's n-th collective, rank) -> its input
         self.lock = threading.Lock()
         self.tls = threading.local()
