@@ -112,3 +112,51 @@ def test_plan_atp_min_chunk_defaults_to_one():
     assert [s.tolist() for s in got.segments] == split and got.block_time_s == pytest.approx(207.00002)
     whole = plan_atp(np.array([4]), 2, CM_CALL, min_chunk=2)
     assert [s.tolist() for s in whole.segments] == [[[0, 0, 4]], []] and whole.block_time_s == 114.0
+
+
+#: 1 s a token, 0.05 s a causal pair, exact pairs
+CM_PAIRS = CostModel(linear_s_per_token=1.0, attn_s_per_pair=0.05, tile=1)
+
+
+def test_plan_atp_keeps_the_cost_level_split_where_the_two_way_one_costs_over_the_tolerance_more():
+    """Documents 4 and 13 over 4 ranks: the 13 is the anchor, the 4 a tail on rank 0 (4.5 s). The
+    cost-level split gives rank 0 the 13's first token (1.05 s: 5.55 s) and ranks 1-3 4 tokens and 30
+    pairs each (5.5 s). The two-way split (4.25 tokens and 25.25 pairs a rank) gives rank 0 the last
+    token instead (13 pairs: 6.15 s), over 2% more than 5.55 s, and over 2% above the lower bound
+    22.05 / 4 s: the cost-level split is kept."""
+    got = plan_atp(np.array([4, 13]), 4, CM_PAIRS)
+    assert [s.tolist() for s in got.segments] == [[[0, 0, 4], [1, 0, 1]], [[1, 1, 3], [1, 11, 13]],
+                                                  [[1, 3, 5], [1, 9, 11]], [[1, 5, 9]]]
+    assert got.block_time_s == pytest.approx(5.55, rel=1e-12)
+    assert got.strategy == "atp"
+
+
+def test_plan_atp_labels_its_two_way_plan_atp():
+    """8 tokens over 2 ranks: the two-way split is the zigzag [0, 2) + [6, 8), [2, 6); its plan
+    is labelled "atp" like every plan ATP returns."""
+    got = plan_atp(np.array([8]), 2, CM_PAIRS)
+    assert [s.tolist() for s in got.segments] == [[[0, 0, 2], [0, 6, 8]], [[0, 2, 6]]]
+    assert got.strategy == "atp"
+    assert plan_atp(np.array([8]), 2, CM_PAIRS, max_tokens_per_rank=6).strategy == "atp"
+
+
+# Characterisation (the anchor-count loop's choices are too long to work out by hand): the current
+# plans of inputs found by a seeded search for inputs the loop's mutants change; a deliberate change
+# of the heuristic needs them updated.
+@pytest.mark.parametrize("lengths, C, cm, cap, want, block", [
+    # the best j by block time, not by anchor count (mutant: best[1] for best[0])
+    ([6, 1, 15], 3, "default", 9, [[[0, 0, 6], [2, 0, 1]], [[1, 0, 1], [2, 1, 4], [2, 13, 15]], [[2, 4, 13]]],
+     8.1860073e-05),
+    # three anchor counts in a row without a better block end the loop (the stale count)
+    ([6, 28, 28, 39, 11], 2, "pairs", 56, [[[1, 0, 28], [3, 0, 7], [3, 29, 39], [4, 0, 11]],
+                                           [[0, 0, 6], [2, 0, 28], [3, 7, 29]]], 98.25),
+    # the loop goes on while the loads are over 0.5% from level (j = 1 leaves them 2x apart here)
+    ([30, 4], 2, "pairs", None, [[[0, 0, 8], [0, 23, 30], [1, 2, 4]], [[0, 8, 23], [1, 0, 2]]], 29.15002),
+])
+def test_plan_atp_anchor_count_loop_characterisation(lengths, C, cm, cap, want, block):
+    from atac_hf.cost import default_cost_model
+
+    model = default_cost_model() if cm == "default" else CM_PAIRS
+    got = plan_atp(np.array(lengths), C, model, max_tokens_per_rank=cap)
+    assert [s.tolist() for s in got.segments] == want
+    assert got.block_time_s == pytest.approx(block, rel=1e-7)
