@@ -179,3 +179,84 @@ def test_the_epoch_is_planned_with_the_samplers_own_settings(kw):
     want = [[tuple(x) for x in spans[offsets[b]:offsets[b + 1]].tolist()] for b in range(len(offsets) - 1)]
     assert list(s) == want
     assert want != list(WFAPBatchSampler(LENGTHS, cfg, shuffle=False))
+
+
+# ---------------------------------------------------------------- fifth pass: the constructor, SpanDataset
+# xǁWFAPBatchSamplerǁ__init____mutmut_3 (default seed 1), _18 (the flag's name misspelt in its
+# message); xǁWFAPBatchSamplerǁfrom_dataset__mutmut_7 (the keyword arguments dropped), _11 (the
+# column dropped: the default, input_ids, is read instead).
+
+def test_the_sampler_seed_defaults_to_0_and_flags_are_named_in_their_refusal():
+    s = WFAPBatchSampler([3, 4], CFG)
+    assert s.seed == 0 and s.state_dict()["seed"] == 0
+    for kw, message in (({"shuffle": "yes"}, "shuffle='yes' must be True or False (set shuffle)"),
+                        ({"even_batches": 1}, "even_batches=1 must be True or False (set even_batches)")):
+        with pytest.raises(TypeError) as e:
+            WFAPBatchSampler([3, 4], CFG, **kw)
+        assert str(e.value) == message
+
+
+def test_from_dataset_reads_the_named_column_and_passes_the_settings_on():
+    rows = [{"input_ids": [1], "tokens": [1] * n} for n in (5, 0, 7, 3)]
+    s = WFAPBatchSampler.from_dataset(rows, CFG, column="tokens", seed=5, shuffle=False, window_size=2)
+    assert s.lengths.tolist() == [5, 0, 7, 3] and s.num_empty_skipped == 1
+    assert (s.seed, s.shuffle, s.window_size) == (5, False, 2)
+    assert WFAPBatchSampler.from_dataset(rows, CFG).lengths.tolist() == [1, 1, 1, 1]
+
+
+# xǁSpanDatasetǁ__getitems____mutmut_1, _6, _7 (a dataset with columns read row by row instead of
+# in one batched read), _10, _12, _14 (int keys in a batched read refused), _13 (an int key
+# sliced from 1): over a dataset with columns (a stand-in for datasets.Dataset that records its
+# reads), a list of keys is one read, an int key is the whole sample.
+
+class _Columns:
+    def __init__(self, rows, names=("input_ids", "labels", "other")):
+        self.rows, self.column_names, self.reads = rows, list(names), []
+
+    def select_columns(self, names):
+        out = _Columns([{c: r[c] for c in names} for r in self.rows], names)
+        out.reads = self.reads
+        return out
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, key):
+        self.reads.append(key)
+        if isinstance(key, list):
+            return {c: [self.rows[i][c] for i in key] for c in self.column_names}
+        return dict(self.rows[key])
+
+
+def test_span_dataset_reads_a_dataset_with_columns_in_one_batch():
+    from atac_hf.packing.data.sampler import SpanDataset
+
+    base = _Columns([{"input_ids": [1, 2, 3, 4], "labels": [5, 6, 7, 8], "other": 0},
+                     {"input_ids": [9, 10], "labels": [11, 12], "other": 1}])
+    ds = SpanDataset(base)
+    assert ds.dataset.column_names == ["input_ids", "labels"]
+    got = ds.__getitems__([(0, 1, 3), 1, (1, 2, 2)])
+    assert got == [{"input_ids": [2, 3], "labels": [6, 7]}, {"input_ids": [9, 10], "labels": [11, 12]},
+                   {"input_ids": [], "labels": []}]
+    assert base.reads == [[0, 1, 1]]  # one batched read
+
+
+# x__as_span__mutmut_3, _7, _8, _13, _14 (the refusals' messages), _12 (`s < e`: an empty span
+# refused; 0 <= start <= end allows start == end).
+
+def test_span_dataset_refusals_whole_messages_and_the_empty_span():
+    from atac_hf.packing.data.sampler import SpanDataset
+
+    ds = SpanDataset([{"input_ids": [1, 2, 3, 4], "labels": [5, 6, 7, 8]}])
+    assert ds[(0, 2, 2)] == {"input_ids": [], "labels": []}
+    assert ds[(0, 0, 4)] == {"input_ids": [1, 2, 3, 4], "labels": [5, 6, 7, 8]}
+    for key, kind, message in (
+            (5.5, TypeError, "SpanDataset index must be an int or a (sample, start, end) span, got 5.5"),
+            ((1, 2), TypeError, "SpanDataset index must be an int or a (sample, start, end) span, got (1, 2)"),
+            ((1, 2, "3"), TypeError,
+             "SpanDataset index must be an int or a (sample, start, end) span of ints, got (1, 2, '3')"),
+            ((0, 3, 2), ValueError, "SpanDataset span (0, 3, 2) must have 0 <= start <= end"),
+            ((0, -1, 2), ValueError, "SpanDataset span (0, -1, 2) must have 0 <= start <= end")):
+        with pytest.raises(kind) as e:
+            ds[key]
+        assert str(e.value) == message
