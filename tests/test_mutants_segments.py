@@ -196,3 +196,45 @@ def test_finish_plan_bound_refuses_only_compute_beyond_it():
     below = math.nextafter(bound, -math.inf)
     assert below * (1 + 1e-9) < cmax
     assert finish_plan(lengths, 2, "hand", segs, None, CM, bound=below) is None
+
+
+# ---------------------------------------------------------------------------- fifth pass: the other functions
+
+def test_check_doc_lengths_takes_integral_floats_as_int64_and_refuses_other_dtypes_whole_message():
+    import re
+
+    import pytest
+
+    from atac_hf.sharding.segments import check_doc_lengths
+
+    got = check_doc_lengths([2.0, 3.0])
+    assert got.dtype == np.int64 and got.tolist() == [2, 3]
+    for arr, what in ((np.array([2 + 0j, 3 + 0j]), "complex128"), (np.array(["a", "b"]), "<U1")):
+        with pytest.raises(ValueError, match="^" + re.escape(f"doc_lengths must be integers (ints >= 1), got dtype {what}")
+                          + "$"):
+            check_doc_lengths(arr)
+    with pytest.raises(ValueError, match="^" + re.escape("document 1 has length 0; every document must have >= 1 token "
+                                                         "(drop empty documents before packing)") + "$"):
+        check_doc_lengths([1, 0, 2])
+
+
+def test_head_tail_segments_per_rank_heads_and_tails_of_each_document():
+    """Bounds [0, 2, 4, 6, 8] and [0, 1, 2, 2, 3] over 2 ranks (test_mutants_atp's head_tail_flat
+    case): rank r holds chunk r (its head) and chunk 2C-1-r (its tail) of each document in turn;
+    the empty one (document 1's tail on rank 1) dropped."""
+    from atac_hf.sharding.segments import head_tail_segments
+
+    got = head_tail_segments(np.array([0, 1]), np.array([[0, 2, 4, 6, 8], [0, 1, 2, 2, 3]]), 2)
+    assert [s.tolist() for s in got] == [[[0, 0, 2], [0, 6, 8], [1, 0, 1], [1, 2, 3]], [[0, 2, 4], [0, 4, 6], [1, 1, 2]]]
+
+
+def test_sort_segments_orders_by_row_position():
+    """Documents of 4 and 2 tokens (row offsets 0, 4, 6): segments at row positions 4, 3, 0 come
+    out 0, 3, 4; none stays none, shaped (0, 3)."""
+    from atac_hf.sharding.segments import row_offsets, sort_segments
+
+    off = row_offsets(np.array([4, 2]))
+    assert off.tolist() == [0, 4, 6]
+    seg = np.array([[1, 0, 2], [0, 3, 4], [0, 0, 1]])
+    assert sort_segments(seg, off).tolist() == [[0, 0, 1], [0, 3, 4], [1, 0, 2]]
+    assert sort_segments(np.zeros(0, np.int64), off).shape == (0, 3)
