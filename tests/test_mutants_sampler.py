@@ -260,3 +260,43 @@ def test_span_dataset_refusals_whole_messages_and_the_empty_span():
         with pytest.raises(kind) as e:
             ds[key]
         assert str(e.value) == message
+
+
+# xǁWFAPBatchSamplerǁ__init____mutmut_70, _71 (even_batches not kept), _93 - _97, _100 - _103 (a
+# setting left out of the fingerprint, or None in it): a state saved by a sampler built with
+# any other setting is refused (the docstring's list: cost_model, window_size, num_replicas,
+# shuffle, even_batches).
+
+@pytest.mark.parametrize("other", [{"cost_model": CostModel(linear_s_per_token=1.0, attn_s_per_pair=0.0, tile=1)},
+                                   {"window_size": 5}, {"num_replicas": 2}, {"shuffle": False},
+                                   {"even_batches": False}])
+def test_a_state_of_a_sampler_with_another_setting_is_refused(other):
+    base = {"window_size": 4, "num_replicas": 1, "shuffle": True, "even_batches": True}
+    saved = WFAPBatchSampler(LENGTHS, CFG, **base).state_dict()
+    s = WFAPBatchSampler(LENGTHS, CFG, **{**base, **other})
+    assert s.fingerprint != saved["fingerprint"]
+    with pytest.raises(ValueError) as e:
+        s.load_state_dict(saved)
+    assert str(e.value) == (
+        f"sampler state fingerprint {saved['fingerprint']!r} != {s.fingerprint!r}: it was saved for different "
+        "lengths or settings (config, cost_model, window_size, num_replicas, shuffle, even_batches); build the "
+        "sampler exactly as when the state was saved")
+    WFAPBatchSampler(LENGTHS, CFG, **base).load_state_dict(saved)  # the same settings: accepted
+
+
+# xǁWFAPBatchSamplerǁ_show_progress__mutmut_7, _8: where torch.distributed is initialised, only
+# rank 0 shows the bar (from PROGRESS_MIN_SAMPLES samples).
+
+def test_only_rank_0_shows_the_planning_bar(monkeypatch):
+    import torch.distributed as dist
+
+    from atac_hf.packing.data.sampler import PROGRESS_MIN_SAMPLES
+
+    s = WFAPBatchSampler([3, 4], CFG)
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    for rank, shown in ((0, True), (1, False), (2, False)):
+        monkeypatch.setattr(dist, "get_rank", lambda group=None, r=rank: r)
+        assert s._show_progress(PROGRESS_MIN_SAMPLES) is shown
+        assert s._show_progress(PROGRESS_MIN_SAMPLES - 1) is False
+    assert s.even_batches is True and WFAPBatchSampler([3, 4], CFG, even_batches=False).even_batches is False
