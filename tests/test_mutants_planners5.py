@@ -20,6 +20,8 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 from test_mutants_wfap import _cfg, _ctx, _item  # noqa: E402
 
+import pytest  # noqa: E402
+
 from atac_hf.packing.planners.wfap import plan_wfap, wfap_held  # noqa: E402
 
 
@@ -282,3 +284,65 @@ def test_a_price_band_that_makes_short_documents_free_is_refused_naming_its_low_
     assert str(e.value) == ("price_band=(0.0, 2.0): a pack of short documents costs 0 s under the cost model "
                             "'custom' with its attention price scaled by 0 (it prices only attention): raise the "
                             "band's low end above 0 (set price_band)")
+
+
+# ---------------------------------------------------------------- a fourth sample (NR % 16 == 7; wfap_end 12)
+# x_fill_level__mutmut_7 (`idx.size == 1` returns 0.0): a single tail has a fill level. A
+# 10-token tail costing 55 is small (<= 550 / 8), so the level is 55 / 10 x 100 x (1 + 0.05 / 2)
+# = 563.75; no tail at all: 0.
+
+def test_fill_level_of_a_single_tail():
+    import numpy as np
+
+    from atac_hf.packing.planners.wfap_place import fill_level
+
+    lens, costs, light = np.array([10]), np.array([[55.0]]), np.array([550.0])
+    assert fill_level([0], lens, costs, light, 100, 1.05) == pytest.approx(563.75, rel=1e-12)
+    assert fill_level([], lens, costs, light, 100, 1.05) == 0.0
+
+
+# x__select_release__mutmut_85 (`argmin(None)`: the first balanced run, not the best). Heavy samples
+# 0 (70 tokens, 2485; potential 2485 + 5.5 x 30 = 2650), 1 (66, 2211; 2398), 2 (65, 2145;
+# 2337.5), in that release order. The run (0, 1): 2 x 2485 / (2485 + 2398) = 1.018; the run
+# (1, 2): 2211 over a mean of 2211 (2337.5 > 2211): 1.0, the best. Both are within 1.05, so (1, 2)
+# is released, one anchor a pack (the costlier first), and 0 waits.
+
+def test_the_best_balanced_run_is_released():
+    items = [_item(0, 70, arrival=0), _item(1, 66, arrival=0), _item(2, 65, arrival=0)]
+    packs, carry, split = plan_wfap(items, _ctx(_cfg(), window=1))
+    assert [[it[0] for it in p] for p in packs] == [[1], [2]]
+    assert [it[0] for it in carry] == [0] and split == []
+
+
+# x_place_overdue__mutmut_94 (the cut stops with 1 token left), x_costs_of__mutmut_11 (a span
+# costed `end + start`). Cap 10, cost = tokens, min_fragment 1 (the default at cap 10).
+
+def test_place_overdue_cuts_down_to_the_last_token():
+    # packs of overdue items with room 4, 4 and 1: an overdue 9-token sample is cut 4 + 4 + 1
+    from test_mutants_window import _ctx as _wctx
+    from test_mutants_window import _item as _witem
+
+    from atac_hf.packing.planners.window import place_overdue
+
+    ctx = _wctx(3, 1, 1)
+    x, y, z = _witem(0, 6, 0, 0), _witem(1, 6, 0, 1), _witem(2, 9, 0, 2)
+    o = _witem(3, 9, 0, 3)
+    packs = [[x], [y], [z]]
+    rest, split = place_overdue(packs, [o], ctx)
+    assert packs == [[x, (3, 0, 4, 0, 3, 1)], [y, (3, 4, 8, 0, 3, 1)], [z, (3, 8, 9, 0, 3, 1)]]
+    assert rest == [] and split == [(3, 9)]
+
+
+def test_place_overdue_costs_a_fragment_by_its_own_tokens():
+    # pack 0 holds a fragment of tokens 6-9 (3 tokens, cost 3), pack 1 a 4-token sample: an
+    # overdue 2-token item fits both and joins the cheaper, pack 0 (the mutant costs it 15)
+    from test_mutants_window import _ctx as _wctx
+    from test_mutants_window import _item as _witem
+
+    from atac_hf.packing.planners.window import place_overdue
+
+    ctx = _wctx(2, 1, 1)
+    frag, y, o = (5, 6, 9, 1, 5, 1), _witem(1, 4, 1, 1), _witem(2, 2, 0, 2)
+    packs = [[frag], [y]]
+    rest, split = place_overdue(packs, [o], ctx)
+    assert packs == [[frag, o], [y]] and rest == [] and split == []
