@@ -135,11 +135,13 @@ def test_contradictory_cache_settings_are_refused_before_anything_is_written(tmp
     assert os.listdir(tmp_path) == []
 
 
-def test_bad_packing_settings_of_a_dataset_dict_are_refused_before_any_split_is_written(tmp_path):
+@pytest.mark.parametrize("bad, match", [(dict(max_defer=-1), "max_defer"), (dict(window_size=0), "window_size=0"),
+                                        (dict(num_replicas=0), "num_replicas=0")])
+def test_bad_packing_settings_of_a_dataset_dict_are_refused_before_any_split_is_written(tmp_path, bad, match):
     dd = datasets.DatasetDict({"train": _source(40), "test": _source(20, 3)})
     paths = {k: tmp_path / f"{k}.arrow" for k in dd}
-    with pytest.raises(ValueError, match="max_defer"):
-        pack_dataset(dd, max_tokens=CAP, progress=False, cache_file_name=paths, max_defer=-1)
+    with pytest.raises(ValueError, match=match):
+        pack_dataset(dd, max_tokens=CAP, progress=False, cache_file_name=paths, **bad)
     assert os.listdir(tmp_path) == []
 
 
