@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
+from bench_packing import _proc_kb, token_dataset  # this script's folder is on sys.path
 
 RUNS = [  # (label, kind, options)
     ("atac pack_dataset, defaults (rows to a cache file)", "ours", {}),
@@ -35,30 +35,11 @@ RUNS = [  # (label, kind, options)
 ]
 
 
-def _rss_anon_kb() -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1])
-    return 0
-
-
 def make_source(n: int, path: Path) -> None:
     import datasets
-    import pyarrow as pa
-    from datasets.table import InMemoryTable
 
-    from atac_hf.workloads import load_workload
-
-    sample = load_workload("wlbllm").astype(np.int64)
-    lengths = np.random.default_rng(0).choice(sample, size=n, replace=n > sample.size)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    tokens = np.arange(int(offsets[-1]), dtype=np.int32)
-    np.bitwise_and(tokens, 32767, out=tokens)
-    ds = datasets.Dataset(InMemoryTable(pa.table({"input_ids": pa.ListArray.from_arrays(pa.array(offsets),
-                                                                                        pa.array(tokens))})))
     datasets.disable_progress_bars()
-    ds.save_to_disk(str(path))
+    token_dataset(n).save_to_disk(str(path))
 
 
 def worker(spec: dict) -> dict:
@@ -76,11 +57,11 @@ def worker(spec: dict) -> dict:
     src = datasets.load_from_disk(spec["source"])
     if spec["kind"] == "again":  # the first call, untimed, writes the cache file the timed one loads
         pack_dataset(src, max_tokens=spec["max_tokens"], progress=False)
-    base, peak, stop = _rss_anon_kb(), [0], threading.Event()
+    base, peak, stop = _proc_kb("RssAnon"), [0], threading.Event()
 
     def poll():
         while not stop.is_set():
-            peak[0] = max(peak[0], _rss_anon_kb())
+            peak[0] = max(peak[0], _proc_kb("RssAnon"))
             time.sleep(0.005)
 
     t = threading.Thread(target=poll, daemon=True)
@@ -93,7 +74,7 @@ def worker(spec: dict) -> dict:
     cpu, wall = time.process_time() - t0, time.perf_counter() - w0
     stop.set()
     t.join()
-    peak[0] = max(peak[0], _rss_anon_kb())
+    peak[0] = max(peak[0], _proc_kb("RssAnon"))
     return {"cpu_s": cpu, "wall_s": wall, "peak_anon_mb": (peak[0] - base) / 1024, "rows": len(out),
             "on_disk": bool(out.cache_files), "source_mb": sum(os.path.getsize(f["filename"]) for f in src.cache_files)
             / 2**20}

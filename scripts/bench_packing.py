@@ -97,29 +97,38 @@ def _reset_peak() -> None:
         pass
 
 
+def token_dataset(num_samples: int):
+    """An in-memory ``datasets.Dataset`` of int32 ``input_ids`` with the shipped ``wlbllm`` lengths
+    resampled (seed 0) to ``num_samples``; the token pages are written (zeros would stay unmapped)."""
+    import datasets
+    import pyarrow as pa
+    from datasets.table import InMemoryTable
+
+    from atac_hf.workloads import load_workload
+
+    sample = load_workload("wlbllm").astype(np.int64)
+    lengths = np.random.default_rng(0).choice(sample, size=num_samples, replace=num_samples > sample.size)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    tokens = np.arange(int(offsets[-1]), dtype=np.int32)
+    np.bitwise_and(tokens, 32767, out=tokens)
+    ids = pa.ListArray.from_arrays(pa.array(offsets), pa.array(tokens))
+    return datasets.Dataset(InMemoryTable(pa.table({"input_ids": ids})))
+
+
 def dataset_worker(kind: str, num_samples: int, max_tokens: int, options: dict) -> dict:
     """One timed end-to-end run in this (fresh) process; returns its figures."""
     import gc
 
     import datasets
     import pyarrow as pa
-    from datasets.table import InMemoryTable
 
     from atac_hf.cost import default_cost_model
     from atac_hf.packing.data.dataset import pack_dataset
-    from atac_hf.workloads import load_workload
 
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
     datasets.disable_progress_bars()
-    sample = load_workload("wlbllm").astype(np.int64)  # the shipped sample, resampled to num_samples
-    lengths = np.random.default_rng(0).choice(sample, size=num_samples, replace=num_samples > sample.size)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    tokens = np.arange(int(offsets[-1]), dtype=np.int32)  # written pages (zeros would stay unmapped)
-    np.bitwise_and(tokens, 32767, out=tokens)
-    ids = pa.ListArray.from_arrays(pa.array(offsets), pa.array(tokens))
-    ds = datasets.Dataset(InMemoryTable(pa.table({"input_ids": ids})))
-    del ids, tokens
+    ds = token_dataset(num_samples)
     gc.collect()
     try:  # hand freed heap pages back, so that the RSS before the run is the input and the interpreter
         import ctypes
@@ -150,7 +159,7 @@ def dataset_worker(kind: str, num_samples: int, max_tokens: int, options: dict) 
     return {"cpu_s": cpu, "wall_s": wall, "num_packs": len(seq), "tokens": tokens,
             "lower_bound": -(-tokens // max_tokens), "whole_docs": int(docs.size),
             "imbalance_mean": float((win.max(axis=1) / win.mean(axis=1)).mean()) if full else float("nan"),
-            "peak_mb": max(peak / 1024, arrow_peak), "rss_peak_mb": peak / 1024, "arrow_peak_mb": arrow_peak, "input_mb": ds.data.nbytes / 2**20, "num_samples": int(lengths.size)}
+            "peak_mb": max(peak / 1024, arrow_peak), "rss_peak_mb": peak / 1024, "arrow_peak_mb": arrow_peak, "input_mb": ds.data.nbytes / 2**20, "num_samples": len(ds)}
 
 
 def run_dataset_bench(sizes: list[int], max_tokens: int, with_trl: bool) -> tuple[str, list[dict]]:
