@@ -223,10 +223,13 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
                                         num_replicas=num_replicas, progress=bar, split_fill=split_fill)
         features = _features(datasets, dataset, token_cols)
         schema = features.arrow_schema
-        batches = _build_batches(table, rows, token_cols, spans, offsets, schema, progress=progress, desc=desc)
+
+        def batches():  # a fresh generator each time: a failed write leaves the one it consumed half-read
+            return _build_batches(table, rows, token_cols, spans, offsets, schema, progress=progress, desc=desc)
+
         if path is not None:
             try:
-                result = write_cache(datasets, path, schema, batches, fingerprint)
+                result = write_cache(datasets, path, schema, batches(), fingerprint)
             except OSError as e:
                 if explicit:
                     raise OSError(f"pack_dataset: cannot write cache_file_name={str(path)!r} ({e}); pass a writable "
@@ -234,13 +237,12 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
                 warnings.warn(f"pack_dataset: cannot write the packed rows beside the source's cache files ({e}); "
                               "building them in memory (pass cache_file_name= a writable path, or "
                               "keep_in_memory=True)", stacklevel=2)
-                batches = _build_batches(table, rows, token_cols, spans, offsets, schema, progress=progress,
-                                         desc=desc)
         if result is None:
+            import pyarrow as pa
             from datasets.table import InMemoryTable
 
             # the fingerprint given: hashing the rows would copy them all
-            result = datasets.Dataset(InMemoryTable(_table_from_batches(batches, schema)),
+            result = datasets.Dataset(InMemoryTable(pa.Table.from_batches(list(batches()), schema=schema)),
                                       info=datasets.DatasetInfo(features=features), fingerprint=fingerprint)
     result = _with_source_format(result, dataset)
     metrics = _metrics(lengths, spans, offsets, config, cost_model or default_cost_model())
@@ -404,12 +406,6 @@ def _build_batches(table: Any, rows: np.ndarray | None, token_cols: Sequence[str
             else:
                 yield batch
             bar.update(b1 - b0)
-
-
-def _table_from_batches(batches: Iterator[Any], schema: Any) -> Any:
-    import pyarrow as pa
-
-    return pa.Table.from_batches(list(batches), schema=schema)
 
 
 def _features(datasets: Any, source: Any, token_cols: Sequence[str]) -> Any:
