@@ -208,8 +208,7 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
     # Head-tail inside every document, moving only the K/V of documents it splits,
     # is a candidate too (ATP is never worse than per_doc); its block time is costed
     # without building it first, and the plan is built only if it can win.
-    if anchor_plan is None or (_per_doc_lower_bound(lengths, C, cm, work_bound) < anchor_plan.block_time_s * (1 + 1e-6)
-                               and per_doc_block_time(lengths, C, cm) < anchor_plan.block_time_s * (1 + 1e-6)):
+    if anchor_plan is None or _per_doc_may_win(lengths, C, cm, work_bound, anchor_plan.block_time_s * (1 + 1e-6)):
         even = finish_flat(lengths, C, "atp", *per_doc_flat(lengths, C), None, cm, "auto")
         if even.rank_num_tokens().max() <= cap and (anchor_plan is None
                                                       or even.block_time_s < anchor_plan.block_time_s):
@@ -272,15 +271,64 @@ def _work_lower_bound(lengths: np.ndarray, C: int, cm: CostModel, pairs: np.ndar
     return (pairs * price + float(lengths.sum()) * cm.linear_s_per_token) / C
 
 
-def _per_doc_lower_bound(lengths: np.ndarray, C: int, cm: CostModel, work: float | None = None) -> float:
+def _per_doc_lower_bound(lengths: np.ndarray, C: int, cm: CostModel, work: float | None = None,
+                         comm: float | None = None) -> float:
     """A lower bound of the per_doc layout's block time, without costing its chunks: it gathers
     every document of 2+ tokens and only rank 0 holds local (1-token) documents, so every other
     rank waits for the whole exchange; summed over the ranks, the block time is at least all the
     compute (>= C x the work lower bound) plus the exchange on C - 1 ranks. ``work``:
-    :func:`_work_lower_bound`, where the caller has it."""
+    :func:`_work_lower_bound`, where the caller has it; ``comm``: the exchange's time (default:
+    the all-gather's), or a lower bound of it."""
+    if comm is None:
+        split = lengths >= 2
+        comm = float(cm.comm_cost(int(lengths[split].sum()), C)) if split.any() else 0.0
+    return (_work_lower_bound(lengths, C, cm) if work is None else work) + (C - 1) * comm / C
+
+
+def _per_doc_a2a_floor(lengths: np.ndarray, C: int, cm: CostModel) -> float:
+    """A lower bound of the per_doc layout's all-to-all exchange time (the ``"auto"`` exchange
+    prices the layout with it where it is estimated faster than the all-gather): rank 0 holds the
+    first and the last chunk of every document it splits (chunks 0 and 2C - 1 of
+    :func:`~atac_hf.sharding.segments.head_tail_bounds`), and where that last chunk is not empty
+    it needs the keys before it (inside the sliding window) that other ranks hold; the busiest
+    rank receives at least those rows, over its two links at once where ranks span nodes."""
+    L = lengths[lengths >= 2]
+    if C < 2 or not len(L):
+        return 0.0
+    base, rem = L // (2 * C), L % (2 * C)
+    extra = rem // C + (rem % C > 0)  # rank 0 takes a share of the remainder first
+    head, tail = base + (extra + 1) // 2, base + extra // 2
+    start = L - tail  # rank 0's last chunk [start, L)
+    lo = head if cm.sliding_window is None else np.maximum(head, start - int(cm.sliding_window) + 1)
+    rows = int(np.maximum(start - lo, 0)[tail > 0].sum())
+    if rows == 0:
+        return 0.0
+    bw = cm.link_bandwidth
+    if cm.node_size is not None:  # rows within a node and across nodes travel at once (a2a_pair_cost)
+        bw += cm.link_bandwidth if cm.intra_node_bandwidth is None else cm.intra_node_bandwidth
+    return 2.0 * (cm.link_latency_s * (C - 1) + rows * cm.kv_bytes_per_token / bw)
+
+
+def _per_doc_may_win(lengths: np.ndarray, C: int, cm: CostModel, work: float, threshold: float) -> bool:
+    """Whether ATP's per_doc candidate (head-tail inside every document, its exchange priced as
+    ``"auto"`` prices it: the all-gather, or the all-to-all where that is estimated faster) can
+    have a block time under ``threshold``, without building it. Its all-gather block time
+    (:func:`per_doc_block_time`) and lower bound are exact for the all-gather; the all-to-all can
+    only be cheaper by the gap down to :func:`_per_doc_a2a_floor`, and the block time, a max over
+    ranks of compute plus the exposed exchange, falls by at most what the exchange falls by."""
     split = lengths >= 2
     comm = float(cm.comm_cost(int(lengths[split].sum()), C)) if split.any() else 0.0
-    return (_work_lower_bound(lengths, C, cm) if work is None else work) + (C - 1) * comm / C
+    floor = None
+    if _per_doc_lower_bound(lengths, C, cm, work, comm) >= threshold:
+        floor = min(comm, _per_doc_a2a_floor(lengths, C, cm))
+        if _per_doc_lower_bound(lengths, C, cm, work, floor) >= threshold:
+            return False
+    block = per_doc_block_time(lengths, C, cm)
+    if block < threshold:
+        return True
+    if floor is None:
+        floor = min(comm, _per_doc_a2a_floor(lengths, C, cm))
+    return block - (comm - floor) < threshold
 
 
 def _water_fill(cm: CostModel, lengths: np.ndarray, costs: np.ndarray, load: np.ndarray,
