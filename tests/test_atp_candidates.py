@@ -110,3 +110,11 @@ def test_a_sub_group_plan_never_leaves_the_last_rank_without_tokens(cm, share, c
     # one 5-token document over 3 ranks: a sub-group layout of 2 ranks would leave rank 2 idle
     plan = plan_subgroups(np.array([5]), 3, cm, anchor_share=share, max_tokens_per_rank=cap)
     assert plan is None or plan.rank_num_tokens().min() >= 1
+
+
+def test_the_per_doc_refill_is_taken_where_it_fills_the_cap_exactly():
+    # ATP keeps the documents whole (min_chunk 4) and leaves 2 of 6 ranks idle; its refill costs 5 s,
+    # the per_doc layout refilled 4 s with 2 tokens on its busiest rank: at the cap, so it fits
+    plan = plan_shards([2, 2, 2, 1], 6, "atp", UNIT, max_tokens_per_rank=2, min_chunk=4)
+    assert plan.block_time_s == pytest.approx(4.0) and plan.rank_num_tokens().max() == 2
+    plan.validate()
