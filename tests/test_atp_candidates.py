@@ -2,7 +2,8 @@
 and `plan_subgroups`): the per_doc candidate is skipped only where it cannot win whichever exchange
 "auto" prices it with, the contiguous fallback is an ``atp`` plan under the cap, the per_doc
 refill of a plan with an idle rank is costed by the caller's model and taken only where it is
-strictly faster, and a sub-group plan never leaves a rank without tokens."""
+strictly faster, a sub-group plan never leaves a rank without tokens, and the water fill's split
+by shares uses every token of room a cap leaves."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from atac_hf.cost import CostModel, default_cost_model
 from atac_hf.sharding import plan_shards
-from atac_hf.sharding.atp import _per_doc_a2a_floor, plan_atp
+from atac_hf.sharding.atp import _per_doc_a2a_floor, _split_by_share, plan_atp
 from atac_hf.sharding.segments import finish_flat, per_doc_flat
 from atac_hf.sharding.subgroups import ANCHOR_SHARES, plan_subgroups
 
@@ -118,3 +119,20 @@ def test_the_per_doc_refill_is_taken_where_it_fills_the_cap_exactly():
     plan = plan_shards([2, 2, 2, 1], 6, "atp", UNIT, max_tokens_per_rank=2, min_chunk=4)
     assert plan.block_time_s == pytest.approx(4.0) and plan.rank_num_tokens().max() == 2
     plan.validate()
+
+
+@pytest.mark.parametrize("lengths, weights, room", [
+    ([5, 7], [3, 2, 2, 2, 2], [1, 4, 5, 1, 4]),  # one pass over the ranks leaves a remainder token
+    ([7, 8, 9], [2, 1, 3, 3, 4], [2, 6, 2, 5, 9]),  # the room is used to the last token
+])
+def test_split_by_share_hands_out_rounding_remainders_under_every_ranks_room(lengths, weights, room):
+    # the documents' rounding remainders exceed the ranks with room in a first pass; a second pass
+    # gives them to ranks with any token of room left (one with exactly one token left included)
+    lengths, room = np.array(lengths), np.array(room, dtype=np.float64)
+    frac = np.array(weights, dtype=np.float64) / sum(weights)
+    got = _split_by_share(UNIT, lengths, frac, room.copy())
+    assert got is not None
+    bounds, n, _ = got
+    assert n.sum(axis=1).tolist() == lengths.tolist()  # every token placed once
+    assert (n.sum(axis=0) <= room).all()  # no rank over its room
+    assert (bounds[:, -1] == lengths).all() and (np.diff(bounds, axis=1) >= 0).all()
