@@ -292,15 +292,17 @@ def _per_doc_a2a_floor(lengths: np.ndarray, C: int, cm: CostModel) -> float:
     :func:`~atac_hf.sharding.segments.head_tail_bounds`), and where that last chunk is not empty
     it needs the keys before it (inside the sliding window) that other ranks hold; the busiest
     rank receives at least those rows, over its two links at once where ranks span nodes."""
-    L = lengths[lengths >= 2]
-    if C < 2 or not len(L):
+    if C < 2:
         return 0.0
-    base, rem = L // (2 * C), L % (2 * C)
+    base, rem = np.divmod(lengths, 2 * C)
     extra = rem // C + (rem % C > 0)  # rank 0 takes a share of the remainder first
-    head, tail = base + (extra + 1) // 2, base + extra // 2
-    start = L - tail  # rank 0's last chunk [start, L)
-    lo = head if cm.sliding_window is None else np.maximum(head, start - int(cm.sliding_window) + 1)
-    rows = int(np.maximum(start - lo, 0)[tail > 0].sum())
+    tail = base + extra // 2  # rank 0's last chunk [L - tail, L), its head [0, base + (extra + 1) // 2)
+    if cm.sliding_window is None:  # the keys between its head and its last chunk: L - head - tail
+        rows = int((lengths - 2 * base - extra)[tail > 0].sum())
+    else:
+        start = lengths - tail
+        lo = np.maximum(base + (extra + 1) // 2, start - int(cm.sliding_window) + 1)
+        rows = int(np.maximum(start - lo, 0)[tail > 0].sum())
     if rows == 0:
         return 0.0
     bw = cm.link_bandwidth
