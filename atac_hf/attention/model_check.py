@@ -5,7 +5,9 @@ Two layers:
 
 - static rules (fast, read off the class and config): encoder-decoder, no ``**kwargs`` in forward, non-attention token mixing (conv, state-space,
   linear-attention, recurrent layers), chunked attention, attention dropout (named by the model's own
-  field), logit soft-capping, position-dependent RoPE;
+  field), logit soft-capping, position-dependent RoPE, prompt-learning PEFT adapters (virtual tokens
+  or key/value prefixes); and where ``cp_size > 1`` (:func:`router_loss_refusal`, checked by
+  :func:`~atac_hf.integrations.prepare_model` and the attention's first call) MoE router losses;
 - an empirical probe (:mod:`.model_probe`): a tiny fp64 copy of the architecture (same class, the
   config shrunk) run through ``atac_cp`` at cp_size 1 and compared with each document run alone
   through the stock model. It catches what no rule names yet (a window applied only through the
@@ -13,6 +15,7 @@ Two layers:
   that does not pass its kwargs on) and gives the measured error. Verdicts are cached
   per (class, config) in the process.
 
+``atac_cp`` warns (:class:`~.runtime.UncheckedModelWarning`) on a model this check has not accepted.
 An accepted model gets a runtime guard (a per-instance forward pre/post hook, idempotent, removable
 with :func:`remove_guard`): a forward under a shard context in which fewer attention modules ran
 ``atac_cp`` than the model has raises instead of returning wrong outputs.
@@ -22,16 +25,19 @@ from __future__ import annotations
 
 import inspect
 import json
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .model_probe import PROBE_TOLERANCE, ProbeResult, run_probe, shrink_config
-from .runtime import ATTENTION_DROPOUT_FIELDS, ATTN_IMPLEMENTATION, SHARD_KWARG, check_model_supported
+from .runtime import (ATTENTION_DROPOUT_FIELDS, ATTN_IMPLEMENTATION, SHARD_KWARG, UncheckedModelWarning,
+                      check_model_supported, mark_checked)
 from .shard import ShardContext
 
-__all__ = ["ModelVerdict", "check_architecture", "check_model", "config_refusal", "remove_guard", "static_refusal"]
+__all__ = ["ModelVerdict", "check_architecture", "check_model", "config_refusal", "remove_guard",
+           "peft_refusal", "router_loss_refusal", "static_refusal"]
 
 _NON_ATTENTION = ("conv", "mamba", "linear", "recurrent", "ssm", "rwkv", "deltanet", "mlstm", "hyena", "lightning",
                   "retention")
@@ -106,6 +112,31 @@ def static_refusal(model_cls: type, config: Any) -> tuple[type, str] | None:
     return None
 
 
+def peft_refusal(model: torch.nn.Module) -> tuple[type, str] | None:
+    """A refusal for a PEFT adapter that adds tokens or changes the attention itself: prompt
+    learning (prompt tuning, p-tuning, prefix tuning: virtual tokens or key/value prefixes every
+    query attends to) and adaption prompts (their own attention code). Adapters of the weights
+    (LoRA and its kin, IA3, ...) change no token mixing and pass."""
+    seen = 0
+    while model is not None and seen < 8:  # the wrappers unwrap_base_model looks through, down to PEFT's
+        seen += 1
+        configs = getattr(model, "peft_config", None)
+        if isinstance(configs, dict):
+            for name, cfg in configs.items():
+                kind = str(getattr(getattr(cfg, "peft_type", None), "value", getattr(cfg, "peft_type", "?")))
+                if getattr(cfg, "is_prompt_learning", False) or kind == "ADAPTION_PROMPT":
+                    return NotImplementedError, (
+                        f"is wrapped by a PEFT {kind} adapter ({name!r}): its virtual tokens or key/value prefixes "
+                        "are attended to by every query, outside the documents of the packed row, which the "
+                        "'atac_cp' attention does not shard; use a weight adapter (LoRA, IA3, ...) or train it "
+                        "without atac-hf context parallelism (cp_size 1, unpacked rows or its stock attention)")
+            return None
+        inner = getattr(model, "module", None) if isinstance(getattr(model, "module", None), torch.nn.Module) \
+            else getattr(model, "_orig_mod", None)
+        model = inner
+    return None
+
+
 def config_refusal(config: Any) -> tuple[type, str] | None:
     """The rules that read the config alone (also checked by the ``atac_cp`` attention at its first call):
     non-attention layer types, Mamba patterns, chunked attention, soft-capping, position-dependent RoPE."""
@@ -138,6 +169,32 @@ def config_refusal(config: Any) -> tuple[type, str] | None:
             check_model_supported(cfg)
         except ValueError as e:
             return ValueError, f"has a position-dependent RoPE: {e}"
+    return None
+
+
+#: Config fields that weight the router losses MoE models add to the language-model loss when
+#: ``output_router_logits`` is on (transformers' load-balancing and z-losses).
+_ROUTER_LOSS_COEFS = ("router_aux_loss_coef", "aux_loss_coef", "router_z_loss_coef", "z_loss_coefficient")
+
+
+def router_loss_refusal(config: Any) -> tuple[type, str] | None:
+    """A refusal for an MoE config that adds a router loss to the loss (``output_router_logits``
+    on, with a non-zero coefficient): the loss averages routing statistics over every token of the
+    batch and multiplies them, so the sum of the CP ranks' losses, each over its own tokens, is not
+    the one-device loss (checked where ``cp_size > 1``; one rank sees the whole packed row)."""
+    for cfg in _configs(config):
+        if getattr(cfg, "output_router_logits", False) is not True:
+            continue
+        coefs = {k: getattr(cfg, k) for k in _ROUTER_LOSS_COEFS if isinstance(getattr(cfg, k, None), (int, float))}
+        if coefs and not any(float(v) for v in coefs.values()):
+            continue  # every router loss weighted 0: the loss and its gradients are the language-model loss's
+        named = ", ".join(f"{k}={v}" for k, v in coefs.items()) or "no coefficient field"
+        return NotImplementedError, (
+            f"adds a router load-balancing loss (config.output_router_logits=True, {named}): it averages routing "
+            "statistics over every token of the batch and multiplies them, and under context parallelism each rank "
+            "sees only its own tokens, so the loss and its gradients would differ from one device; set "
+            "config.output_router_logits = False (or its coefficient to 0) to train without it, or train with "
+            "cp_size=1")
     return None
 
 
@@ -221,7 +278,8 @@ def check_architecture(model_cls: type, config: Any, *, rank: int = 0, world: in
         return ModelVerdict(name, mtype, False, refused[1], error=refused[0])
     try:
         tiny = shrink_config(config) if shrink else config
-        with torch.random.fork_rng(devices=[]), torch.enable_grad():
+        with torch.random.fork_rng(devices=[]), torch.enable_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UncheckedModelWarning)  # the probe's own tiny copies
             result = run_probe(model_cls, tiny, rank=rank, world=world, group=group)
             refused = _diagnose(model_cls, tiny, result, rank, world, group)
     except Exception as e:  # noqa: BLE001 - every failure becomes a named refusal
@@ -267,7 +325,7 @@ def check_model(model: torch.nn.Module, *, guard: bool = True) -> ModelVerdict:
         raise TypeError(f"guard must be True or False, got {guard!r}")
     base = unwrap_base_model(model)
     config = getattr(base, "config", None)
-    refused = static_refusal(type(base), config)
+    refused = peft_refusal(model) or static_refusal(type(base), config)
     if refused is not None:  # fast path: no probe
         ModelVerdict(type(base).__name__, str(getattr(config, "model_type", "?")), False, refused[1],
                      error=refused[0]).raise_if_refused()
@@ -276,6 +334,7 @@ def check_model(model: torch.nn.Module, *, guard: bool = True) -> ModelVerdict:
     if verdict is None:
         verdict = _CACHE[key] = check_architecture(type(base), config)
     verdict.raise_if_refused()
+    mark_checked(config)
     if guard:
         _install_guard(base, verdict)
     return verdict

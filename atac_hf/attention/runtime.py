@@ -14,6 +14,7 @@ Shape legend: H query heads, K key/value heads, S local tokens, D head dim.
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -30,10 +31,12 @@ __all__ = [
     "ATTENTION_DROPOUT_FIELDS",
     "ATTN_IMPLEMENTATION",
     "SHARD_KWARG",
+    "UncheckedModelWarning",
     "atac_cp_attention",
     "attention_dropout_field",
     "check_model_supported",
     "emulate_cp_attention",
+    "mark_checked",
     "register_attention",
 ]
 
@@ -107,13 +110,17 @@ def _check_call(module: Any, ctx: ShardContext, query: torch.Tensor, key: torch.
         raise NotImplementedError(f"non-causal attention is not implemented by {ATTN_IMPLEMENTATION!r}")
     config = getattr(module, "config", None)
     if config is not None and ctx.cache.get("checked_config") is not config:
-        _check_config(module, config)
+        _check_config(module, config, ctx.plan.cp_size)
+        _warn_if_unchecked(module, config)
         ctx.cache["checked_config"] = config
     n = ctx.layout.n_local
     if query.shape[0] != 1 or query.shape[2] != n or key.shape[2] != n:
+        extra = ("; if it was, the model added tokens of its own (an adapter with virtual tokens or key/value "
+                 "prefixes, e.g. PEFT prompt or prefix tuning, cannot be sharded)"
+                 if query.shape[0] == 1 and max(query.shape[2], key.shape[2]) > n else "")
         raise ValueError(
             f"rank {ctx.rank} expects one local row of {n} tokens (plan {ctx.plan.digest}), got query of shape "
-            f"{tuple(query.shape)}: pass model(**shard_batch(batch, plan, rank, ...)) with the same plan"
+            f"{tuple(query.shape)}: pass model(**shard_batch(batch, plan, rank, ...)) with the same plan{extra}"
         )
     window = kwargs.get("sliding_window")
     if window is not None and (isinstance(window, bool) or int(window) < 1):
@@ -121,12 +128,46 @@ def _check_call(module: Any, ctx: ShardContext, query: torch.Tensor, key: torch.
     return None if window is None else int(window)
 
 
-def _check_config(module: Any, config: Any) -> None:
-    """Once per batch and config: the config-only rules of :func:`atac_hf.check_model`."""
-    from .model_check import config_refusal  # lazy: model_check imports this module
+class UncheckedModelWarning(UserWarning):
+    """``atac_cp`` ran on a model that :func:`atac_hf.check_model` has not accepted."""
+
+
+# configs of the models check_model accepted (by id, with a weak reference that tells a reused id apart)
+_CHECKED: dict[int, weakref.ref] = {}
+_WARNED: set[str] = set()
+
+
+def mark_checked(config: Any) -> None:
+    """Record that :func:`atac_hf.check_model` accepted a model with ``config`` (and its text config):
+    ``atac_cp`` then runs on it without an :class:`UncheckedModelWarning`."""
+    configs = [config] + ([config.get_text_config()] if hasattr(config, "get_text_config") else [])
+    for cfg in configs:
+        if cfg is not None:
+            _CHECKED[id(cfg)] = weakref.ref(cfg)
+
+
+def _warn_if_unchecked(module: Any, config: Any) -> None:
+    ref = _CHECKED.get(id(config))
+    if ref is not None and ref() is config:
+        return
+    name = f"{type(module).__name__} (model_type {getattr(config, 'model_type', '?')!r})"
+    if name in _WARNED:
+        return
+    _WARNED.add(name)
+    warnings.warn(
+        f"{ATTN_IMPLEMENTATION!r} runs on {name} without atac_hf.check_model(model): some families give silently "
+        "wrong results through it (a sliding window applied only through the mask, attention in their own code, "
+        "router losses under CP); call atac_hf.check_model(model) once before training (ATACTrainer, "
+        "ATACAccelerator and prepare_model do it)", UncheckedModelWarning, stacklevel=4)
+
+
+def _check_config(module: Any, config: Any, cp_size: int = 1) -> None:
+    """Once per batch and config: the config-only rules of :func:`atac_hf.check_model`, and over
+    several ranks the router-loss rule (:func:`~.model_check.router_loss_refusal`)."""
+    from .model_check import config_refusal, router_loss_refusal  # lazy: model_check imports this module
 
     check_model_supported(config)
-    refused = config_refusal(config)
+    refused = config_refusal(config) or (router_loss_refusal(config) if cp_size > 1 else None)
     if refused is not None:
         exc, reason = refused
         raise exc(f"{type(module).__name__} (model_type {getattr(config, 'model_type', '?')!r}) {reason}")

@@ -44,7 +44,16 @@ def model_from_dict(cls: type, data: Mapping[str, Any], *, source: str = "<dict>
     unknown = _few(set(params) - fields)
     if unknown:
         raise ValueError(f"cost profile {source} has unknown fields {unknown}; legal fields: {sorted(fields)}")
-    model = cls(**params)
+    required = sorted(f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
+                      and f.default_factory is dataclasses.MISSING and f.init)
+    missing = [k for k in required if k not in params]
+    if missing:
+        raise ValueError(f"cost profile {source} has no {missing} in its 'cost_model' object (required fields: "
+                         f"{required}); write profiles with CostModel.save or `atac-hf calibrate`")
+    try:
+        model = cls(**params)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"cost profile {source}: {e}") from None
     model.check_prices_compute(f"the cost profile {source}")
     return model
 

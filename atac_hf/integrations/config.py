@@ -171,6 +171,12 @@ class ATACConfig:
             if not isinstance(path, str) or not os.path.isfile(path):
                 raise ValueError(f"cost_profile {path_repr(path)} does not exist or is not a file (write one with "
                                  "`atac-hf calibrate`, or unset cost_profile to use cost_preset)")
+            from ..cost import CostModel
+
+            try:  # read now: a bad profile is refused here, not at the first batch
+                CostModel.from_profile(path)
+            except ValueError as e:
+                raise ValueError(f"{e} (set cost_profile / {ENV_PREFIX}COST_PROFILE)") from None
             object.__setattr__(self, "cost_profile", path)
         t = self.collective_timeout_s
         if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real)
@@ -184,6 +190,14 @@ class ATACConfig:
                                              or self.kv_exchange not in KV_EXCHANGES):
             raise ValueError(f"unknown kv_exchange {r(self.kv_exchange)}; legal values: None, "
                              f"{list(KV_EXCHANGES)} (set kv_exchange / {ENV_PREFIX}KV_EXCHANGE)")
+        cap = self.max_tokens_per_rank
+        if cap is not None and int(cap) * int(self.cp_size) < int(self.max_tokens):
+            need = -(-int(self.max_tokens) // int(self.cp_size))
+            raise ValueError(f"max_tokens_per_rank={int(cap)} x cp_size={int(self.cp_size)} holds fewer than "
+                             f"max_tokens={int(self.max_tokens)} tokens: a full pack would put {need} tokens on some "
+                             f"rank and fail mid-training; raise max_tokens_per_rank to >= {need} or lower max_tokens "
+                             f"to <= {int(cap) * int(self.cp_size)} (set max_tokens_per_rank / "
+                             f"{ENV_PREFIX}MAX_TOKENS_PER_RANK)")
         for name in ("cp_size", "max_tokens", "window_size", "max_tokens_per_rank", "min_chunk"):
             if getattr(self, name) is not None:  # numpy ints become plain ints (YAML/JSON-serialisable)
                 object.__setattr__(self, name, int(getattr(self, name)))

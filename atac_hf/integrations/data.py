@@ -7,6 +7,7 @@ deals packs the way Accelerate's ``BatchSamplerShard`` hands batch ``b`` to DP r
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -44,9 +45,14 @@ def check_dataset_columns(dataset: Any, *, name: str = "dataset", streaming: boo
     by sample while packing).
 
     Raises:
-        ValueError: an iterable dataset (unless ``streaming``), a stream of pre-packed rows (a
-            ``seq_lengths`` column: their documents would attend to each other), or a missing ``input_ids`` column (lists the columns found).
+        ValueError: a ``DatasetDict`` (names its splits), an iterable dataset (unless
+            ``streaming``), a stream of pre-packed rows (a ``seq_lengths`` column: their documents
+            would attend to each other), or a missing ``input_ids`` column (lists the columns found).
     """
+    splits = _splits_of(dataset)
+    if splits is not None:
+        raise ValueError(f"{name} is a {type(dataset).__name__} of splits {splits}, not one dataset: pass one split, "
+                         f"e.g. {name}[{splits[0]!r}]" if splits else f"{name} is an empty {type(dataset).__name__}")
     if is_streaming_dataset(dataset):
         if streaming:
             names = getattr(dataset, "column_names", None)
@@ -62,6 +68,14 @@ def check_dataset_columns(dataset: Any, *, name: str = "dataset", streaming: boo
         first = dataset[0]
         names = list(first) if hasattr(first, "keys") else [type(first).__name__]
     _check_names(names, name)
+
+
+def _splits_of(dataset: Any) -> list | None:
+    """The split names of a ``datasets.DatasetDict`` / ``IterableDatasetDict``, else None."""
+    kind = type(dataset).__name__
+    if kind in ("DatasetDict", "IterableDatasetDict") and isinstance(dataset, dict):
+        return [str(k) for k in dataset]
+    return None
 
 
 def _check_names(names: Any, name: str, *, packed_ok: bool = True) -> None:
@@ -168,6 +182,7 @@ def build_packed_dataloader(dataset: Any, config: ATACConfig, *, num_replicas: i
         lengths = dataset.lengths
     else:
         lengths = dataset_lengths(dataset)
+    _warn_small_window(config, num_replicas * grad_accum)
     sampler = WFAPBatchSampler(
         lengths, config.packing_config(num_replicas * grad_accum), window_size=config.window_size,
         num_replicas=num_replicas, shuffle=config.shuffle if shuffle is None else shuffle, seed=seed,
@@ -203,11 +218,22 @@ def build_streaming_dataloader(dataset: Any, config: ATACConfig, *, num_replicas
     from ..packing.data.iterable import PackedIterableDataset
 
     check_dataset_columns(dataset, streaming=True)
+    _warn_small_window(config, num_replicas * grad_accum)
     packed = PackedIterableDataset(dataset, config.packing_config(num_replicas * grad_accum),
                                    window_size=config.window_size, num_replicas=num_replicas, cost_model=cost_model)
     loader = DataLoader(packed, batch_size=1,
                         collate_fn=collate_fn if collate_fn is not None else PackedDataCollator(), **loader_kwargs)
     return loader, packed
+
+
+def _warn_small_window(config: ATACConfig, packs_per_window: int) -> None:
+    """Warn where ``window_size`` gives a window fewer new samples than it has packs to fill (DP
+    replicas x gradient accumulation): packs then hold about one sample each, mostly padding."""
+    if config.window_size is not None and config.window_size < packs_per_window:
+        warnings.warn(f"window_size={config.window_size} is smaller than the {packs_per_window} packs each window "
+                      "fills (DP replicas x gradient accumulation): packs would hold about one sample each, mostly "
+                      f"padding; set window_size to several times {packs_per_window}, or None (windows sized by "
+                      "tokens)", stacklevel=3)
 
 
 def _column_names(dataset: Any) -> list[str]:

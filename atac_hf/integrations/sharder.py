@@ -82,12 +82,22 @@ def prepare_model(model: torch.nn.Module, config: ATACConfig | None = None) -> t
     Raises:
         ValueError: see :func:`check_model_shardable`; a model tensor-parallelised at load time
             by transformers (:func:`~.tensor_parallel.check_not_presharded`).
+        NotImplementedError: with ``config.cp_size > 1``, an MoE model that adds a router loss
+            (:func:`~atac_hf.attention.model_check.router_loss_refusal`).
     """
     from ..attention import ATTN_IMPLEMENTATION, register_attention
     from .tensor_parallel import check_not_presharded
 
     check_not_presharded(model)
     check_model_shardable(model)
+    if config is not None and config.cp_size > 1:
+        from ..attention.model_check import router_loss_refusal
+
+        base = unwrap_base_model(model)
+        refused = router_loss_refusal(getattr(base, "config", None))
+        if refused is not None:
+            exc, reason = refused
+            raise exc(f"{type(base).__name__} (model_type {getattr(base.config, 'model_type', '?')!r}) {reason}")
     register_attention()
     base = unwrap_base_model(model)
     if getattr(base.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:

@@ -147,10 +147,10 @@ class ATACTrainer(Trainer):
     Raises:
         ValueError: ``cp_size`` not dividing the world size; a model the runtime cannot shard; a
             dataset without ``input_ids``; a collator that does not emit packed rows; an
-            attention backend that cannot run here; Trainer
-            settings that break exactness under CP (label smoothing,
-            ``average_tokens_across_devices=False``); with ``tp_size > 1``: FSDP, a model without
-            a ``tp_plan`` or whose heads ``tp_size`` does not divide, PEFT, resumable checkpoints.
+            attention backend that cannot run here; Trainer settings that break exactness under
+            CP (label smoothing, ``average_tokens_across_devices=False``, ``compute_loss_func``
+            with ``cp_size > 1``); with ``tp_size > 1``: FSDP, a model without a ``tp_plan`` or
+            whose heads ``tp_size`` does not divide, PEFT, resumable checkpoints.
     """
 
     def __init__(self, model: torch.nn.Module | None = None, args: TrainingArguments | None = None,
@@ -168,6 +168,13 @@ class ATACTrainer(Trainer):
         for key, ds in evals.items():
             if ds is not None:
                 check_dataset_columns(ds, name=f"eval_dataset[{key!r}]" if key else "eval_dataset", streaming=True)
+        if kwargs.get("compute_loss_func") is not None and config.cp_size > 1:
+            raise ValueError(
+                f"compute_loss_func={getattr(kwargs['compute_loss_func'], '__name__', '<callable>')!r} with "
+                f"cp_size={config.cp_size}: Trainer would hand it the logits and labels of each rank's shard (chunks "
+                "of several documents, not a contiguous row), so a loss that shifts labels or averages per sequence "
+                "is wrong under ATP-CP; drop compute_loss_func (the model's own loss is exact under CP) or train "
+                "with cp_size=1")
         if args is None:
             args = TrainingArguments(output_dir="trainer_output")
         if any(is_streaming_dataset(d) for d in [train_dataset, *evals.values()] if d is not None):

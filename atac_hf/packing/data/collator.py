@@ -35,8 +35,10 @@ Accepted features (mixed freely within one batch):
 Several packed rows in one batch are concatenated into the one row with their document
 boundaries kept, so ``DataLoader(batch_size=k)`` over pre-packed rows gives rows of up to
 ``k`` x the packing cap: use ``batch_size=1`` to keep the cap. Keys other than
-``input_ids``, ``labels`` and ``seq_lengths`` (e.g. ``attention_mask``) are ignored: a
-padding-free row has no padding to mask.
+``input_ids``, ``labels``, ``seq_lengths`` and ``attention_mask`` are ignored. A packed
+row has no padding to mask: an ``attention_mask``, where a feature has one, must be all
+ones (a padded sample is refused, since its pad tokens would be trained on as tokens of
+the document).
 """
 
 from __future__ import annotations
@@ -116,8 +118,9 @@ class PackedDataCollator:
             TypeError: ``features`` is not a list of mappings, or a token field that is not
                 a 1-D sequence of ints (text, floats, bools, nested lists; an
                 :class:`~atac_hf.packing.validate.InputTypeError`, also a ``ValueError``).
-            ValueError: a feature without ``input_ids`` (the message lists its keys), labels
-                or ``seq_lengths`` that disagree with ``input_ids`` (names the feature),
+            ValueError: a feature without ``input_ids`` (the message lists its keys), labels,
+                ``seq_lengths`` or an ``attention_mask`` that disagree with ``input_ids`` or a
+                padded ``attention_mask`` (names the feature),
                 negative ``input_ids`` or lengths, values beyond int64, or a batch in which
                 every document is empty.
         """
@@ -148,6 +151,19 @@ class PackedDataCollator:
                     raise ValueError(
                         f"feature {row}: labels has {labels.shape[0]} entries but input_ids has {ids.shape[0]}"
                     )
+            mask = feature.get("attention_mask")
+            if mask is not None:
+                try:  # ints or bools, list / numpy / torch, (n,) or (1, n)
+                    mask = np.asarray(mask.cpu() if hasattr(mask, "cpu") else mask).reshape(-1)
+                except (TypeError, ValueError) as e:
+                    raise TypeError(f"feature {row}: attention_mask is not a sequence of 0/1 ({e})") from None
+                if mask.shape[0] != ids.shape[0] or not (mask == 1).all():
+                    what = (f"{mask.shape[0]} entries for {ids.shape[0]} input_ids" if mask.shape[0] != ids.shape[0]
+                            else f"{int((mask != 1).sum())} of {ids.shape[0]} entries not 1 (padding)")
+                    raise ValueError(
+                        f"feature {row}: attention_mask has {what}: a packed row has no padding, so padded tokens "
+                        "would be trained on as tokens of the document; tokenize without padding (padding=False), "
+                        "strip the padding from input_ids/labels, or drop the attention_mask column")
             seq = feature.get("seq_lengths")
             if seq is None:
                 docs = np.array([ids.shape[0]], dtype=np.int64)

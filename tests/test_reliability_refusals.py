@@ -1,0 +1,210 @@
+"""Settings and models that would train something other than one device does, refused (or warned
+about) before the first step: MoE router losses under CP, a Trainer ``compute_loss_func`` under CP,
+prompt-learning PEFT adapters, padded samples, a per-rank cap a full pack cannot meet, cost
+profiles with missing or bad fields, a ``DatasetDict`` where one split is needed, windows smaller
+than the packs they fill, and ``atac_cp`` on a model ``check_model`` never accepted. Found by a
+red-team pass over the public API; each error names the value, what is legal and the setting."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import types
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from atac_hf import ATACConfig, PackedDataCollator, check_model, plan_shards, shard_batch
+from atac_hf.attention import runtime
+from atac_hf.attention.model_check import peft_refusal, router_loss_refusal
+from atac_hf.cost import CostModel, default_cost_model
+from atac_hf.integrations.data import build_packed_dataloader, check_dataset_columns
+from atac_hf.integrations.sharder import prepare_model
+
+sys.path.insert(0, os.path.dirname(__file__))
+import _dist  # noqa: E402
+
+
+def _mixtral(**kw):
+    from transformers import MixtralConfig
+
+    return MixtralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=128, num_local_experts=4, num_experts_per_tok=2, **kw)
+
+
+# ---------------------------------------------------------------------------- MoE router losses
+def test_a_router_load_balancing_loss_is_refused_under_cp():
+    refused = router_loss_refusal(_mixtral(output_router_logits=True, router_aux_loss_coef=0.02))
+    assert refused is not None and refused[0] is NotImplementedError
+    assert "output_router_logits=True" in refused[1] and "router_aux_loss_coef=0.02" in refused[1]
+    assert "output_router_logits = False" in refused[1] and "cp_size=1" in refused[1]
+
+
+@pytest.mark.parametrize("kw", [dict(output_router_logits=False), dict(output_router_logits=True, router_aux_loss_coef=0.0)])
+def test_moe_without_a_weighted_router_loss_passes(kw):
+    assert router_loss_refusal(_mixtral(**kw)) is None
+    assert router_loss_refusal(_dist.tiny_config("llama")) is None
+
+
+def test_prepare_model_refuses_the_router_loss_only_over_several_cp_ranks():
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(_mixtral(output_router_logits=True, router_aux_loss_coef=0.02))
+    before = model.config._attn_implementation
+    with pytest.raises(NotImplementedError, match="router load-balancing loss"):
+        prepare_model(model, ATACConfig(cp_size=2))
+    assert model.config._attn_implementation == before  # a refused operation changes nothing
+    prepare_model(model, ATACConfig(cp_size=1))  # one rank sees the whole packed row: the stock loss
+    assert model.config._attn_implementation == "atac_cp"
+
+
+def test_the_atac_cp_attention_refuses_the_router_loss_at_its_first_call_over_several_ranks():
+    module = types.SimpleNamespace(is_causal=True)
+    cfg = _mixtral(output_router_logits=True, router_aux_loss_coef=0.02)
+    with pytest.raises(NotImplementedError, match="router load-balancing loss"):
+        runtime._check_config(module, cfg, 2)
+    runtime._check_config(module, cfg, 1)
+
+
+# ---------------------------------------------------------------------------- Trainer's compute_loss_func
+def test_atac_trainer_refuses_a_compute_loss_func_under_cp():
+    from atac_hf import ATACTrainer
+
+    model = _dist.tiny_model("llama", torch.float32)
+    before = model.config._attn_implementation
+
+    def my_loss(outputs, labels, num_items_in_batch=None):
+        return outputs.logits.sum()
+
+    with pytest.raises(ValueError, match=r"compute_loss_func='my_loss' with cp_size=2.*drop compute_loss_func"):
+        ATACTrainer(model=model, atac_config=ATACConfig(cp_size=2), compute_loss_func=my_loss)
+    assert model.config._attn_implementation == before
+
+
+# ---------------------------------------------------------------------------- PEFT prompt learning
+@pytest.mark.parametrize("kind", ["prompt", "prefix"])
+def test_check_model_refuses_prompt_learning_peft_adapters(kind):
+    peft = pytest.importorskip("peft")
+    cfg = {"prompt": peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4),
+           "prefix": peft.PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4)}[kind]
+    model = peft.get_peft_model(_dist.tiny_model("llama", torch.float32), cfg)
+    with pytest.raises(NotImplementedError, match=r"PEFT (PROMPT|PREFIX)_TUNING adapter.*use a weight adapter"):
+        check_model(model)
+
+
+def test_check_model_accepts_weight_adapters():
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(_dist.tiny_model("llama", torch.float32),
+                                peft.LoraConfig(task_type="CAUSAL_LM", r=2, target_modules=["q_proj", "v_proj"]))
+    assert peft_refusal(model) is None
+    assert check_model(model).exact
+
+
+# ---------------------------------------------------------------------------- padded samples
+def test_the_collator_refuses_padded_samples():
+    feats = [{"input_ids": [11, 12, 13, 0, 0], "attention_mask": [1, 1, 1, 0, 0]}, {"input_ids": [21, 22]}]
+    with pytest.raises(ValueError, match=r"feature 0: attention_mask has 2 of 5 entries not 1 \(padding\).*padding=False"):
+        PackedDataCollator()(feats)
+    with pytest.raises(ValueError, match="attention_mask has 2 entries for 3 input_ids"):
+        PackedDataCollator()([{"input_ids": [1, 2, 3], "attention_mask": [1, 1]}])
+
+
+@pytest.mark.parametrize("mask", [[1, 1, 1], [True] * 3, np.ones(3, np.int8), torch.ones(1, 3, dtype=torch.long),
+                                  torch.ones(3, dtype=torch.bool)])
+def test_the_collator_accepts_an_all_ones_attention_mask(mask):
+    out = PackedDataCollator()([{"input_ids": [1, 2, 3], "attention_mask": mask}, {"input_ids": [4, 5]}])
+    assert out["seq_lengths"].tolist() == [3, 2] and "attention_mask" not in out
+
+
+# ---------------------------------------------------------------------------- per-rank cap
+def test_a_per_rank_cap_that_a_full_pack_cannot_meet_is_refused_at_construction():
+    with pytest.raises(ValueError, match=r"max_tokens_per_rank=50 x cp_size=2 .* max_tokens=101 .* >= 51 .* <= 100"):
+        ATACConfig(cp_size=2, max_tokens=101, max_tokens_per_rank=50)
+    with pytest.raises(ValueError, match="set max_tokens_per_rank / ATAC_MAX_TOKENS_PER_RANK"):
+        ATACConfig(cp_size=1, max_tokens=8, max_tokens_per_rank=7)
+    assert ATACConfig(cp_size=2, max_tokens=101, max_tokens_per_rank=51).max_tokens_per_rank == 51
+
+
+# ---------------------------------------------------------------------------- cost profiles
+def _profile(tmp_path, name, **changes):
+    d = default_cost_model().to_dict()
+    for k, v in changes.items():
+        if v is None:
+            del d["cost_model"][k]
+        else:
+            d["cost_model"][k] = v
+    p = tmp_path / name
+    p.write_text(json.dumps(d))
+    return str(p)
+
+
+def test_a_cost_profile_missing_a_required_field_names_the_file_and_the_field(tmp_path):
+    path = _profile(tmp_path, "missing.json", linear_s_per_token=None)
+    with pytest.raises(ValueError, match=r"missing.json has no \['linear_s_per_token'\]"):
+        CostModel.from_profile(path)
+    with pytest.raises(ValueError, match=r"missing.json has no .*\(set cost_profile / ATAC_COST_PROFILE\)"):
+        ATACConfig(cost_profile=path)  # read at construction, not at the first batch
+
+
+def test_a_cost_profile_with_a_bad_value_names_the_file(tmp_path):
+    path = _profile(tmp_path, "bad.json", tile=0)
+    with pytest.raises(ValueError, match=r"cost profile .*bad.json: CostModel.tile"):
+        CostModel.from_profile(path)
+    assert ATACConfig(cost_profile=_profile(tmp_path, "good.json")).cost_model() == default_cost_model()
+
+
+# ---------------------------------------------------------------------------- DatasetDict
+def test_a_dataset_dict_is_refused_naming_its_splits():
+    datasets = pytest.importorskip("datasets")
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"input_ids": [[1, 2, 3]]}),
+                               "test": datasets.Dataset.from_dict({"input_ids": [[4, 5]]})})
+    with pytest.raises(ValueError, match=r"DatasetDict of splits \['train', 'test'\].*dataset\['train'\]"):
+        check_dataset_columns(dd)
+    with pytest.raises(ValueError, match="DatasetDict of splits"):
+        build_packed_dataloader(dd, ATACConfig())
+
+
+# ---------------------------------------------------------------------------- small windows
+def test_a_window_smaller_than_its_packs_warns():
+    data = [{"input_ids": list(range(1, 2 + i % 7))} for i in range(40)]
+    with pytest.warns(UserWarning, match=r"window_size=3 is smaller than the 8 packs each window fills"):
+        build_packed_dataloader(data, ATACConfig(max_tokens=16, window_size=3), num_replicas=2, grad_accum=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_packed_dataloader(data, ATACConfig(max_tokens=16, window_size=8), num_replicas=2, grad_accum=4)
+        build_packed_dataloader(data, ATACConfig(max_tokens=16), num_replicas=2, grad_accum=4)
+
+
+# ---------------------------------------------------------------------------- unchecked models
+def test_atac_cp_warns_once_on_a_model_check_model_has_not_accepted(monkeypatch):
+    monkeypatch.setattr(runtime, "_CHECKED", {})
+    monkeypatch.setattr(runtime, "_WARNED", set())
+    model = _dist.tiny_model("llama", torch.float64, attn="atac_cp")
+    batch = _dist.make_batch([[5, 7]], seed=0)
+    plan = plan_shards([5, 7], 1)
+    with pytest.warns(runtime.UncheckedModelWarning, match=r"without atac_hf.check_model\(model\)"):
+        model(**shard_batch(batch, plan, 0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", runtime.UncheckedModelWarning)
+        model(**shard_batch(batch, plan, 0))  # once per model class and type
+        other = _dist.tiny_model("llama", torch.float64, attn="atac_cp")
+        monkeypatch.setattr(runtime, "_WARNED", set())
+        check_model(other)
+        other(**shard_batch(batch, plan, 0))  # accepted: no warning
+
+
+@pytest.mark.slow
+def test_check_model_cli_reports_the_router_loss_as_refused_under_cp(tmp_path):
+    import subprocess
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(_mixtral(output_router_logits=True, router_aux_loss_coef=0.02).to_json_string())
+    r = subprocess.run([sys.executable, "-m", "atac_hf.cli", "check-model", "--config", str(cfg)], capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "mixtral: refused (NotImplementedError)" in r.stdout
+    assert "exact at cp_size 1, but with cp_size > 1 it adds a router load-balancing loss" in r.stdout
