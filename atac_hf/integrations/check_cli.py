@@ -102,7 +102,7 @@ def _variants(item: dict) -> list[tuple[str, Any]]:
 def _verdict(item: dict, rank: int, world: int) -> dict:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    from ..attention.model_check import check_architecture, router_loss_refusal
+    from ..attention.model_check import check_architecture
 
     t0 = time.perf_counter()
     try:
@@ -128,10 +128,6 @@ def _verdict(item: dict, rank: int, world: int) -> dict:
                 where = f"exact without a sliding window (max error {first.max_error:.1e}), but " + where
         return _row(item, v.model_class, False, max(errs) if errs else None, where + v.reason,
                     (v.error or NotImplementedError).__name__, t0)
-    router = next((r for r in (router_loss_refusal(cfg) for _, cfg in variants) if r is not None), None)
-    if router is not None:  # the probe compares logits and gradients; this loss term differs under CP only
-        return _row(item, first.model_class, False, max(errs), "exact at cp_size 1, but with cp_size > 1 it "
-                    + router[1], router[0].__name__, t0)
     labels = " and ".join(label for label, _ in results)
     return _row(item, first.model_class, True, max(errs), f"{first.reason}; probed: {labels}", None, t0)
 
