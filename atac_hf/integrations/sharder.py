@@ -90,16 +90,15 @@ def prepare_model(model: torch.nn.Module, config: ATACConfig | None = None) -> t
 
     check_not_presharded(model)
     check_model_shardable(model)
+    base = unwrap_base_model(model)
     if config is not None and config.cp_size > 1:
         from ..attention.model_check import router_loss_refusal
 
-        base = unwrap_base_model(model)
-        refused = router_loss_refusal(getattr(base, "config", None))
+        refused = router_loss_refusal(base.config)
         if refused is not None:
             exc, reason = refused
             raise exc(f"{type(base).__name__} (model_type {getattr(base.config, 'model_type', '?')!r}) {reason}")
     register_attention()
-    base = unwrap_base_model(model)
     if getattr(base.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
         base.set_attn_implementation(ATTN_IMPLEMENTATION)
     return model
