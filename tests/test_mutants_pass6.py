@@ -1,12 +1,13 @@
-"""Issue 20, sixth mutation-testing pass: ``sharding/exchange.py``, ``sharding/plan.py`` and
-``sharding/baselines.py`` against references that share no code with them.
+"""Issue 20, sixth mutation-testing pass: ``sharding/exchange.py`` and ``sharding/plan.py``
+against references that share no code with them (the baselines: test_mutants_pass6_baselines.py).
 
 The exchange's functions are checked against a brute-force count over (document, position)
 sets; the per-rank layouts are checked by running the exchange they describe in numpy (every
 token's value is its row index, each rank sends what its layout says, and every query segment
 must then see exactly its document's keys ``[lo, end)``), on seeded random hand-built plans
 (several chunks of a document on one rank, touching chunks, extra gathered documents, empty
-ranks, windows) and on the planners' own plans. docs/TESTING.md lists the mutants and verdicts.
+ranks, windows) and on the planners' own plans; and one survivor of ``WFAPBatchSampler._epoch_plan``
+(``even_batches`` not passed on). docs/TESTING.md lists the mutants and verdicts.
 """
 
 from __future__ import annotations
@@ -230,3 +231,36 @@ def test_a_rank_with_two_chunks_of_a_document_receives_the_gap_between_them_once
     assert p.kv_recv_tokens.tolist() == [3, 2]
     _check_layouts(p, None, None)
     _check_layouts(p, 2, 2)
+
+
+def test_a2a_rows_takes_segments_as_python_lists_an_empty_rank_included():
+    # the per-rank segments may be lists of (doc, start, end) rows, [] for an empty rank: the rows
+    # are the same as from arrays, and every returned array is int64 (also the empty ones)
+    g = np.array([True, False])
+    lists = ([[0, 0, 2], [1, 0, 1]], [[0, 2, 4]], [])
+    arrays = tuple(_seg(s) for s in lists)
+    for src, dst in ((0, 1), (1, 0), (2, 0), (0, 2), (2, 1)):
+        got, want = a2a_rows(lists, g, src, dst), a2a_rows(arrays, g, src, dst)
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype == I64 and a.tolist() == b.tolist()
+    assert [a.tolist() for a in a2a_rows(lists, g, 0, 1)] == [[0, 1], [0, 0], [0, 1]]
+    assert [a.tolist() for a in a2a_rows(lists, g, 2, 0)] == [[], [], []]
+
+
+def test_sampler_epoch_with_even_batches_over_replicas_is_planned_with_even_batches():
+    # WFAPBatchSampler's epoch is plan_packs with the sampler's own even_batches (here True, over
+    # 3 replicas: the batch count a multiple of 3), not plan_packs' without it
+    from atac_hf.packing import PackingConfig
+    from atac_hf.packing.data.sampler import WFAPBatchSampler, plan_packs
+
+    cfg = PackingConfig(max_tokens=32, packs_per_window=3, strategy="wfap")
+    L = np.random.default_rng(7).integers(1, 32, size=40)
+
+    def batches(even):
+        spans, offsets = plan_packs(L, cfg, order=np.arange(L.size), num_replicas=3, even_batches=even)
+        return [[tuple(x) for x in spans[offsets[b]:offsets[b + 1]].tolist()] for b in range(len(offsets) - 1)]
+
+    want = batches(True)
+    assert want != batches(False) and len(want) % 3 == 0
+    s = WFAPBatchSampler(L, cfg, shuffle=False, num_replicas=3, even_batches=True)
+    assert list(s) == want and len(s) == len(want)

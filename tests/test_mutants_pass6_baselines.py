@@ -5,7 +5,13 @@ against the per_doc plan it prices. docs/TESTING.md lists the mutants and verdic
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
+
+from atac_hf.cost import CostModel
 from atac_hf.sharding import plan_shards
+from atac_hf.sharding.baselines import per_doc_block_time
+from atac_hf.sharding.segments import finish_plan, per_doc_segments
 
 
 def _rows(plan) -> list[list[int]]:
@@ -32,6 +38,11 @@ def test_zigzag_gives_rank_r_the_rth_chunk_from_each_end_of_the_row():
     p = plan_shards([13], 3, "zigzag")
     assert _rows(p) == [[0, 1, 2, 11, 12], [3, 4, 9, 10], [5, 6, 7, 8]]
     assert (p.strategy, p.kv_exchange) == ("zigzag", "all_gather")
+    # the same 13 rows as documents [4, 7, 2]: doc 2 (rows 11, 12) lies on rank 0 only, and is
+    # gathered all the same (ring attention over the whole row moves every document's K/V)
+    p = plan_shards([4, 7, 2], 3, "zigzag")
+    assert _rows(p) == [[0, 1, 2, 11, 12], [3, 4, 9, 10], [5, 6, 7, 8]]
+    assert p.sharded_docs.tolist() == [0, 1] and p.gathered_docs.tolist() == [0, 1, 2]
 
 
 def test_per_doc_splits_every_document_head_tail_and_gathers_even_the_unsplit_ones():
@@ -60,3 +71,15 @@ def test_wlb_adaptive_keeps_every_field_of_the_faster_plan():
         assert (w.comm_s, w.block_time_s) == (best.comm_s, best.block_time_s)
         assert w.digest == best.digest
     assert chosen == ["zigzag", "zigzag", "per_doc", "per_doc"]  # both arms taken
+
+
+def test_per_doc_block_time_of_a_pack_costed_in_several_batches_of_ranks():
+    # 1100 documents on 1024 ranks: more than 2**20 (rank, document) entries, so the ranks are
+    # costed in batches of 2**20 // 1100 = 953; a batch bound of 2**20 / 1100 (a float) would
+    # cost 1025 ranks, the last a rank past the documents' ends (1102200 s, not 1101100 s)
+    cm = CostModel(linear_s_per_token=1.0, attn_s_per_pair=1.0, tile=1, link_bandwidth=1e18)
+    L = np.array([1000] * 1100)
+    plan = finish_plan(L, 1024, "per_doc", per_doc_segments(L, 1024), None, cm)
+    # rank 999 holds position 999 of every document: 1 token and 1000 pairs each
+    assert float(plan.rank_compute_s.max()) == 1100 * 1001
+    assert per_doc_block_time(L, 1024, cm) == pytest.approx(plan.block_time_s, rel=1e-12)
