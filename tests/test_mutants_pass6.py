@@ -247,6 +247,18 @@ def test_a2a_rows_takes_segments_as_python_lists_an_empty_rank_included():
     assert [a.tolist() for a in a2a_rows(lists, g, 2, 0)] == [[], [], []]
 
 
+
+@pytest.mark.parametrize("exchange", ["all_gather", "all_to_all"])
+def test_a_rank_outside_the_group_is_refused_naming_the_legal_ranks(exchange):
+    # local_layout too: it used to index the segments with the rank unchecked (-1 gave the last
+    # rank's layout labelled rank -1; 3 an IndexError)
+    p = plan_shards([4, 4], 3, kv_exchange=exchange)
+    for bad in (3, -1):
+        for call in (p.rank_segments, p.rank_token_indices, p.local_layout):
+            with pytest.raises(ValueError) as e:
+                call(bad)
+            assert str(e.value) == f"rank {bad} is outside the CP group of size 3 (legal: 0..2)"
+
 def test_sampler_epoch_with_even_batches_over_replicas_is_planned_with_even_batches():
     # WFAPBatchSampler's epoch is plan_packs with the sampler's own even_batches (here True, over
     # 3 replicas: the batch count a multiple of 3), not plan_packs' without it

@@ -181,6 +181,7 @@ class ShardPlan:
         """What rank ``rank`` needs to run attention: segments in local coordinates and the K/V
         exchange layout. ``window``: the layer's sliding window; an ``all_to_all`` plan then
         exchanges only the keys inside it (the all-gather layout does not depend on it)."""
+        self._check_rank(rank)
         if self.kv_exchange != "all_to_all":
             window = None
         key = ("layout", rank, None if window is None else int(window))
