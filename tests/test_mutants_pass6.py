@@ -276,3 +276,14 @@ def test_sampler_epoch_with_even_batches_over_replicas_is_planned_with_even_batc
     assert want != batches(False) and len(want) % 3 == 0
     s = WFAPBatchSampler(L, cfg, shuffle=False, num_replicas=3, even_batches=True)
     assert list(s) == want and len(s) == len(want)
+
+
+def test_sampler_progress_bar_counts_samples_in_samples(capsys):
+    # the planning bar's total is the samples planned (here 60), and its unit names them
+    from atac_hf.packing import PackingConfig
+    from atac_hf.packing.data.sampler import WFAPBatchSampler
+
+    L = np.random.default_rng(0).integers(1, 300, 60)
+    list(WFAPBatchSampler(L, PackingConfig(max_tokens=512, packs_per_window=4), progress=True))
+    err = capsys.readouterr().err
+    assert "Planning WFAP packs (epoch 0)" in err and "60/60" in err and "samples/s" in err
