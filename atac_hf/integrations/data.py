@@ -151,7 +151,7 @@ def check_collator(collator: Callable, dataset: Any, *, max_tokens: int, name: s
 def build_packed_dataloader(dataset: Any, config: ATACConfig, *, num_replicas: int = 1, grad_accum: int = 1,
                             seed: int = 0, shuffle: bool | None = None, cost_model: Any = None,
                             collate_fn: Callable | None = None, even_batches: bool = True,
-                            progress: bool | None = None, **loader_kwargs: Any):
+                            progress: bool | None = None, fixed_epoch_length: bool = False, **loader_kwargs: Any):
     """A DataLoader whose batches are WFAP packs (one packed row each), and its sampler.
 
     Args:
@@ -166,6 +166,8 @@ def build_packed_dataloader(dataset: Any, config: ATACConfig, *, num_replicas: i
         even_batches: make the batch count a multiple of ``num_replicas``.
         progress: the sampler's progress bar while an epoch is planned (``None``: on rank 0 for
             large datasets; see :class:`~atac_hf.packing.WFAPBatchSampler`).
+        fixed_epoch_length: every epoch as many batches as the first (what ``Trainer``, which
+            sizes epochs by the first ``len``, needs; see the sampler).
         **loader_kwargs: passed to ``DataLoader`` (``num_workers``, ``pin_memory``, ...).
 
     Returns:
@@ -186,7 +188,7 @@ def build_packed_dataloader(dataset: Any, config: ATACConfig, *, num_replicas: i
     sampler = WFAPBatchSampler(
         lengths, config.packing_config(num_replicas * grad_accum), window_size=config.window_size,
         num_replicas=num_replicas, shuffle=config.shuffle if shuffle is None else shuffle, seed=seed,
-        cost_model=cost_model, even_batches=even_batches, progress=progress,
+        cost_model=cost_model, even_batches=even_batches, progress=progress, fixed_epoch_length=fixed_epoch_length,
     )
     loader = DataLoader(SpanDataset(dataset), batch_sampler=sampler,
                         collate_fn=collate_fn if collate_fn is not None else PackedDataCollator(), **loader_kwargs)

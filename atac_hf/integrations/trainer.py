@@ -258,10 +258,11 @@ class ATACTrainer(Trainer):
                 dataset, self.atac_config, num_replicas=self.dp_size, grad_accum=grad_accum,
                 cost_model=self.atac_sharder.cost_model, collate_fn=self.data_collator, **extra)
             return self.accelerator.prepare(loader), None
+        # Trainer sizes every epoch (and a resume's skip) by the first epoch's len: every epoch gets as many packs
         loader, sampler = build_packed_dataloader(
             dataset, self.atac_config, num_replicas=self.dp_size, grad_accum=grad_accum, seed=self._atac_seed(),
             shuffle=shuffle, cost_model=self.atac_sharder.cost_model, collate_fn=self.data_collator,
-            progress=False if self.args.disable_tqdm else None, **extra)
+            progress=False if self.args.disable_tqdm else None, fixed_epoch_length=True, **extra)
         return self.accelerator.prepare(loader), sampler
 
     def get_train_dataloader(self):

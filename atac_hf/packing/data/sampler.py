@@ -67,6 +67,10 @@ class WFAPBatchSampler(Sampler[list[Span]]):
             never, ``None`` (default) where the epoch has at least
             :data:`PROGRESS_MIN_SAMPLES` samples (about 2 s of planning), on the main
             process only (rank 0 where ``torch.distributed`` is initialized).
+        fixed_epoch_length: every epoch has as many batches as epoch 0 (``Trainer`` sizes every
+            epoch by the first one's ``len``): an epoch whose own packing comes out with another
+            count trains epoch 0's packs instead, whole windows in a new seeded order (every
+            token still once per epoch). Default False: every epoch is packed afresh.
 
     State (``state_dict``, JSON): ``epoch``, ``seed``, ``position`` (batches of the epoch
     already taken), ``num_batches`` and a ``fingerprint`` of lengths + config. Resuming
@@ -84,11 +88,13 @@ class WFAPBatchSampler(Sampler[list[Span]]):
 
     def __init__(self, lengths: Sequence[int], config: PackingConfig, *, window_size: int | None = None,
                  num_replicas: int = 1, shuffle: bool = True, seed: int = 0,
-                 cost_model: CostModel | None = None, even_batches: bool = True, progress: bool | None = None) -> None:
+                 cost_model: CostModel | None = None, even_batches: bool = True, progress: bool | None = None,
+                 fixed_epoch_length: bool = False) -> None:
         super().__init__()
         _check_common(config, window_size, num_replicas)
         lengths = check_lengths(lengths, "lengths")
-        for name, flag in (("shuffle", shuffle), ("even_batches", even_batches)):
+        for name, flag in (("shuffle", shuffle), ("even_batches", even_batches),
+                           ("fixed_epoch_length", fixed_epoch_length)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise TypeError(f"{name}={flag!r} must be True or False (set {name})")
         if progress is not None and not isinstance(progress, (bool, np.bool_)):
@@ -112,9 +118,12 @@ class WFAPBatchSampler(Sampler[list[Span]]):
         self._position = 0
         self._resumed = False  # set by load_state_dict: the next pass continues at _position, even at the end
         self._plan: tuple[int, int, np.ndarray, np.ndarray] | None = None  # (seed, epoch, spans, offsets)
+        self.fixed_epoch_length = bool(fixed_epoch_length)
+        self._first: tuple[int, np.ndarray, np.ndarray] | None = None  # (seed, spans, offsets) of epoch 0
+        extra = {"fixed_epoch_length": True} if self.fixed_epoch_length else {}  # older states keep their print
         self.fingerprint = _fingerprint(lengths=self.lengths, **_config_parts(
             config, cost_model, window_size=self.window_size, num_replicas=self.num_replicas,
-            shuffle=self.shuffle, even_batches=self.even_batches))
+            shuffle=self.shuffle, even_batches=self.even_batches, **extra))
 
     @classmethod
     def from_dataset(cls, dataset: Any, config: PackingConfig, *, column: str = "input_ids",
@@ -129,20 +138,42 @@ class WFAPBatchSampler(Sampler[list[Span]]):
         seed = self.seed if seed is None else seed
         epoch = self.epoch if epoch is None else epoch
         if self._plan is None or self._plan[:2] != (seed, epoch):
-            n = self.lengths.size
-            if self.shuffle:
-                order = np.random.default_rng([seed, epoch]).permutation(n)
-            else:
-                order = np.arange(n)
-            from tqdm.auto import tqdm
-
-            with tqdm(total=int((self.lengths > 0).sum()), desc=f"Planning WFAP packs (epoch {epoch})",
-                      unit="samples", disable=not self._show_progress(n)) as bar:
-                spans, offsets = plan_packs(self.lengths, self.config, order=order, cost_model=self.cost_model,
-                                            window_size=self.window_size, num_replicas=self.num_replicas,
-                                            even_batches=self.even_batches, progress=bar)
+            spans, offsets = self._pack(seed, epoch)
+            if self.fixed_epoch_length and epoch > 0:
+                if self._first is None or self._first[0] != seed:
+                    self._first = (seed, *self._pack(seed, 0))
+                if len(offsets) != len(self._first[2]):
+                    spans, offsets = self._reorder_windows(*self._first[1:], np.random.default_rng([seed, epoch, 1]))
+            elif self.fixed_epoch_length:
+                self._first = (seed, spans, offsets)
             self._plan = (seed, epoch, spans, offsets)
         return self._plan[2], self._plan[3]
+
+    def _pack(self, seed: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """The packs of epoch ``(seed, epoch)`` packed afresh: (spans, batch offsets)."""
+        n = self.lengths.size
+        order = np.random.default_rng([seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
+        from tqdm.auto import tqdm
+
+        with tqdm(total=int((self.lengths > 0).sum()), desc=f"Planning WFAP packs (epoch {epoch})",
+                  unit="samples", disable=not self._show_progress(n)) as bar:
+            return plan_packs(self.lengths, self.config, order=order, cost_model=self.cost_model,
+                              window_size=self.window_size, num_replicas=self.num_replicas,
+                              even_batches=self.even_batches, progress=bar)
+
+    def _reorder_windows(self, spans: np.ndarray, offsets: np.ndarray, rng: np.random.Generator):
+        """The batches ``(spans, offsets)`` with their full windows (``packs_per_window`` batches,
+        dealt to the DP replicas together) in an order drawn by ``rng`` (kept without shuffle); a
+        last partial window stays last."""
+        n, w = len(offsets) - 1, int(self.config.packs_per_window)
+        full = n // w
+        windows = rng.permutation(full) if self.shuffle else np.arange(full)
+        order = np.concatenate([(windows[:, None] * w + np.arange(w)).reshape(-1), np.arange(full * w, n)])
+        sizes = np.diff(offsets)[order]
+        new_offsets = np.zeros(n + 1, dtype=offsets.dtype)
+        np.cumsum(sizes, out=new_offsets[1:])
+        index = np.concatenate([np.arange(offsets[b], offsets[b + 1]) for b in order.tolist()] or [np.zeros(0, int)])
+        return spans[index], new_offsets
 
     def _show_progress(self, num_samples: int) -> bool:
         if self.progress is not None:
