@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     step, epoch = 0, 0
     model.train()
     while step < args.max_steps:
-        sampler.set_epoch(epoch)  # Accelerate's DataLoaderShard.set_epoch does not reach a batch sampler
+        sampler.set_epoch(epoch)  # new packs each epoch (packed_dataloader keeps the loader in step)
         it = iter(loader)
         while step < args.max_steps:
             batches = [b for _, b in zip(range(GA), it)]

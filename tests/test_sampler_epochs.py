@@ -126,3 +126,34 @@ def test_atac_trainer_trains_every_sample_once_per_epoch_over_several_epochs(tmp
     assert trainer.state.global_step == 3 * 18
     assert len(seen) == 3 * 36 and sum(seen) == 3 * int(lengths.sum())  # every token once in each epoch
     trainer.accelerator.end_training()
+
+
+def test_a_loader_kept_in_step_follows_set_epoch_and_a_loaded_state():
+    sampler = WFAPBatchSampler(LENGTHS, CONFIG, seed=3)
+    loader = type("Loader", (), {"iteration": 0})()
+    sampler.keep_in_step(loader)
+    sampler.set_epoch(3)
+    assert loader.iteration == 3
+    state = WFAPBatchSampler(LENGTHS, CONFIG, seed=3)
+    state.set_epoch(2)
+    sampler.load_state_dict(state.state_dict(position=4))
+    assert loader.iteration == 2
+
+
+def test_accelerate_loop_resumed_in_a_later_epoch_continues_there():
+    """One DP replica: Accelerate's DataLoaderShard calls set_epoch(its own pass counter) at every
+    pass, which reaches the sampler; a fresh loader after a resume in epoch 1 sent epoch 0."""
+    from atac_hf import ATACAccelerator
+
+    data = [{"input_ids": list(range(1, 1 + int(n)))} for n in LENGTHS]
+    acc = ATACAccelerator(ATACConfig(max_tokens=64, cost_preset="default"))
+    loader, sampler = acc.packed_dataloader(data, seed=3)
+    sampler.set_epoch(1)
+    full = [b["input_ids"].tolist() for b in loader]
+    loader, sampler = acc.packed_dataloader(data, seed=3)  # a fresh run, resumed after 5 batches of epoch 1
+    saved = WFAPBatchSampler(LENGTHS, acc.atac_config.packing_config(1), seed=3)
+    saved.set_epoch(1)
+    sampler.load_state_dict(saved.state_dict(position=5))
+    sampler.set_epoch(1)  # the README loop's call: the same epoch keeps the position
+    assert [b["input_ids"].tolist() for b in loader] == full[5:]
+    acc.end_training()

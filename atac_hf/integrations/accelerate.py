@@ -23,7 +23,7 @@ Plain loop::
     model, optimizer = accelerator.prepare(model, optimizer)        # selects attn "atac_cp"
     loader, sampler = accelerator.packed_dataloader(train_dataset, seed=0)
     for epoch in range(num_epochs):
-        sampler.set_epoch(epoch)             # DataLoaderShard.set_epoch does not reach it
+        sampler.set_epoch(epoch)             # new packs each epoch (the loader follows it)
         for batch in loader:
             loss = model(**accelerator.shard(batch)).loss
             accelerator.backward(loss)       # DDP/FSDP mean over dp x cp == sum of the CP shares
@@ -320,7 +320,9 @@ class ATACAccelerator(Accelerator):
         loader, sampler = build_packed_dataloader(dataset, self.atac_config, num_replicas=self.dp_size,
                                                   grad_accum=self.gradient_accumulation_steps, seed=seed,
                                                   shuffle=shuffle, cost_model=cost, **loader_kwargs)
-        return self.prepare(loader), sampler
+        prepared = self.prepare(loader)
+        sampler.keep_in_step(prepared)  # a resumed epoch is not reset by the loader's own epoch counter
+        return prepared, sampler
 
     def count_items(self, batches: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> int:
         """Global target count of the step: ``batches`` counted here, summed over DP replicas.

@@ -25,6 +25,7 @@ of a prepared DataLoader's batches to DP replicas.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -120,6 +121,7 @@ class WFAPBatchSampler(Sampler[list[Span]]):
         self._plan: tuple[int, int, np.ndarray, np.ndarray] | None = None  # (seed, epoch, spans, offsets)
         self.fixed_epoch_length = bool(fixed_epoch_length)
         self._first: tuple[int, np.ndarray, np.ndarray] | None = None  # (seed, spans, offsets) of epoch 0
+        self._loaders: list[weakref.ref] = []  # prepared loaders whose epoch counter follows this sampler's
         extra = {"fixed_epoch_length": True} if self.fixed_epoch_length else {}  # older states keep their print
         self.fingerprint = _fingerprint(lengths=self.lengths, **_config_parts(
             config, cost_model, window_size=self.window_size, num_replicas=self.num_replicas,
@@ -212,6 +214,22 @@ class WFAPBatchSampler(Sampler[list[Span]]):
         if epoch != self.epoch:
             self.epoch = epoch
             self._position = 0
+        self._step_loaders()
+
+    def keep_in_step(self, loader: Any) -> None:
+        """Keep ``loader``'s epoch counter at this sampler's epoch. Accelerate's prepared loader
+        (``DataLoaderShard``) calls ``set_epoch(loader.iteration)`` at the start of every pass and,
+        with one DP replica, that reaches this sampler: a fresh loader would send epoch 0 after a
+        resume into a later epoch. :meth:`set_epoch` and :meth:`load_state_dict` set the counter
+        of every loader kept in step (``ATACAccelerator.packed_dataloader`` does this)."""
+        self._loaders.append(weakref.ref(loader))
+        self._step_loaders()
+
+    def _step_loaders(self) -> None:
+        for ref in self._loaders:
+            loader = ref()
+            if loader is not None and hasattr(loader, "iteration"):
+                loader.iteration = self.epoch
 
     def state_dict(self, position: int | None = None) -> dict[str, Any]:
         """JSON-serialisable state.
@@ -265,6 +283,7 @@ class WFAPBatchSampler(Sampler[list[Span]]):
             raise ValueError(f"sampler state position={pos} outside [0, {num_batches}] (the epoch's batches): "
                              "a truncated or edited checkpoint?")
         self.seed, self.epoch, self._position, self._resumed = seed, epoch, pos, True
+        self._step_loaders()
 
 
 class SpanDataset(Dataset):
