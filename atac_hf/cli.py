@@ -29,9 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: What a user's input can raise on its way through a sub-command: each ends in one
 #: ``atac-hf <cmd>: error: ...`` line and exit code 2, never a traceback. ValueError and
-#: TypeError are the documented refusals; the others are the last line of defence (an
-#: arithmetic overflow, a nesting or size no check caught, an unwritable or unreadable path).
-USER_ERRORS = (ValueError, TypeError, ArithmeticError, RecursionError, MemoryError, OSError)
+#: TypeError are the documented refusals, ImportError a missing optional dependency (e.g.
+#: flash-attn for ``calibrate --backend flash``), NotImplementedError a feature this machine
+#: lacks; the others are the last line of defence (an arithmetic overflow, a nesting or size no
+#: check caught, an unwritable or unreadable path).
+USER_ERRORS = (ValueError, TypeError, ImportError, NotImplementedError, ArithmeticError, RecursionError, MemoryError,
+               OSError)
 _MAX_MESSAGE = 2000
 
 

@@ -164,11 +164,16 @@ def lengths_from_json(path: str | os.PathLike) -> np.ndarray:
     return arr
 
 
+#: Local data files that ``datasets`` reads with a builder of their format.
+_FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv", ".arrow": "arrow"}
+
+
 def lengths_from_dataset(dataset: Any, column: str = "length") -> np.ndarray:
     """Lengths from a column of a ``datasets.Dataset`` (ints, or token lists measured with ``len``).
 
-    ``dataset`` may be a loaded dataset or a path / hub name (``load_from_disk`` is
-    tried first, then ``load_dataset(..., split="train")``).
+    ``dataset`` may be a loaded dataset or a path / hub name: a directory is read with
+    ``load_from_disk``, a local ``.parquet`` / ``.jsonl`` / ``.json`` / ``.csv`` / ``.arrow`` file
+    with its format's builder, anything else with ``load_dataset(..., split="train")``.
 
     Raises:
         ValueError: the column does not exist or yields no positive lengths.
@@ -177,7 +182,13 @@ def lengths_from_dataset(dataset: Any, column: str = "length") -> np.ndarray:
         import datasets  # lazy: only dataset workloads need it
 
         path = os.fspath(dataset)
-        dataset = datasets.load_from_disk(path) if os.path.isdir(path) else datasets.load_dataset(path, split="train")
+        builder = _FILE_BUILDERS.get(os.path.splitext(path)[1].lower()) if os.path.isfile(path) else None
+        if os.path.isdir(path):
+            dataset = datasets.load_from_disk(path)
+        elif builder is not None:  # a local data file: its format's builder, not a hub name
+            dataset = datasets.load_dataset(builder, data_files=path, split="train")
+        else:
+            dataset = datasets.load_dataset(path, split="train")
     names = list(getattr(dataset, "column_names", []) or [])
     if column not in names:
         raise ValueError(f"dataset has no column {column!r}; available columns: {names} (set the workload column)")

@@ -208,3 +208,65 @@ def test_check_model_cli_reports_the_router_loss_as_refused_under_cp(tmp_path):
     assert r.returncode == 1, r.stderr[-2000:]
     assert "mixtral: refused (NotImplementedError)" in r.stdout
     assert "adds a router load-balancing loss (config.output_router_logits=True" in r.stdout  # the probe's 2 ranks
+
+
+def test_a_missing_optional_kernel_is_one_error_line_of_the_cli(tmp_path, capsys):
+    import importlib.util
+
+    if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
+        pytest.skip("flash-attn runs here: nothing is missing")
+    from atac_hf.cli import main
+
+    rc = main(["calibrate", "--quick", "--backend", "flash", "-o", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1].startswith("atac-hf calibrate: error: ImportError: backend='flash' needs flash-attn")
+    assert not any(line.startswith("Traceback") for line in err)
+    assert not (tmp_path / "p.json").exists()
+
+
+def _stream():
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            for n in (5, 9, 3, 12, 7, 4):
+                yield {"input_ids": list(range(1, n + 1))}
+
+    return Stream()
+
+
+def test_a_streaming_trainer_refuses_several_dataloader_workers(tmp_path):
+    from transformers import TrainingArguments
+
+    from atac_hf import ATACTrainer
+
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_steps=2, dataloader_num_workers=2)
+    with pytest.raises(ValueError, match=r"dataloader_num_workers=2 with a streaming dataset.*0 or 1"):
+        ATACTrainer(model=_dist.tiny_model("llama", torch.float32), args=args, train_dataset=_stream(),
+                    atac_config=ATACConfig(max_tokens=32))
+    assert args.accelerator_config.dispatch_batches is None  # refused before the args changed
+
+
+def test_a_streaming_resume_warns_that_it_is_exact_in_the_first_pass_only(tmp_path):
+    from transformers import TrainingArguments
+
+    from atac_hf import ATACTrainer
+
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_steps=2)
+    trainer = ATACTrainer(model=_dist.tiny_model("llama", torch.float32), args=args, train_dataset=_stream(),
+                          atac_config=ATACConfig(max_tokens=32))
+    trainer._atac_resume_dir = str(tmp_path / "checkpoint-1")
+    with pytest.warns(UserWarning, match="exact inside the stream's first pass only"):
+        trainer.get_train_dataloader()
+    trainer.accelerator.end_training()
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_a_local_data_file_workload_is_read_not_looked_up_on_the_hub(tmp_path, suffix):
+    datasets = pytest.importorskip("datasets")
+    from atac_hf.workloads import lengths_from_dataset, load_workload
+
+    ds = datasets.Dataset.from_dict({"length": [5, 0, 7, 3], "input_ids": [[1] * 5, [], [2] * 7, [3] * 3]})
+    path = tmp_path / f"lens{suffix}"
+    ds.to_parquet(str(path)) if suffix == ".parquet" else ds.to_json(str(path))
+    assert lengths_from_dataset(str(path)).tolist() == [5, 7, 3]
+    assert lengths_from_dataset(str(path), column="input_ids").tolist() == [5, 7, 3]
+    assert load_workload(f"dataset:{path}").tolist() == [5, 7, 3]

@@ -137,7 +137,8 @@ class ATACTrainer(Trainer):
             (WFAP sampler over known lengths) or streaming (``IterableDataset`` /
             ``datasets.IterableDataset``: the resumable ``PackedIterableDataset``; set ``max_steps``,
             the stream's length being unknown; ``dispatch_batches`` is set to False; a resume
-            replays the stream up to the checkpoint). Pre-packed map-style rows (a ``seq_lengths``
+            replays the stream up to the checkpoint: exact inside its first pass only, later checkpoints
+            restart at a pass start, with a warning). Pre-packed map-style rows (a ``seq_lengths``
             column, from TRL's or atac-hf's ``pack_dataset``) are read document by document
             (:class:`~.data.PackedRowDocuments`) whatever ``remove_unused_columns`` says.
         atac_config: default :meth:`ATACConfig.from_sources` (``ATAC_CONFIG`` file, ``ATAC_*``
@@ -178,6 +179,10 @@ class ATACTrainer(Trainer):
         if args is None:
             args = TrainingArguments(output_dir="trainer_output")
         if any(is_streaming_dataset(d) for d in [train_dataset, *evals.values()] if d is not None):
+            if args.dataloader_num_workers > 1:
+                raise ValueError(f"dataloader_num_workers={args.dataloader_num_workers} with a streaming dataset: the "
+                                 "stream is packed by one sequential, resumable packer, which cannot be split over "
+                                 "DataLoader workers; set dataloader_num_workers to 0 or 1")
             _stream_dispatch(args)
         _default_device_args(args, model)
         _check_args(args, config)
@@ -274,6 +279,10 @@ class ATACTrainer(Trainer):
         self.atac_sampler = sampler
         if self._atac_resume_dir is not None and sampler is not None:
             self._atac_load_sampler_state(self._atac_resume_dir)
+        elif self._atac_resume_dir is not None and self.args.process_index == 0:
+            warnings.warn("resuming a streaming run: Trainer replays the stream up to the checkpoint, which is exact "
+                          "inside the stream's first pass only; from a checkpoint in a later pass the run restarts at "
+                          "the start of a pass (a map-style dataset resumes exactly in any epoch)", stacklevel=2)
         return loader
 
     def get_eval_dataloader(self, eval_dataset: Any = None):
