@@ -81,6 +81,7 @@ def test_bench_writes_only_its_section(monkeypatch, tmp_path, capsys):
     assert rc == 0
     text = out.read_text()
     assert text.startswith("# Benchmarks") and SECTION_HEADING in text
+    assert f"Reproduce: `atac-hf bench --output {out}`" in text
     assert "tiny-a" in text and "geometric mean" in text
     printed = capsys.readouterr().out
     assert "geometric mean" in printed
@@ -171,3 +172,16 @@ def test_bench_robustness_refusals(monkeypatch, tmp_path):
         bench_mod.run_robustness_grid(_tiny_grid(), scales=(float("nan"),))
     with pytest.raises((ValueError, OSError), match="nope.json"):
         _run(["bench", "--eval-profile", str(tmp_path / "nope.json"), "--workers", "1"])
+
+
+def test_bench_reproduce_line_carries_every_option_that_changes_the_report():
+    """The report's "Reproduce:" command reruns the same run: the scenarios, seed, profile,
+    workload file and plots folder it was made with (not --workers, which changes neither)."""
+    from atac_hf.sim.cli import bench_command
+
+    args = _parser().parse_args(["bench", "--output", "docs/B.md", "--workers", "3"])
+    assert bench_command(args) == "atac-hf bench --output docs/B.md"
+    args = _parser().parse_args(["bench", "--output", "my docs/B.md", "--scenarios", "tiny-a,tiny-b", "--seed", "4",
+                                 "--workload-file", "w.json", "--profile", "p.json", "--plots-dir", "plots"])
+    assert bench_command(args) == ("atac-hf bench --output 'my docs/B.md' --workload-file w.json --plots-dir plots "
+                                   "--profile p.json --scenarios tiny-a,tiny-b --seed 4")

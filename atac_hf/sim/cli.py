@@ -241,6 +241,21 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_bench)
 
 
+def bench_command(args: argparse.Namespace) -> str:
+    """The ``atac-hf bench`` command line that reproduces this run's report: every option that
+    changes what is simulated or where it is written (``--workers`` changes neither)."""
+    import shlex
+
+    parts = ["atac-hf", "bench", "--output", args.output]
+    for flag, value in (("--workload-file", args.workload_file), ("--plots-dir", args.plots_dir),
+                        ("--profile", args.profile), ("--scenarios", args.scenarios)):
+        if value:
+            parts += [flag, value]
+    if args.seed != 0:
+        parts += ["--seed", str(args.seed)]
+    return " ".join(shlex.quote(str(x)) for x in parts)
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from .bench import FEATURED_SCENARIO, PAPER_SCENARIO, PAPER_SPLIT, _lengths, default_grid, run_grid
     from .plots import have_matplotlib, plot_all
@@ -318,8 +333,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if write:
         md_dir = os.path.dirname(os.path.abspath(args.output))
         plots = plot_all(summary, featured, args.plots_dir or md_dir) if featured is not None else []
-        cmd = f"atac-hf bench --output {args.output}" + (f" --workload-file {args.workload_file}"
-                                                         if args.workload_file else "")
+        cmd = bench_command(args)
         write_section(args.output, markdown_section(summary, [featured] if featured else [], command=cmd,
                                                     seconds=seconds, plots=[os.path.relpath(p, md_dir) for p in plots],
                                                     paper=paper_line))
