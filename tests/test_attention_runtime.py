@@ -74,8 +74,8 @@ def test_unsupported_settings():
         _call(ctx, dropout=0.1)
     with pytest.raises(NotImplementedError, match="softcap"):
         _call(ctx, softcap=30.0)
-    with pytest.raises(NotImplementedError, match="s_aux"):
-        _call(ctx, s_aux=torch.zeros(4))
+    with pytest.raises(ValueError, match=r"s_aux \(attention sinks\) must be a tensor of one logit per query head"):
+        _call(ctx, s_aux=torch.zeros(3))  # sinks themselves run: tests/test_attention_sinks.py
     enc = types.SimpleNamespace(is_causal=False, config=_dist.tiny_config("llama"))
     with pytest.raises(NotImplementedError, match="non-causal"):
         _call(ctx, module=enc)

@@ -111,29 +111,43 @@ class _PrefixChunkAttention(torch.autograd.Function):
     causal kernel, merged by their log-sum-exps. Both are fused unmasked kernels, where one
     masked call would compute and mask whole rectangles. Backward: the same two kernels'
     backward with the merged output and log-sum-exp (the partitioned-softmax identity).
-    Inputs (1, H, L, D), K/V already expanded to H heads."""
+    Inputs (1, H, L, D), K/V already expanded to H heads. ``sinks`` (H,) or None: attention
+    sinks, a third part of the softmax with a zero value (see :class:`_SinkChunkAttention`)."""
 
     @staticmethod
-    def forward(ctx, q, k_pre, v_pre, k_own, v_own, scale):
+    def forward(ctx, q, k_pre, v_pre, k_own, v_own, scale, sinks=None):
         o_pre, l_pre = _CPU_FLASH(q, k_pre, v_pre, 0.0, False, scale=scale)
         o_own, l_own = _CPU_FLASH(q, k_own, v_own, 0.0, True, scale=scale)
         lse = torch.logaddexp(l_pre, l_own)
+        s = None if sinks is None else sinks.to(lse.dtype).view(1, -1, 1)
+        if s is not None:
+            lse = torch.logaddexp(lse, s)
         out = (o_pre * torch.exp(l_pre - lse).unsqueeze(-1).to(o_pre.dtype)
                + o_own * torch.exp(l_own - lse).unsqueeze(-1).to(o_own.dtype))
-        ctx.save_for_backward(q, k_pre, v_pre, k_own, v_own, out, lse)
+        ctx.save_for_backward(q, k_pre, v_pre, k_own, v_own, out, lse, s)
         ctx.scale = scale
+        ctx.sink_dtype = None if sinks is None else sinks.dtype
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k_pre, v_pre, k_own, v_own, out, lse = ctx.saved_tensors
+        q, k_pre, v_pre, k_own, v_own, out, lse, s = ctx.saved_tensors
         grad_out = grad_out.contiguous()
         dq_pre, dk_pre, dv_pre = _CPU_FLASH_BWD(grad_out, q, k_pre, v_pre, out, lse, 0.0, False, scale=ctx.scale)
         dq_own, dk_own, dv_own = _CPU_FLASH_BWD(grad_out, q, k_own, v_own, out, lse, 0.0, True, scale=ctx.scale)
-        return dq_pre + dq_own, dk_pre, dv_pre, dk_own, dv_own, None
+        return dq_pre + dq_own, dk_pre, dv_pre, dk_own, dv_own, None, _sink_grad(grad_out, out, lse, s, ctx.sink_dtype)
 
 
-def _prefix_chunk(q, k, v, n_pre: int, scaling: float) -> torch.Tensor:
+def _sink_grad(grad_out, out, lse, s, dtype):
+    """(H,) gradient of the sinks' logits ``s`` (1, H, 1) of a block whose final output and
+    log-sum-exp are ``out``, ``lse``: ``-sum_rows exp(s - lse) * rowsum(dO * out)``; None without."""
+    if s is None:
+        return None
+    rowdot = (grad_out.to(lse.dtype) * out.to(lse.dtype)).sum(-1)
+    return (-(torch.exp(s - lse) * rowdot).sum(dim=(0, 2))).to(dtype)
+
+
+def _prefix_chunk(q, k, v, n_pre: int, scaling: float, sinks=None) -> torch.Tensor:
     """q (H, Lq, D) at the last Lq of k/v's (K, n_pre + Lq, D) positions. Returns (H, Lq, D)."""
     H, K = q.shape[0], k.shape[0]
     if H != K:
@@ -141,7 +155,7 @@ def _prefix_chunk(q, k, v, n_pre: int, scaling: float) -> torch.Tensor:
         v = v.repeat_interleave(H // K, dim=0)
     k, v = k[None], v[None]
     return _PrefixChunkAttention.apply(q[None], k[:, :, :n_pre], v[:, :, :n_pre], k[:, :, n_pre:], v[:, :, n_pre:],
-                                       scaling)[0]
+                                       scaling, sinks)[0]
 
 
 # Causal pairs from which a chunk runs as the merged pair of kernels on CPU: their extra
@@ -157,9 +171,126 @@ MERGE_MIN_PAIRS = 1 << 18
 QUERY_BLOCK = 256
 
 
-def _attend(q, k, v, ds: int, de: int, lo: int, window: int | None, scaling: float) -> torch.Tensor:
+# Score entries (heads x query rows x keys) per block of the sinks' log-sum-exp pass: bounds its
+# transient buffer (64 MiB in fp32); the blocks are recomputed in backward, not kept.
+SINK_BLOCK_ELEMENTS = 1 << 24
+
+
+def _lse_block(q, k, p0: int, lo: int, window: int | None, scaling: float) -> torch.Tensor:
+    """(H, Lq) log-sum-exp (fp32, or the inputs' dtype if wider) of the scaled scores of queries
+    ``q`` (H, Lq, D) at document positions ``[p0, p0 + Lq)`` over keys ``k`` (K, Lk, D) at positions
+    ``[lo, lo + Lk)``, bottom-right causal (windowed)."""
+    H, Lq, D = q.shape
+    K, Lk = k.shape[0], k.shape[1]
+    dt = torch.promote_types(q.dtype, torch.float32)
+    scores = torch.matmul(q.reshape(K, H // K * Lq, D).to(dt), k.to(dt).transpose(1, 2)).reshape(H, Lq, Lk)
+    p = torch.arange(p0, p0 + Lq, device=q.device)[:, None]
+    j = torch.arange(lo, lo + Lk, device=q.device)[None, :]
+    m = j <= p
+    if window is not None:
+        m &= j > p - window
+    return torch.logsumexp((scores * scaling).masked_fill(~m, float("-inf")), dim=-1)
+
+
+def _segment_lse(q, k, ds: int, de: int, lo: int, window: int | None, scaling: float) -> torch.Tensor:
+    """(H, Lq) log-sum-exp (at least fp32) of each query's scores over the keys it attends to (the
+    softmax's normaliser, what attention sinks rescale by): q (H, Lq, D) at document positions
+    ``[ds, de)``, k (K, de - lo, D) at ``[lo, de)``. Blocks of query rows, each checkpointed
+    (recomputed in backward), so no (H, Lq, Lk) buffer is kept; differentiable."""
+    from torch.utils.checkpoint import checkpoint
+
+    H = q.shape[0]
+    rows = max(1, SINK_BLOCK_ELEMENTS // max(1, H * (de - lo)))
+    out = []
+    for p0 in range(ds, de, rows):
+        p1 = min(p0 + rows, de)
+        klo = lo if window is None else max(lo, p0 - int(window) + 1)
+        qb, kb = q[:, p0 - ds:p1 - ds], k[:, klo - lo:p1 - lo]
+        if torch.is_grad_enabled() and (qb.requires_grad or kb.requires_grad):
+            out.append(checkpoint(_lse_block, qb, kb, p0, klo, window, scaling, use_reentrant=False))
+        else:
+            out.append(_lse_block(qb, kb, p0, klo, window, scaling))
+    return torch.cat(out, dim=1)
+
+
+def _attend(q, k, v, ds: int, de: int, lo: int, window: int | None, scaling: float,
+            sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Bottom-right causal (windowed) attention of a chunk: q (H, Lq, D) at document positions
-    ``[ds, de)``, k/v (K, de - lo, D) at positions ``[lo, de)``. Returns (H, Lq, D)."""
+    ``[ds, de)``, k/v (K, de - lo, D) at positions ``[lo, de)``. Returns (H, Lq, D).
+
+    ``sinks`` (H,): attention sinks (``s_aux`` of GPT-OSS-like models): one extra logit per head
+    in every query's softmax, with a zero value. The output is the plain attention's times
+    ``sigmoid(lse - sink)`` (``lse``: the log-sum-exp of the query's scores, :func:`_segment_lse`),
+    which is exactly that softmax's; the factor is computed in fp32 at least, as the eager
+    implementations do."""
+    if sinks is None:
+        return _attend_plain(q, k, v, ds, de, lo, window, scaling)
+    if prefix_merge_available(q.device):  # CPU: the flash kernel's own log-sum-exp, one pass
+        return _attend_sinks_cpu(q, k, v, ds, de, lo, window, scaling, sinks)
+    out = _attend_plain(q, k, v, ds, de, lo, window, scaling)
+    lse = _segment_lse(q, k, ds, de, lo, window, scaling)
+    return out * torch.sigmoid(lse - sinks.to(lse.dtype)[:, None]).unsqueeze(-1).to(out.dtype)
+
+
+class _SinkChunkAttention(torch.autograd.Function):
+    """CPU flash attention of a block of queries with attention sinks: the kernel's output and
+    log-sum-exp ``l``, rescaled by ``exp(l - lse)`` with ``lse = logaddexp(l, sink)``. Backward:
+    the kernel's backward with the final output and ``lse`` (the sink's column has a zero value,
+    so it adds nothing to ``dP`` and the kernel's ``rowsum(dO * out)`` stays right), and the
+    sinks' gradient ``-sum_rows exp(sink - lse) * rowsum(dO * out)``. Inputs (1, H, L, D), K/V
+    expanded to H heads; ``mask`` a float (Lq, Lk) mask (0 / -inf) or None with ``causal``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, mask, causal, scale):
+        o, l = _CPU_FLASH(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
+        s = sinks.to(l.dtype).view(1, -1, 1)
+        lse = torch.logaddexp(l, s)
+        out = o * torch.exp(l - lse).unsqueeze(-1).to(o.dtype)
+        ctx.save_for_backward(q, k, v, out, lse, s, mask)
+        ctx.causal, ctx.scale, ctx.sink_dtype = causal, scale, sinks.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse, s, mask = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        dq, dk, dv = _CPU_FLASH_BWD(grad_out, q, k, v, out, lse, 0.0, ctx.causal, attn_mask=mask, scale=ctx.scale)
+        return dq, dk, dv, _sink_grad(grad_out, out, lse, s, ctx.sink_dtype), None, None, None
+
+
+def _sink_flash(q, k, v, mask, scaling: float, sinks) -> torch.Tensor:
+    """q (H, Lq, D), k/v (K, Lk, D), ``mask`` (Lq, Lk) bool or None (plain causal, Lq == Lk),
+    sinks (H,): :class:`_SinkChunkAttention`. Returns (H, Lq, D)."""
+    H, K = q.shape[0], k.shape[0]
+    if H != K:
+        k = k.repeat_interleave(H // K, dim=0)
+        v = v.repeat_interleave(H // K, dim=0)
+    fmask = None if mask is None else torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(
+        ~mask, float("-inf"))
+    return _SinkChunkAttention.apply(q[None].contiguous(), k[None].contiguous(), v[None].contiguous(), sinks,
+                                     fmask, mask is None, scaling)[0]
+
+
+def _attend_sinks_cpu(q, k, v, ds: int, de: int, lo: int, window: int | None, scaling: float, sinks) -> torch.Tensor:
+    """:func:`_attend` with sinks on CPU: one kernel call where the plain causal mask is exact,
+    else blocks of QUERY_BLOCK query rows, each with its explicit mask (as :func:`_attend_plain`)."""
+    n = de - ds
+    if lo == 0 and ds > 0 and (window is None or window >= de) and n * ds + n * (n + 1) // 2 >= MERGE_MIN_PAIRS:
+        return _prefix_chunk(q, k, v, ds, scaling, sinks)
+    mask = _segment_mask(ds, de, lo, window, q.device)
+    if mask is None or de - ds <= QUERY_BLOCK:
+        return _sink_flash(q, k, v, mask, scaling, sinks)
+    outs = []
+    for p0 in range(ds, de, QUERY_BLOCK):
+        p1 = min(p0 + QUERY_BLOCK, de)
+        klo = lo if window is None else max(lo, p0 - int(window) + 1)
+        outs.append(_sink_flash(q[:, p0 - ds:p1 - ds], k[:, klo - lo:p1 - lo], v[:, klo - lo:p1 - lo],
+                                _segment_mask(p0, p1, klo, window, q.device), scaling, sinks))
+    return torch.cat(outs, dim=1)
+
+
+def _attend_plain(q, k, v, ds: int, de: int, lo: int, window: int | None, scaling: float) -> torch.Tensor:
+    """:func:`_attend` without sinks."""
     n = de - ds
     if (lo == 0 and ds > 0 and (window is None or window >= de) and n * ds + n * (n + 1) // 2 >= MERGE_MIN_PAIRS
             and prefix_merge_available(q.device)):
@@ -177,15 +308,16 @@ def _attend(q, k, v, ds: int, de: int, lo: int, window: int | None, scaling: flo
 
 
 def sdpa_backend(q_HSD, k_HSD, v_HSD, layout: LocalLayout, cache: dict, wait: Wait | None, *,
-                 scaling: float, window: int | None) -> torch.Tensor:
-    """Loop of SDPA calls, one per local segment (row blocks for masked chunks). Returns (S, H, D)."""
+                 scaling: float, window: int | None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Loop of SDPA calls, one per local segment (row blocks for masked chunks). Returns (S, H, D).
+    ``sinks`` (H,): attention sinks (see :func:`_attend`), the one backend that applies them."""
     segs, rows = _sdpa_tables(layout, window, q_HSD.device, cache)
     outs: list[torch.Tensor | None] = [None] * len(segs)
     for i, (ls, le, ds, de, lo, gathered, doc) in enumerate(segs):
         if gathered:
             continue
         k0 = ls - ds + lo
-        outs[i] = _attend(q_HSD[:, ls:le], k_HSD[:, k0:le], v_HSD[:, k0:le], ds, de, lo, window, scaling)
+        outs[i] = _attend(q_HSD[:, ls:le], k_HSD[:, k0:le], v_HSD[:, k0:le], ds, de, lo, window, scaling, sinks)
     if any(s[5] for s in segs):
         assert wait is not None, "a gathered segment without a gather"
         k_RKD, v_RKD = wait()
@@ -195,7 +327,7 @@ def sdpa_backend(q_HSD, k_HSD, v_HSD, layout: LocalLayout, cache: dict, wait: Wa
             idx = rows[(doc, lo, de)]
             kk = k_RKD.index_select(0, idx).transpose(0, 1)
             vv = v_RKD.index_select(0, idx).transpose(0, 1)
-            outs[i] = _attend(q_HSD[:, ls:le], kk, vv, ds, de, lo, window, scaling)
+            outs[i] = _attend(q_HSD[:, ls:le], kk, vv, ds, de, lo, window, scaling, sinks)
     if not outs:
         return q_HSD.new_zeros(0, q_HSD.shape[0], v_HSD.shape[-1])
     return torch.cat(outs, dim=1).transpose(0, 1)

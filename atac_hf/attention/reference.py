@@ -56,7 +56,8 @@ def reference_attention(
     window: int | None = None,
     grad_out_NHD: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float64,
-) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
+    sinks: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
     """Document-masked causal attention of the whole row in ``dtype`` (no autograd graph kept).
 
     Args:
@@ -66,10 +67,13 @@ def reference_attention(
         window: sliding window W (keys ``i - W < j <= i``) or None.
         grad_out_NHD: (N, H, D) gradient of the output, or None for forward only.
         dtype: compute dtype (inputs are upcast; float64 for an exact reference).
+        sinks: (H,) attention sinks (``s_aux``): an extra logit per head in every query's
+            softmax, with a zero value (as GPT-OSS's eager attention), or None.
 
     Returns:
         ``(out_NHD, grads)``: the output in ``dtype`` and, when ``grad_out_NHD`` is given,
-        ``(dq_HND, dk_KND, dv_KND)`` in ``dtype``, else None.
+        ``(dq_HND, dk_KND, dv_KND)`` in ``dtype`` (and ``d_sinks`` (H,) after them with
+        ``sinks``), else None.
     """
     H, N, D = q_HND.shape
     K = k_KND.shape[0]
@@ -78,11 +82,14 @@ def reference_attention(
     rep = H // K
     scale = D ** -0.5 if scaling is None else float(scaling)
     q, k, v = (t.detach().to(dtype) for t in (q_HND, k_KND, v_KND))
+    sk = None if sinks is None else sinks.detach().to(dtype).reshape(H)
     out = q.new_zeros(N, H, v.shape[-1])
     grads = None
     if grad_out_NHD is not None:
         g_out = grad_out_NHD.detach().to(dtype)
         grads = (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v))
+        if sk is not None:
+            grads = grads + (torch.zeros_like(sk),)
     for s, e in _bounds(lengths):
         mask = _causal(e - s, window, q.device)
         for g in range(K):
@@ -92,13 +99,23 @@ def reference_attention(
                 kg = k[g, s:e].clone().requires_grad_(grads is not None)
                 vg = v[g, s:e].clone().requires_grad_(grads is not None)
                 scores = (qg @ kg.transpose(0, 1)) * scale  # (rep, L, L)
-                p = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+                scores = scores.masked_fill(~mask, float("-inf"))
+                inputs = (qg, kg, vg)
+                if sk is None:
+                    p = torch.softmax(scores, dim=-1)
+                else:  # the sink's logit joins every row's softmax; its value is zero
+                    sg = sk[hs].clone().requires_grad_(grads is not None)
+                    inputs = inputs + (sg,)
+                    col = sg[:, None, None].expand(rep, e - s, 1)
+                    p = torch.softmax(torch.cat([scores, col], dim=-1), dim=-1)[..., :-1]
                 o = p @ vg  # (rep, L, D)
                 if grads is not None:
-                    dq, dk, dv = torch.autograd.grad(o, (qg, kg, vg), g_out[s:e, hs].transpose(0, 1))
-                    grads[0][hs, s:e] = dq
-                    grads[1][g, s:e] = dk
-                    grads[2][g, s:e] = dv
+                    got = torch.autograd.grad(o, inputs, g_out[s:e, hs].transpose(0, 1))
+                    grads[0][hs, s:e] = got[0]
+                    grads[1][g, s:e] = got[1]
+                    grads[2][g, s:e] = got[2]
+                    if sk is not None:
+                        grads[3][hs] += got[3]
             out[s:e, hs] = o.detach().transpose(0, 1)
     return out, grads
 

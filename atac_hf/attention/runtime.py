@@ -41,6 +41,8 @@ __all__ = [
 ]
 
 ATTN_IMPLEMENTATION = "atac_cp"
+#: Attention backends that apply attention sinks (``s_aux``); ``auto`` runs ``sdpa`` for them.
+SINK_BACKENDS = ("sdpa", "auto")
 SHARD_KWARG = "atac_shard"
 _POSITION_DEPENDENT_ROPE = ("dynamic", "longrope")
 
@@ -104,8 +106,6 @@ def _check_call(module: Any, ctx: ShardContext, query: torch.Tensor, key: torch.
         )
     if kwargs.get("softcap") is not None:
         raise NotImplementedError(f"softcap (attention logit soft-capping) is not implemented by {ATTN_IMPLEMENTATION!r}")
-    if kwargs.get("s_aux") is not None:
-        raise NotImplementedError(f"s_aux (attention sinks) is not implemented by {ATTN_IMPLEMENTATION!r}")
     if getattr(module, "is_causal", True) is False:
         raise NotImplementedError(f"non-causal attention is not implemented by {ATTN_IMPLEMENTATION!r}")
     config = getattr(module, "config", None)
@@ -125,6 +125,17 @@ def _check_call(module: Any, ctx: ShardContext, query: torch.Tensor, key: torch.
     window = kwargs.get("sliding_window")
     if window is not None and (isinstance(window, bool) or int(window) < 1):
         raise ValueError(f"sliding_window must be None or an int >= 1, got {window!r}")
+    sinks = kwargs.get("s_aux")
+    if sinks is not None:
+        if not isinstance(sinks, torch.Tensor) or sinks.numel() != query.shape[1]:
+            got = tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__name__
+            raise ValueError(f"s_aux (attention sinks) must be a tensor of one logit per query head "
+                             f"({query.shape[1]}), got {got}")
+        if ctx.backend not in SINK_BACKENDS:
+            raise NotImplementedError(
+                f"{type(module).__name__} has attention sinks (s_aux), which attention_backend={ctx.backend!r} "
+                f"does not apply; legal values with sinks: {list(SINK_BACKENDS)} (set attention_backend='sdpa' "
+                "in ATACConfig)")
     return None if window is None else int(window)
 
 
@@ -205,14 +216,16 @@ def atac_cp_attention(
         dropout: must be 0.
         scaling: softmax scale (``D ** -0.5`` if None).
         **kwargs: ``atac_shard`` (the :class:`ShardContext`), ``sliding_window`` (int W:
-            query at position i sees keys i - W < j <= i), others ignored.
+            query at position i sees keys i - W < j <= i), ``s_aux`` (attention sinks: one logit
+            per query head, GPT-OSS-like models; the ``sdpa`` backend), others ignored.
 
     Returns:
         ``(out, None)`` with out (1, S, H, D).
 
     Raises:
         ValueError: no or a mismatched shard context; unsupported RoPE type.
-        NotImplementedError: dropout > 0, ``softcap``, ``s_aux``, non-causal modules.
+        NotImplementedError: dropout > 0, ``softcap``, non-causal modules, ``s_aux`` with a backend
+            other than ``sdpa`` / ``auto``.
     """
     ctx = _context(module, kwargs)
     window = _check_call(module, ctx, query, key, dropout, kwargs)
@@ -241,7 +254,12 @@ def atac_cp_attention(
         else:  # cp_size 1: the "gathered" buffer is this rank's own rows, no collective
             wait = lambda: _split(send, dk)  # noqa: E731
 
-    out_SHD = run_backend(ctx.backend, q_HSD, k_KSD, v_KSD, layout, ctx.cache, wait, scaling=scale, window=window)
+    sinks = kwargs.get("s_aux")
+    if sinks is None:
+        out_SHD = run_backend(ctx.backend, q_HSD, k_KSD, v_KSD, layout, ctx.cache, wait, scaling=scale, window=window)
+    else:  # only the sdpa backend applies sinks ("auto" picks it for them)
+        out_SHD = run_backend("sdpa", q_HSD, k_KSD, v_KSD, layout, ctx.cache, wait, scaling=scale, window=window,
+                              sinks=sinks.reshape(-1))
     if gather is not None and not gather.waited:
         # this rank attends to no gathered key: still wait, and keep the backward
         # reduce-scatter in the graph (the other ranks take part in it)
@@ -282,6 +300,7 @@ def emulate_cp_attention(
     window: int | None = None,
     caches: list[dict] | None = None,
     per_rank_hook: Callable[[int, torch.Tensor], None] | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Run every rank of ``plan`` in one process (the gather is a concatenation).
 
@@ -295,12 +314,17 @@ def emulate_cp_attention(
         scaling, window: as in :func:`atac_cp_attention`.
         caches: optional per-rank dicts for the index tensors (reused across calls).
         per_rank_hook: called with (rank, out_SHD) after each rank.
+        sinks: (H,) attention sinks (``s_aux``), applied by the ``sdpa`` backend only.
 
     Returns:
         (N, H, D) output in row order.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; legal values: {sorted(BACKENDS)}")
+    if sinks is not None and backend not in SINK_BACKENDS:
+        raise NotImplementedError(f"attention sinks need a backend of {list(SINK_BACKENDS)}, got {backend!r}")
+    extra = {} if sinks is None else {"sinks": sinks.reshape(-1)}
+    backend = "sdpa" if sinks is not None else backend
     C, dev = plan.cp_size, q_HND.device
     scale = q_HND.shape[-1] ** -0.5 if scaling is None else float(scaling)
     caches = caches if caches is not None else [{} for _ in range(C)]
@@ -309,7 +333,7 @@ def emulate_cp_attention(
     local = [(q_HND.index_select(1, t), k_KND.index_select(1, t), v_KND.index_select(1, t)) for t in tok]
     gathered = None
     if len(plan.gathered_docs) and plan.kv_exchange == "all_to_all":
-        return _emulate_all_to_all(local, layouts, tok, backend, caches, scale, window, per_rank_hook)
+        return _emulate_all_to_all(local, layouts, tok, backend, caches, scale, window, per_rank_hook, extra)
     if len(plan.gathered_docs):
         m = layouts[0].max_send
         sends = [_send_rows(k, v, torch.as_tensor(lay.send_index, device=dev), m)
@@ -319,7 +343,7 @@ def emulate_cp_attention(
     for r in range(C):
         q, k, v = local[r]
         out = run_backend(backend, q, k, v, layouts[r], caches[r], (lambda: gathered) if gathered else None,
-                          scaling=scale, window=window)
+                          scaling=scale, window=window, **extra)
         if per_rank_hook is not None:
             per_rank_hook(r, out)
         outs.append(out)
@@ -329,7 +353,8 @@ def emulate_cp_attention(
     return torch.cat(outs, dim=0).index_select(0, inv)
 
 
-def _emulate_all_to_all(local, layouts, tok, backend, caches, scale, window, per_rank_hook) -> torch.Tensor:
+def _emulate_all_to_all(local, layouts, tok, backend, caches, scale, window, per_rank_hook,
+                        extra: dict | None = None) -> torch.Tensor:
     """:func:`emulate_cp_attention` for ``all_to_all`` plans: rank r's key buffer is its own rows
     of gathered documents, then the rows each other rank sends it (in rank order)."""
     C, dev = len(layouts), local[0][0].device
@@ -346,7 +371,7 @@ def _emulate_all_to_all(local, layouts, tok, backend, caches, scale, window, per
         own = kv[r].index_select(0, torch.as_tensor(layouts[r].self_index, device=dev))
         buf = torch.cat([own] + [sent[s][r] for s in range(C) if s != r], dim=0)
         wait = lambda buf=buf: (buf[..., :dk], buf[..., dk:])  # noqa: E731
-        out = run_backend(backend, q, k, v, layouts[r], caches[r], wait, scaling=scale, window=window)
+        out = run_backend(backend, q, k, v, layouts[r], caches[r], wait, scaling=scale, window=window, **(extra or {}))
         if per_rank_hook is not None:
             per_rank_hook(r, out)
         outs.append(out)

@@ -1,0 +1,214 @@
+"""Attention sinks (``s_aux``: GPT-OSS, Granite-SWA, Flint): one extra logit per head in every
+query's softmax, with a zero value. ``atac_cp`` applies them on the ``sdpa`` backend as the plain
+attention times ``sigmoid(lse - sink)``; these tests check that against a float64 reference that
+concatenates the sink column (as the eager implementations do), forward and every gradient, the
+sinks' own included, and through a GPT-OSS model at 2 and 4 gloo ranks against one device."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import types
+from collections import defaultdict
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+import _dist  # noqa: E402
+
+from atac_hf.attention import backends as kernels  # noqa: E402
+from atac_hf.attention.reference import reference_attention  # noqa: E402
+from atac_hf.attention.runtime import atac_cp_attention, emulate_cp_attention  # noqa: E402
+from atac_hf.cost import default_cost_model  # noqa: E402
+from atac_hf.sharding import plan_shards  # noqa: E402
+
+CASES = [
+    # lengths, cp, strategy, window, heads, kv heads, exchange
+    ([40, 7, 90, 3], 2, "atp", None, 4, 2, None),
+    ([300, 20, 700], 4, "per_doc", 64, 4, 1, None),
+    ([900, 33], 3, "atp", None, 6, 3, "all_to_all"),
+    ([500, 120, 1, 1, 80], 4, "zigzag", 37, 2, 2, "all_gather"),
+    ([650, 64, 9], 2, "contiguous", None, 4, 4, None),
+]
+
+
+def _inputs(lengths, H, K, seed, dtype=torch.float64, D=8):
+    g = torch.Generator().manual_seed(seed)
+    N = sum(lengths)
+    q, k, v = (torch.randn(n, N, D, generator=g, dtype=dtype).requires_grad_() for n in (H, K, K))
+    sinks = (2 * torch.randn(H, generator=g, dtype=dtype)).requires_grad_()
+    return q, k, v, sinks
+
+
+def _check(lengths, C, strategy, window, H, K, exchange, seed=0, tol=1e-10):
+    q, k, v, sinks = _inputs(lengths, H, K, seed)
+    plan = plan_shards(np.array(lengths), C, strategy, default_cost_model(), kv_exchange=exchange)
+    out = emulate_cp_attention(q, k, v, plan, window=window, sinks=sinks)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=out.dtype)
+    out.backward(g)
+    ref, grads = reference_attention(q, k, v, lengths, window=window, grad_out_NHD=g, sinks=sinks)
+    plain, _ = reference_attention(q, k, v, lengths, window=window)
+    assert _dist.rel_err(ref, plain) > 1e-2, "the sinks must change the output for the test to bite"
+    assert _dist.rel_err(out, ref) <= tol
+    for name, got, want in zip(("dq", "dk", "dv", "dsinks"), (q.grad, k.grad, v.grad, sinks.grad), grads):
+        assert _dist.rel_err(got, want) <= tol, name
+    return plan
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[2]}-cp{c[1]}-w{c[3]}" for c in CASES])
+def test_sinks_under_cp_equal_the_reference(case):
+    plan = _check(*case)
+    assert len(plan.gathered_docs) > 0  # a split document: the sinks meet gathered keys too
+
+
+def test_sinks_exact_on_every_kernel_path(monkeypatch):
+    """CPU: the chunk kernel (prefix merged with the square, the sinks a third part: every
+    chunk) and masked row blocks (QUERY_BLOCK rows) through the flash kernel's log-sum-exp.
+    Elsewhere (GPU): the plain attention rescaled by a separate log-sum-exp pass, here cut into
+    many checkpointed blocks."""
+    monkeypatch.setattr(kernels, "MERGE_MIN_PAIRS", 1)
+    _check([400, 30, 90], 2, "atp", None, 4, 2, None, seed=3)
+    monkeypatch.setattr(kernels, "MERGE_MIN_PAIRS", 1 << 40)
+    monkeypatch.setattr(kernels, "QUERY_BLOCK", 16)
+    _check([400, 30, 90], 2, "per_doc", 25, 4, 2, "all_to_all", seed=4)
+    _check([400, 30, 90], 4, "atp", None, 4, 1, None, seed=5)
+    calls = []
+    real = kernels._segment_lse
+    monkeypatch.setattr(kernels, "_segment_lse", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(kernels, "prefix_merge_available", lambda device: False)
+    monkeypatch.setattr(kernels, "SINK_BLOCK_ELEMENTS", 4 * 50)
+    _check([400, 30, 90], 2, "per_doc", 25, 4, 2, "all_to_all", seed=6)
+    _check([400, 30, 90], 4, "atp", None, 4, 1, None, seed=7)
+    assert calls, "the separate log-sum-exp pass must have run"
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_sinks_low_precision_within_its_tolerance(dtype, tol):
+    lengths = [3000, 200, 17]
+    q, k, v, sinks = _inputs(lengths, 4, 2, 0, dtype=dtype, D=16)
+    plan = plan_shards(np.array(lengths), 2, "atp")
+    out = emulate_cp_attention(q, k, v, plan, sinks=sinks.float())  # sinks stay fp32 (GPT-OSS keeps them so)
+    out.float().sum().backward()
+    ref, _ = reference_attention(q, k, v, lengths, sinks=sinks)
+    assert out.dtype == dtype and _dist.rel_err(out, ref) <= tol
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_very_negative_sinks_leave_plain_attention():
+    lengths = [60, 5, 31]
+    q, k, v, _ = _inputs(lengths, 4, 2, 1)
+    plan = plan_shards(np.array(lengths), 2, "atp")
+    plain = emulate_cp_attention(q, k, v, plan)
+    assert _dist.rel_err(emulate_cp_attention(q, k, v, plan, sinks=torch.full((4,), -1e4, dtype=q.dtype)),
+                         plain) <= 1e-12
+
+
+# ---------------------------------------------------------------------------- runtime refusals
+def _ctx(backend="sdpa", n=8):
+    from atac_hf.attention import shard_batch
+
+    batch = _dist.make_batch([[n]], seed=0)
+    local = shard_batch(batch, plan_shards([n], 1, "atp"), 0, backend=backend)
+    return local["atac_shard"]
+
+
+def _call(ctx, **kw):
+    q, k = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16)
+    module = types.SimpleNamespace(is_causal=True, config=_dist.tiny_config("llama"))
+    return atac_cp_attention(module, q, k, k, None, atac_shard=ctx, **kw)
+
+
+def test_sinks_need_the_sdpa_backend():
+    with pytest.raises(NotImplementedError, match=r"attention_backend='varlen_reference' does not apply; legal "
+                                                  r"values with sinks: \['sdpa', 'auto'\] \(set attention_backend="
+                                                  r"'sdpa' in ATACConfig\)"):
+        _call(_ctx("varlen_reference"), s_aux=torch.zeros(4))
+    with pytest.raises(NotImplementedError, match="attention sinks need a backend of"):
+        emulate_cp_attention(torch.zeros(4, 8, 16), torch.zeros(2, 8, 16), torch.zeros(2, 8, 16),
+                             plan_shards([8], 1, "atp"), backend="varlen_reference", sinks=torch.zeros(4))
+    out, _ = _call(_ctx("auto"), s_aux=torch.zeros(4))  # auto runs sdpa for them
+    assert out.shape == (1, 8, 4, 16)
+
+
+def test_sinks_of_the_wrong_shape_are_refused():
+    with pytest.raises(ValueError, match=r"s_aux \(attention sinks\) must be a tensor of one logit per query head "
+                                         r"\(4\), got \(3,\)"):
+        _call(_ctx(), s_aux=torch.zeros(3))
+    with pytest.raises(ValueError, match=r"one logit per query head \(4\), got list"):
+        _call(_ctx(), s_aux=[0.0] * 4)
+
+
+# ---------------------------------------------------------------------------- GPT-OSS at 2 and 4 ranks
+def _gpt_oss(dtype):
+    from transformers import AutoModelForCausalLM, GptOssConfig
+
+    import atac_hf.attention  # noqa: F401  (registers atac_cp)
+
+    cfg = GptOssConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, vocab_size=_dist.VOCAB, num_local_experts=4,
+                       num_experts_per_tok=2, sliding_window=16, layer_types=["sliding_attention", "full_attention"],
+                       max_position_embeddings=131072, attention_dropout=0.0)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=dtype,
+                                             experts_implementation="eager")
+    with torch.no_grad():
+        for m in model.modules():
+            if hasattr(m, "sinks"):
+                m.sinks.copy_(2 * torch.randn_like(m.sinks))
+    return model.train()
+
+
+def _per_document_reference(model, batch: dict) -> dict:
+    """Each document run alone through the stock model (eager: transformers' packed-row masks
+    from position_ids do not reach GPT-OSS's eager attention), the loss over all of them."""
+    import torch.nn.functional as F
+
+    from atac_hf.attention import build_shift_labels, doc_lengths_from_batch
+
+    _dist.set_attn(model, "eager")
+    model.zero_grad(set_to_none=True)
+    B, S = batch["input_ids"].shape
+    ids = batch["input_ids"].reshape(1, -1)
+    offs = np.concatenate([[0], np.cumsum(doc_lengths_from_batch(batch))])
+    logits = torch.cat([model(input_ids=ids[:, a:b], use_cache=False).logits[0] for a, b in zip(offs[:-1], offs[1:])])
+    shift = build_shift_labels(batch["labels"], doc_lengths_from_batch(batch)).reshape(-1)
+    loss = F.cross_entropy(logits.float(), shift, reduction="sum") / int((shift != -100).sum())
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return {"logits": logits.detach(), "loss": loss.detach(), "grads": grads}
+
+
+def sinks_worker(rank: int, world: int, out_path: str) -> None:
+    import test_attention_dist as td
+
+    from atac_hf.attention import doc_lengths_from_batch
+
+    stats: dict = defaultdict(float)
+    for dtype in (torch.float64, torch.float32):
+        model = _gpt_oss(dtype)
+        for pi, rows in enumerate(([[150, 30, 1, 2, 20, 1, 7]], _dist.uneven_rows(np.random.default_rng(world), 230))):
+            batch = _dist.make_batch(rows, seed=pi)
+            ref = _per_document_reference(model, batch) if rank == 0 else None
+            lengths = doc_lengths_from_batch(batch)
+            for strategy in ("atp", "per_doc", "zigzag"):
+                plan = plan_shards(lengths, world, strategy)
+                stats["gathered"] += int(len(plan.gathered_docs) > 0)
+                got = td._cp_run(model, batch, plan, rank, "sdpa")
+                if rank == 0:
+                    assert any(n.endswith("sinks") for n in ref["grads"]), "the sinks must train"
+                    td._compare(ref, got, batch, dtype, f"world={world} gpt_oss {dtype} pack {pi} {strategy}", stats)
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(stats, f)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 4])
+def test_gpt_oss_cp_training_equals_single_device(world, tmp_path):
+    out = tmp_path / "stats.json"
+    _dist.spawn(sinks_worker, world, str(out), timeout_s=600)
+    stats = json.loads(out.read_text())
+    assert stats["cases"] == 2 * 2 * 3 and stats["gathered"] > 0
