@@ -1,5 +1,5 @@
 """Attention sinks (``s_aux``: GPT-OSS, Granite-SWA, Flint): one extra logit per head in every
-query's softmax, with a zero value. ``atac_cp`` applies them on the ``sdpa`` backend as the plain
+query's softmax, with a zero value; and attention logit soft-capping (``softcap``: Gemma 2). ``atac_cp`` applies them on the ``sdpa`` backend as the plain
 attention times ``sigmoid(lse - sink)``; these tests check that against a float64 reference that
 concatenates the sink column (as the eager implementations do), forward and every gradient, the
 sinks' own included, and through a GPT-OSS model at 2 and 4 gloo ranks against one device."""
@@ -43,17 +43,19 @@ def _inputs(lengths, H, K, seed, dtype=torch.float64, D=8):
     return q, k, v, sinks
 
 
-def _check(lengths, C, strategy, window, H, K, exchange, seed=0, tol=1e-10):
+def _check(lengths, C, strategy, window, H, K, exchange, seed=0, tol=1e-10, softcap=None, with_sinks=True):
     q, k, v, sinks = _inputs(lengths, H, K, seed)
+    sinks = sinks if with_sinks else None
     plan = plan_shards(np.array(lengths), C, strategy, default_cost_model(), kv_exchange=exchange)
-    out = emulate_cp_attention(q, k, v, plan, window=window, sinks=sinks)
+    out = emulate_cp_attention(q, k, v, plan, window=window, sinks=sinks, softcap=softcap)
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=out.dtype)
     out.backward(g)
-    ref, grads = reference_attention(q, k, v, lengths, window=window, grad_out_NHD=g, sinks=sinks)
+    ref, grads = reference_attention(q, k, v, lengths, window=window, grad_out_NHD=g, sinks=sinks, softcap=softcap)
     plain, _ = reference_attention(q, k, v, lengths, window=window)
-    assert _dist.rel_err(ref, plain) > 1e-2, "the sinks must change the output for the test to bite"
+    assert _dist.rel_err(ref, plain) > 1e-2, "the sinks / soft-capping must change the output for the test to bite"
     assert _dist.rel_err(out, ref) <= tol
-    for name, got, want in zip(("dq", "dk", "dv", "dsinks"), (q.grad, k.grad, v.grad, sinks.grad), grads):
+    leaves = (q, k, v) + ((sinks,) if with_sinks else ())
+    for name, got, want in zip(("dq", "dk", "dv", "dsinks"), (t.grad for t in leaves), grads):
         assert _dist.rel_err(got, want) <= tol, name
     return plan
 
@@ -62,6 +64,15 @@ def _check(lengths, C, strategy, window, H, K, exchange, seed=0, tol=1e-10):
 def test_sinks_under_cp_equal_the_reference(case):
     plan = _check(*case)
     assert len(plan.gathered_docs) > 0  # a split document: the sinks meet gathered keys too
+
+
+@pytest.mark.parametrize("case", CASES[:4], ids=[f"{c[2]}-cp{c[1]}-w{c[3]}" for c in CASES[:4]])
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_softcap_under_cp_equals_the_reference(case, with_sinks, monkeypatch):
+    """Gemma 2's logit soft-capping (scores ``cap * tanh(s / cap)``; a cap of 1.5 on these
+    unit-scale scores bends most of them), alone and with sinks; small score blocks."""
+    monkeypatch.setattr(kernels, "SINK_BLOCK_ELEMENTS", 6 * 300)
+    _check(*case, softcap=1.5, with_sinks=with_sinks, seed=11)
 
 
 def test_sinks_exact_on_every_kernel_path(monkeypatch):
@@ -122,14 +133,26 @@ def _call(ctx, **kw):
 
 
 def test_sinks_need_the_sdpa_backend():
-    with pytest.raises(NotImplementedError, match=r"attention_backend='varlen_reference' does not apply; legal "
-                                                  r"values with sinks: \['sdpa', 'auto'\] \(set attention_backend="
-                                                  r"'sdpa' in ATACConfig\)"):
+    with pytest.raises(NotImplementedError, match=r"uses attention sinks \(s_aux\), which attention_backend="
+                                                  r"'varlen_reference' does not apply; legal values with attention "
+                                                  r"sinks: \['sdpa', 'auto'\] \(set attention_backend='sdpa' in "
+                                                  r"ATACConfig\)"):
         _call(_ctx("varlen_reference"), s_aux=torch.zeros(4))
-    with pytest.raises(NotImplementedError, match="attention sinks need a backend of"):
+    with pytest.raises(NotImplementedError, match="attention sinks and soft-capping need a backend of"):
         emulate_cp_attention(torch.zeros(4, 8, 16), torch.zeros(2, 8, 16), torch.zeros(2, 8, 16),
                              plan_shards([8], 1, "atp"), backend="varlen_reference", sinks=torch.zeros(4))
     out, _ = _call(_ctx("auto"), s_aux=torch.zeros(4))  # auto runs sdpa for them
+    assert out.shape == (1, 8, 4, 16)
+
+
+def test_softcap_needs_the_sdpa_backend_and_a_positive_cap():
+    with pytest.raises(NotImplementedError, match=r"uses logit soft-capping \(softcap\), which "
+                                                  r"attention_backend='varlen_reference' does not apply"):
+        _call(_ctx("varlen_reference"), softcap=30.0)
+    for bad in (0.0, -1.0, True, "30"):
+        with pytest.raises(ValueError, match=r"softcap \(attention logit soft-capping\) must be a number > 0"):
+            _call(_ctx(), softcap=bad)
+    out, _ = _call(_ctx("auto"), softcap=30.0)
     assert out.shape == (1, 8, 4, 16)
 
 

@@ -213,8 +213,56 @@ def _segment_lse(q, k, ds: int, de: int, lo: int, window: int | None, scaling: f
     return torch.cat(out, dim=1)
 
 
+def _math_block(q, k, v, p0: int, lo: int, window: int | None, scaling: float, softcap: float | None,
+                sinks: torch.Tensor | None) -> torch.Tensor:
+    """Attention of queries ``q`` (H, Lq, D) at document positions ``[p0, p0 + Lq)`` over keys
+    and values (K, Lk, D) at ``[lo, lo + Lk)``, bottom-right causal (windowed), with the scores
+    soft-capped (``softcap * tanh(s / softcap)``) and sinks joining the softmax, as the eager
+    implementations compute them (at least fp32). Returns (H, Lq, Dv) in ``q``'s dtype."""
+    H, Lq, D = q.shape
+    K, Lk = k.shape[0], k.shape[1]
+    dt = torch.promote_types(q.dtype, torch.float32)
+    scores = torch.matmul(q.reshape(K, H // K * Lq, D).to(dt), k.to(dt).transpose(1, 2)).reshape(H, Lq, Lk)
+    scores = scores * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    p = torch.arange(p0, p0 + Lq, device=q.device)[:, None]
+    j = torch.arange(lo, lo + Lk, device=q.device)[None, :]
+    m = j <= p
+    if window is not None:
+        m &= j > p - window
+    scores = scores.masked_fill(~m, float("-inf"))
+    if sinks is not None:
+        scores = torch.cat([scores, sinks.to(dt)[:, None, None].expand(H, Lq, 1)], dim=-1)
+    probs = torch.softmax(scores, dim=-1)
+    if sinks is not None:
+        probs = probs[..., :-1]
+    out = torch.matmul(probs.reshape(K, H // K * Lq, Lk), v.to(dt))
+    return out.reshape(H, Lq, v.shape[-1]).to(q.dtype)
+
+
+def _attend_math(q, k, v, ds: int, de: int, lo: int, window: int | None, scaling: float, softcap: float | None,
+                 sinks: torch.Tensor | None) -> torch.Tensor:
+    """:func:`_attend` for what no fused kernel computes (logit soft-capping): explicit scores in
+    blocks of query rows of at most SINK_BLOCK_ELEMENTS entries, each checkpointed (recomputed in
+    backward), so no (H, Lq, Lk) buffer is kept. Returns (H, Lq, D)."""
+    from torch.utils.checkpoint import checkpoint
+
+    H = q.shape[0]
+    rows = max(1, SINK_BLOCK_ELEMENTS // max(1, H * (de - lo)))
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    outs = []
+    for p0 in range(ds, de, rows):
+        p1 = min(p0 + rows, de)
+        klo = lo if window is None else max(lo, p0 - int(window) + 1)
+        args = (q[:, p0 - ds:p1 - ds], k[:, klo - lo:p1 - lo], v[:, klo - lo:p1 - lo], p0, klo, window, scaling,
+                softcap, sinks)
+        outs.append(checkpoint(_math_block, *args, use_reentrant=False) if grad else _math_block(*args))
+    return torch.cat(outs, dim=1)
+
+
 def _attend(q, k, v, ds: int, de: int, lo: int, window: int | None, scaling: float,
-            sinks: torch.Tensor | None = None) -> torch.Tensor:
+            sinks: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
     """Bottom-right causal (windowed) attention of a chunk: q (H, Lq, D) at document positions
     ``[ds, de)``, k/v (K, de - lo, D) at positions ``[lo, de)``. Returns (H, Lq, D).
 
@@ -222,7 +270,12 @@ def _attend(q, k, v, ds: int, de: int, lo: int, window: int | None, scaling: flo
     in every query's softmax, with a zero value. The output is the plain attention's times
     ``sigmoid(lse - sink)`` (``lse``: the log-sum-exp of the query's scores, :func:`_segment_lse`),
     which is exactly that softmax's; the factor is computed in fp32 at least, as the eager
-    implementations do."""
+    implementations do.
+
+    ``softcap``: attention logit soft-capping (Gemma 2: scores ``softcap * tanh(s / softcap)``),
+    which no fused kernel applies: :func:`_attend_math`."""
+    if softcap is not None:
+        return _attend_math(q, k, v, ds, de, lo, window, scaling, softcap, sinks)
     if sinks is None:
         return _attend_plain(q, k, v, ds, de, lo, window, scaling)
     if prefix_merge_available(q.device):  # CPU: the flash kernel's own log-sum-exp, one pass
@@ -308,16 +361,19 @@ def _attend_plain(q, k, v, ds: int, de: int, lo: int, window: int | None, scalin
 
 
 def sdpa_backend(q_HSD, k_HSD, v_HSD, layout: LocalLayout, cache: dict, wait: Wait | None, *,
-                 scaling: float, window: int | None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                 scaling: float, window: int | None, sinks: torch.Tensor | None = None,
+                 softcap: float | None = None) -> torch.Tensor:
     """Loop of SDPA calls, one per local segment (row blocks for masked chunks). Returns (S, H, D).
-    ``sinks`` (H,): attention sinks (see :func:`_attend`), the one backend that applies them."""
+    ``sinks`` (H,) and ``softcap``: attention sinks and logit soft-capping (see :func:`_attend`);
+    the one backend that applies them."""
     segs, rows = _sdpa_tables(layout, window, q_HSD.device, cache)
     outs: list[torch.Tensor | None] = [None] * len(segs)
     for i, (ls, le, ds, de, lo, gathered, doc) in enumerate(segs):
         if gathered:
             continue
         k0 = ls - ds + lo
-        outs[i] = _attend(q_HSD[:, ls:le], k_HSD[:, k0:le], v_HSD[:, k0:le], ds, de, lo, window, scaling, sinks)
+        outs[i] = _attend(q_HSD[:, ls:le], k_HSD[:, k0:le], v_HSD[:, k0:le], ds, de, lo, window, scaling, sinks,
+                          softcap)
     if any(s[5] for s in segs):
         assert wait is not None, "a gathered segment without a gather"
         k_RKD, v_RKD = wait()
@@ -327,7 +383,7 @@ def sdpa_backend(q_HSD, k_HSD, v_HSD, layout: LocalLayout, cache: dict, wait: Wa
             idx = rows[(doc, lo, de)]
             kk = k_RKD.index_select(0, idx).transpose(0, 1)
             vv = v_RKD.index_select(0, idx).transpose(0, 1)
-            outs[i] = _attend(q_HSD[:, ls:le], kk, vv, ds, de, lo, window, scaling, sinks)
+            outs[i] = _attend(q_HSD[:, ls:le], kk, vv, ds, de, lo, window, scaling, sinks, softcap)
     if not outs:
         return q_HSD.new_zeros(0, q_HSD.shape[0], v_HSD.shape[-1])
     return torch.cat(outs, dim=1).transpose(0, 1)

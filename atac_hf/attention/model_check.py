@@ -139,7 +139,9 @@ def peft_refusal(model: torch.nn.Module) -> tuple[type, str] | None:
 
 def config_refusal(config: Any) -> tuple[type, str] | None:
     """The rules that read the config alone (also checked by the ``atac_cp`` attention at its first call):
-    non-attention layer types, Mamba patterns, chunked attention, soft-capping, position-dependent RoPE."""
+    non-attention layer types, Mamba patterns, chunked attention, position-dependent RoPE (logit
+    soft-capping is applied by the ``sdpa`` backend; a model that soft-caps without passing
+    ``softcap=`` to its attention fails the probe)."""
     for cfg in _configs(config):
         for key in _LAYER_TYPE_KEYS:
             types = getattr(cfg, key, None)
@@ -161,10 +163,6 @@ def config_refusal(config: Any) -> tuple[type, str] | None:
                 f"uses chunked attention (config.attention_chunk_size={chunk}), applied only through the attention "
                 "mask, which 'atac_cp' does not implement: its results would be silently wrong; " + _INSTEAD)
     for cfg in _configs(config):
-        if getattr(cfg, "attn_logit_softcapping", None) is not None:
-            return ValueError, (f"uses logit soft-capping: attention logit soft-capping (attn_logit_softcapping="
-                                f"{cfg.attn_logit_softcapping}) is not implemented by the 'atac_cp' attention; "
-                                + _INSTEAD)
         try:
             check_model_supported(cfg)
         except ValueError as e:

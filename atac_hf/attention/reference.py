@@ -57,6 +57,7 @@ def reference_attention(
     grad_out_NHD: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float64,
     sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
     """Document-masked causal attention of the whole row in ``dtype`` (no autograd graph kept).
 
@@ -69,6 +70,8 @@ def reference_attention(
         dtype: compute dtype (inputs are upcast; float64 for an exact reference).
         sinks: (H,) attention sinks (``s_aux``): an extra logit per head in every query's
             softmax, with a zero value (as GPT-OSS's eager attention), or None.
+        softcap: attention logit soft-capping (scores ``softcap * tanh(s / softcap)``, as
+            Gemma 2's eager attention), or None.
 
     Returns:
         ``(out_NHD, grads)``: the output in ``dtype`` and, when ``grad_out_NHD`` is given,
@@ -99,6 +102,8 @@ def reference_attention(
                 kg = k[g, s:e].clone().requires_grad_(grads is not None)
                 vg = v[g, s:e].clone().requires_grad_(grads is not None)
                 scores = (qg @ kg.transpose(0, 1)) * scale  # (rep, L, L)
+                if softcap is not None:
+                    scores = torch.tanh(scores / softcap) * softcap
                 scores = scores.masked_fill(~mask, float("-inf"))
                 inputs = (qg, kg, vg)
                 if sk is None:

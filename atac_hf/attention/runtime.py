@@ -41,7 +41,8 @@ __all__ = [
 ]
 
 ATTN_IMPLEMENTATION = "atac_cp"
-#: Attention backends that apply attention sinks (``s_aux``); ``auto`` runs ``sdpa`` for them.
+#: Attention backends that apply attention sinks (``s_aux``) and logit soft-capping (``softcap``);
+#: ``auto`` runs ``sdpa`` for them.
 SINK_BACKENDS = ("sdpa", "auto")
 SHARD_KWARG = "atac_shard"
 _POSITION_DEPENDENT_ROPE = ("dynamic", "longrope")
@@ -104,8 +105,6 @@ def _check_call(module: Any, ctx: ShardContext, query: torch.Tensor, key: torch.
             f"attention dropout ({dropout}, config.{name}) is not implemented by "
             f"{ATTN_IMPLEMENTATION!r}; set {name}=0.0"
         )
-    if kwargs.get("softcap") is not None:
-        raise NotImplementedError(f"softcap (attention logit soft-capping) is not implemented by {ATTN_IMPLEMENTATION!r}")
     if getattr(module, "is_causal", True) is False:
         raise NotImplementedError(f"non-causal attention is not implemented by {ATTN_IMPLEMENTATION!r}")
     config = getattr(module, "config", None)
@@ -125,17 +124,20 @@ def _check_call(module: Any, ctx: ShardContext, query: torch.Tensor, key: torch.
     window = kwargs.get("sliding_window")
     if window is not None and (isinstance(window, bool) or int(window) < 1):
         raise ValueError(f"sliding_window must be None or an int >= 1, got {window!r}")
-    sinks = kwargs.get("s_aux")
-    if sinks is not None:
-        if not isinstance(sinks, torch.Tensor) or sinks.numel() != query.shape[1]:
-            got = tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__name__
-            raise ValueError(f"s_aux (attention sinks) must be a tensor of one logit per query head "
-                             f"({query.shape[1]}), got {got}")
-        if ctx.backend not in SINK_BACKENDS:
+    sinks, softcap = kwargs.get("s_aux"), kwargs.get("softcap")
+    if sinks is not None and (not isinstance(sinks, torch.Tensor) or sinks.numel() != query.shape[1]):
+        got = tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__name__
+        raise ValueError(f"s_aux (attention sinks) must be a tensor of one logit per query head "
+                         f"({query.shape[1]}), got {got}")
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
+                                or not float(softcap) > 0):
+        raise ValueError(f"softcap (attention logit soft-capping) must be a number > 0 or None, got {softcap!r}")
+    for name, what, value in (("s_aux", "attention sinks", sinks), ("softcap", "logit soft-capping", softcap)):
+        if value is not None and ctx.backend not in SINK_BACKENDS:
             raise NotImplementedError(
-                f"{type(module).__name__} has attention sinks (s_aux), which attention_backend={ctx.backend!r} "
-                f"does not apply; legal values with sinks: {list(SINK_BACKENDS)} (set attention_backend='sdpa' "
-                "in ATACConfig)")
+                f"{type(module).__name__} uses {what} ({name}), which attention_backend={ctx.backend!r} does not "
+                f"apply; legal values with {what}: {list(SINK_BACKENDS)} (set attention_backend='sdpa' in "
+                "ATACConfig)")
     return None if window is None else int(window)
 
 
@@ -217,15 +219,16 @@ def atac_cp_attention(
         scaling: softmax scale (``D ** -0.5`` if None).
         **kwargs: ``atac_shard`` (the :class:`ShardContext`), ``sliding_window`` (int W:
             query at position i sees keys i - W < j <= i), ``s_aux`` (attention sinks: one logit
-            per query head, GPT-OSS-like models; the ``sdpa`` backend), others ignored.
+            per query head, GPT-OSS-like models), ``softcap`` (Gemma 2's logit soft-capping), both
+            on the ``sdpa`` backend; others ignored.
 
     Returns:
         ``(out, None)`` with out (1, S, H, D).
 
     Raises:
         ValueError: no or a mismatched shard context; unsupported RoPE type.
-        NotImplementedError: dropout > 0, ``softcap``, non-causal modules, ``s_aux`` with a backend
-            other than ``sdpa`` / ``auto``.
+        NotImplementedError: dropout > 0, non-causal modules, ``s_aux`` or ``softcap`` with a
+            backend other than ``sdpa`` / ``auto``.
     """
     ctx = _context(module, kwargs)
     window = _check_call(module, ctx, query, key, dropout, kwargs)
@@ -254,17 +257,25 @@ def atac_cp_attention(
         else:  # cp_size 1: the "gathered" buffer is this rank's own rows, no collective
             wait = lambda: _split(send, dk)  # noqa: E731
 
-    sinks = kwargs.get("s_aux")
-    if sinks is None:
-        out_SHD = run_backend(ctx.backend, q_HSD, k_KSD, v_KSD, layout, ctx.cache, wait, scaling=scale, window=window)
-    else:  # only the sdpa backend applies sinks ("auto" picks it for them)
-        out_SHD = run_backend("sdpa", q_HSD, k_KSD, v_KSD, layout, ctx.cache, wait, scaling=scale, window=window,
-                              sinks=sinks.reshape(-1))
+    extra = _score_options(kwargs)
+    # only the sdpa backend applies sinks and soft-capping ("auto" picks it for them)
+    out_SHD = run_backend("sdpa" if extra else ctx.backend, q_HSD, k_KSD, v_KSD, layout, ctx.cache, wait,
+                          scaling=scale, window=window, **extra)
     if gather is not None and not gather.waited:
         # this rank attends to no gathered key: still wait, and keep the backward
         # reduce-scatter in the graph (the other ranks take part in it)
         out_SHD = attach(out_SHD, gather.wait())
     return out_SHD.unsqueeze(0).contiguous(), None
+
+
+def _score_options(kwargs: dict) -> dict:
+    """The sdpa backend's ``sinks`` / ``softcap`` arguments from a call's ``s_aux`` / ``softcap``."""
+    extra = {}
+    if kwargs.get("s_aux") is not None:
+        extra["sinks"] = kwargs["s_aux"].reshape(-1)
+    if kwargs.get("softcap") is not None:
+        extra["softcap"] = float(kwargs["softcap"])
+    return extra
 
 
 def register_attention(name: str = ATTN_IMPLEMENTATION) -> str:
@@ -301,6 +312,7 @@ def emulate_cp_attention(
     caches: list[dict] | None = None,
     per_rank_hook: Callable[[int, torch.Tensor], None] | None = None,
     sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Run every rank of ``plan`` in one process (the gather is a concatenation).
 
@@ -314,17 +326,19 @@ def emulate_cp_attention(
         scaling, window: as in :func:`atac_cp_attention`.
         caches: optional per-rank dicts for the index tensors (reused across calls).
         per_rank_hook: called with (rank, out_SHD) after each rank.
-        sinks: (H,) attention sinks (``s_aux``), applied by the ``sdpa`` backend only.
+        sinks: (H,) attention sinks (``s_aux``); softcap: attention logit soft-capping; both
+            applied by the ``sdpa`` backend only.
 
     Returns:
         (N, H, D) output in row order.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; legal values: {sorted(BACKENDS)}")
-    if sinks is not None and backend not in SINK_BACKENDS:
-        raise NotImplementedError(f"attention sinks need a backend of {list(SINK_BACKENDS)}, got {backend!r}")
-    extra = {} if sinks is None else {"sinks": sinks.reshape(-1)}
-    backend = "sdpa" if sinks is not None else backend
+    extra = _score_options({"s_aux": sinks, "softcap": softcap})
+    if extra and backend not in SINK_BACKENDS:
+        raise NotImplementedError(f"attention sinks and soft-capping need a backend of {list(SINK_BACKENDS)}, "
+                                  f"got {backend!r}")
+    backend = "sdpa" if extra else backend
     C, dev = plan.cp_size, q_HND.device
     scale = q_HND.shape[-1] ** -0.5 if scaling is None else float(scaling)
     caches = caches if caches is not None else [{} for _ in range(C)]
