@@ -8,11 +8,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import secrets
 from typing import Any, Mapping
 
 from .._io import load_json
 
-__all__ = ["PROFILE_FORMAT", "load_profile", "model_from_dict", "model_to_dict", "save_profile"]
+__all__ = ["PROFILE_FORMAT", "load_profile", "model_from_dict", "model_to_dict", "profile_text", "save_profile"]
 
 PROFILE_FORMAT = "atac-hf/cost-profile/v1"
 
@@ -77,12 +78,67 @@ def _cut(k: Any) -> str:
 
 
 def model_to_dict(model: Any, /, **metadata: Any) -> dict[str, Any]:
-    """The profile JSON object of a cost model, ``metadata`` kept beside it."""
-    return {"format": PROFILE_FORMAT, "cost_model": dataclasses.asdict(model), "metadata": metadata}
+    """The profile JSON object of a cost model, ``metadata`` kept beside it (numpy numbers and
+    arrays become plain Python numbers and lists, so the object always serialises)."""
+    return {"format": PROFILE_FORMAT, "cost_model": _plain(dataclasses.asdict(model)), "metadata": _plain(metadata)}
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with numpy scalars (``np.float32``, ``np.int64``, ``np.bool_``) and arrays turned
+    into Python numbers and lists, recursively through dicts, lists and tuples."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if type(value).__module__ == "numpy":
+        if hasattr(value, "tolist"):  # np.generic and np.ndarray
+            return _plain(value.tolist())
+    return value
+
+
+def profile_text(model: Any, /, **metadata: Any) -> str:
+    """The JSON text :func:`save_profile` writes.
+
+    Raises:
+        ValueError: a metadata value (or a field) is not JSON-serialisable; the message names it.
+    """
+    data = model_to_dict(model, **metadata)
+    try:
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+    except (TypeError, ValueError) as e:
+        bad = [k for k, v in data["metadata"].items() if not _serialisable(v)]
+        where = f"metadata {bad}" if bad else "its cost_model fields"
+        raise ValueError(f"cost profile cannot be written: {where} are not JSON-serialisable ({e}); "
+                         "pass plain numbers, strings, lists or dicts") from None
+
+
+def _serialisable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def save_profile(model: Any, path: str | os.PathLike, /, **metadata: Any) -> None:
-    """Write a cost model as a JSON profile."""
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(model_to_dict(model, **metadata), f, indent=2, sort_keys=True)
-        f.write("\n")
+    """Write a cost model as a JSON profile.
+
+    Atomic: the JSON text is built first (a value that cannot be serialised raises before any
+    file is touched), written to a temporary file in the same folder and moved over ``path``
+    with :func:`os.replace`, so an existing profile is either fully replaced or left as it was.
+    """
+    text = profile_text(model, **metadata)
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -1,0 +1,52 @@
+"""Reliability, third red-team pass: atomic profile saves, calibrate/bench/check-model flags
+checked before anything runs, and ``dataset:`` / lengths-file workloads validated entry by entry.
+Every user error is one ``atac-hf <cmd>: error: ...`` line, exit code 2, and changes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+
+from atac_hf.cli import main
+from atac_hf.cost import CostModel, default_cost_model
+
+
+def _one_error_line(capsys, argv: list[str], match: str) -> str:
+    rc = main(argv)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip() and "it/s" not in ln]
+    assert rc == 2, (argv, rc, err[:500])
+    assert len(lines) == 1 and lines[0].startswith(f"atac-hf {argv[0]}: error: "), (argv, err[:500])
+    assert "Traceback" not in err
+    assert re.search(match, lines[0]), (match, lines[0][:500])
+    return lines[0]
+
+
+# ---------------------------------------------------------------- 1. atomic profile saves
+def test_save_numpy_metadata_and_fields_roundtrip(tmp_path):
+    p = tmp_path / "prof.json"
+    cm = default_cost_model()
+    cm.save(p, fit_error=np.float32(0.01), n=np.int64(3), ok=np.bool_(True), arr=np.arange(3))
+    data = json.loads(p.read_text())
+    assert data["metadata"] == {"fit_error": pytest.approx(0.01), "n": 3, "ok": True, "arr": [0, 1, 2]}
+    cm2 = cm.replace(tile=np.int64(64), attn_s_per_pair=np.float32(1e-12))
+    cm2.save(p)
+    back = CostModel.from_profile(p)
+    assert back.tile == 64 and type(json.loads(p.read_text())["cost_model"]["tile"]) is int
+    assert back.attn_s_per_pair == pytest.approx(1e-12)
+
+
+def test_save_failure_leaves_existing_profile_untouched(tmp_path):
+    p = tmp_path / "prof.json"
+    cm = default_cost_model()
+    cm.save(p, device="cpu")
+    before = p.read_bytes()
+    with pytest.raises(ValueError, match=r"metadata \['bad'\].*JSON-serialisable"):
+        cm.save(p, bad=object())
+    assert p.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["prof.json"]  # no temp file left behind
+    assert CostModel.from_profile(p).name == cm.name
