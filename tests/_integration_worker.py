@@ -116,7 +116,17 @@ def main(out_path: str, cp_size: int, mode: str = "all") -> None:
     results["lora"] = history(t)
     # 4. evaluation of a fresh model (every eval pack)
     t = make_trainer(cp_size, os.path.join(tmp, "eval"), eval_ds=dataset(60, seed=2))
-    results["eval"] = {"eval_loss": t.evaluate()["eval_loss"]}
+    # predict() packs the test set like the eval set, and its loss is every CP rank's share
+    # (a second loop: Trainer resets its gather function after each one)
+    seen = []
+    orig = t._prepare_context_parallel_inputs
+    t._prepare_context_parallel_inputs = lambda m, inputs: seen.append(int(inputs["input_ids"].numel())) or orig(m, inputs)
+    first = t.evaluate()["eval_loss"]
+    eval_rows, seen[:] = list(seen), []
+    pred = t.predict(dataset(60, seed=2)).metrics["test_loss"]
+    t._prepare_context_parallel_inputs = orig
+    results["eval"] = {"eval_loss": first, "test_loss": pred, "again": t.evaluate()["eval_loss"],
+                       "eval_rows": eval_rows, "predict_rows": seen}
     # 5. checkpoint at step 3 of 6 (mid-epoch), then resume in a fresh trainer
     run_dir = os.path.join(tmp, "resume")
     t = make_trainer(cp_size, run_dir, max_steps=6, save_steps=3)

@@ -75,6 +75,17 @@ def test_eval_loss_under_cp_equals_single_device(results):
     _close(results[1]["eval"]["eval_loss"], results[0]["eval"]["eval_loss"])
 
 
+def test_predict_packs_and_its_loss_under_cp_equals_single_device(results):
+    """predict() after evaluate(): packed rows under max_tokens (not Trainer's default loader),
+    the same loss as evaluate() on the same set, at CP 2 as at CP 1, and evaluate() again too."""
+    for r in results:
+        ev = r["eval"]
+        assert ev["predict_rows"] and ev["predict_rows"] == ev["eval_rows"]
+        _close(ev["test_loss"], ev["eval_loss"])
+        _close(ev["again"], ev["eval_loss"])
+    _close(results[1]["eval"]["test_loss"], results[0]["eval"]["test_loss"])
+
+
 def test_dp2_x_cp2_matches_one_process_with_grad_accum(results, tmp_path):
     """4 processes (DP 2 x CP 2, one pack per replica per step) == 1 process with 2 micro-batches."""
     torchrun(4, WORKER, tmp_path / "dp.json", 2, "dp")

@@ -296,6 +296,22 @@ class ATACTrainer(Trainer):
         check_dataset_columns(eval_dataset, name="eval_dataset", streaming=True)
         return self._atac_loader(eval_dataset, grad_accum=1, shuffle=False)[0]
 
+    def get_test_dataloader(self, test_dataset: Any):
+        """Prepared DataLoader of WFAP packs of the test set (``predict``), in data order, packed and
+        capped at ``max_tokens`` like the eval set."""
+        check_dataset_columns(test_dataset, name="test_dataset", streaming=True)
+        return self._atac_loader(test_dataset, grad_accum=1, shuffle=False)[0]
+
+    def evaluation_loop(self, *args: Any, **kwargs: Any):
+        """Trainer's loop (``evaluate`` and ``predict``), every CP rank's loss gathered: each is a
+        share of the same pack, which ``gather_for_metrics`` (Trainer's reset after every loop)
+        would drop as "duplicates" at the end of the loader."""
+        self.gather_function = self.accelerator.gather
+        try:
+            return super().evaluation_loop(*args, **kwargs)
+        finally:
+            self.gather_function = self.accelerator.gather
+
     # ------------------------------------------------------------------ the CP hook
     def _prepare_context_parallel_inputs(self, model: torch.nn.Module, inputs: dict[str, Any]):
         """Plan and shard the full packed batch (Trainer already counted ``num_items_in_batch`` on it)."""
