@@ -50,3 +50,54 @@ def test_save_failure_leaves_existing_profile_untouched(tmp_path):
     assert p.read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == ["prof.json"]  # no temp file left behind
     assert CostModel.from_profile(p).name == cm.name
+
+
+# ---------------------------------------------------------------- 2. calibrate --device / --budget-s
+@pytest.mark.parametrize("device", ["meta", "mps", "nope", "cuda:x", "CPU0"])
+def test_calibrate_refuses_unsupported_device_before_measuring(capsys, tmp_path, device):
+    out = tmp_path / "p.json"
+    line = _one_error_line(capsys, ["calibrate", "--quick", "--device", device, "-o", str(out)],
+                           r"--device .*legal values: cpu, cuda, cuda:N")
+    assert device in line
+    assert not out.exists()
+
+
+def test_calibrate_refuses_cuda_without_cuda(capsys, tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "p.json"
+    _one_error_line(capsys, ["calibrate", "--quick", "--device", "cuda", "-o", str(out)],
+                    r"--device 'cuda': CUDA is not available.*legal values here: cpu")
+    assert not out.exists()
+
+
+def test_calibrate_refuses_a_cuda_index_past_the_devices(capsys, tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    _one_error_line(capsys, ["calibrate", "--quick", "--device", "cuda:2", "-o", str(tmp_path / "p.json")],
+                    r"--device 'cuda:2': this machine has 2 CUDA device\(s\); legal values: cpu, cuda, cuda:0 to cuda:1")
+
+
+def test_calibrate_api_refuses_meta_device():
+    from atac_hf.cost.calibrate import calibrate
+
+    with pytest.raises(ValueError, match=r"device='meta' is not supported; legal values"):
+        calibrate("tiny", device="meta", quick=True)
+
+
+@pytest.mark.parametrize("budget", ["nan", "-5", "0", "inf", "abc"])
+def test_calibrate_refuses_bad_budget(capsys, tmp_path, budget):
+    out = tmp_path / "p.json"
+    _one_error_line(capsys, ["calibrate", "--quick", "--budget-s", budget, "-o", str(out)],
+                    r"--budget-s .* must be a finite number of seconds > 0.*'none'")
+    assert not out.exists()
+
+
+def test_calibrate_budget_parsing():
+    from atac_hf.cost.cli import _parse_budget, check_device
+
+    assert _parse_budget(None) is None and _parse_budget("none") == 0.0 and _parse_budget("2.5") == 2.5
+    assert check_device(None) is None and check_device(" CPU ") == "cpu"

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -353,6 +354,9 @@ def calibrate(model: Any = "tiny", *, device: str | None = None, quick: bool = F
                          "(flex runs whole layouts in one call: calibrate sdpa for it)")
     cuda_ok = torch.cuda.is_available()
     dev = device or ("cuda" if cuda_ok else "cpu")
+    if not isinstance(dev, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", dev):
+        raise ValueError(f"device={dev!r} is not supported; legal values: 'cpu', 'cuda', 'cuda:N' (the timings "
+                         "and the profile's device label need a real CPU or CUDA device)")
     if dev.startswith("cuda") and not cuda_ok:
         raise ValueError(f"device={dev!r} requested but CUDA is not available (use device='cpu')")
     cuda = dev.startswith("cuda")
@@ -389,7 +393,7 @@ def _measure_and_fit(dims: ModelDims, tp_size: int, dev: str, cuda: bool, clock:
     if capped_from is not None:
         say(f"max_len={max_len} would take about {estimate_seconds(make_grid(max_len), s_tok, s_pair) / 60:.0f} min "
             f"here (estimated); measuring documents up to {got or 'the base grid'} instead to stay within the "
-            f"budget of {budget_s:g} s (longer documents are extrapolated; raise the budget, e.g. --budget-s 0 "
+            f"budget of {budget_s:g} s (longer documents are extrapolated; raise the budget, or --budget-s none "
             "for none, to measure them)")
     say(f"{sum(len(g.get(k, [])) for k in ('linear', 'attention', 'chunks', 'heldout', 'heldout_shards'))} "
         f"measurements x {g['repeats'] + 1} rounds: estimated {est / 60:.1f} min")
