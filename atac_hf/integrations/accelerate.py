@@ -220,7 +220,8 @@ class ATACAccelerator(Accelerator):
 
     Per batch: :meth:`shard` (plan + shard + loss normaliser), then the usual
     ``accelerator.backward(loss)``. Each rank's loss is its share of the pack's loss scaled by
-    ``num_processes / tp_size x gradient_accumulation_steps``, so DDP/FSDP's gradient mean over
+    ``num_processes / tp_size x gradient_accumulation_steps`` (given the step's count; without it
+    by ``num_processes / tp_size`` over this pack's count), so DDP/FSDP's gradient mean over
     dp x cp (with TP: :meth:`backward`'s own mean over dp x cp) and the division in
     ``backward`` leave exactly the single-device gradient; :meth:`reduce_loss` gives the pack's
     loss. With ``tp_size > 1`` (``parallelism_config=ParallelismConfig(tp_size=T, cp_size=C)``
@@ -341,17 +342,24 @@ class ATACAccelerator(Accelerator):
         Args:
             batch: the full packed batch (the same on every CP rank of the replica).
             num_items_in_batch: the step's global target count (:meth:`count_items` over the
-                accumulated micro-batches); ``None`` counts this batch (collective).
+                accumulated micro-batches: every target of the step weighs the same, as Trainer
+                does); ``None`` counts this batch alone (collective), and the step then averages
+                its micro-batches' means, as stock Accelerate's ``loss`` and ``accumulate`` do.
 
         Returns:
             ``shard_batch``'s dict; its ``num_items_in_batch`` is the global count divided by
-            ``num_processes / tp_size x gradient_accumulation_steps`` (see the class docstring).
+            ``num_processes / tp_size x gradient_accumulation_steps`` (see the class docstring),
+            or with ``None`` this batch's count divided by ``num_processes / tp_size``
+            (``backward`` divides by ``gradient_accumulation_steps``).
         """
         if self.sharder is None:
             raise RuntimeError("call accelerator.prepare(model, ...) before shard(): it selects the atac_cp "
                                "attention and builds the planner's cost model")
-        n = self.count_items(batch) if num_items_in_batch is None else num_items_in_batch
-        norm = max(float(n), 1.0) / (self.num_processes // self.tp_size * self.gradient_accumulation_steps)
+        if num_items_in_batch is None:  # this micro-batch's mean: the step averages the micro-batches' means
+            norm = max(float(self.count_items(batch)), 1.0) / (self.num_processes // self.tp_size)
+        else:
+            norm = max(float(num_items_in_batch), 1.0) / (self.num_processes // self.tp_size
+                                                          * self.gradient_accumulation_steps)
         return self.sharder(batch, num_items_in_batch=norm)
 
     def reduce_loss(self, loss: torch.Tensor) -> torch.Tensor:
