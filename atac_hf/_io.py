@@ -13,9 +13,10 @@ import json
 import os
 import re
 import stat
+import tempfile
 from typing import Any
 
-__all__ = ["MAX_JSON_BYTES", "MAX_JSON_DEPTH", "load_json"]
+__all__ = ["MAX_JSON_BYTES", "MAX_JSON_DEPTH", "check_output_dir", "check_output_file", "load_json"]
 
 #: Largest JSON text read (bytes, after decompression): 64M lengths of 3-4 digits fit.
 MAX_JSON_BYTES = 256 * 2**20
@@ -88,3 +89,85 @@ def _max_depth(text: str) -> int:
             else:
                 depth -= 1
     return best
+
+
+def check_output_file(path: str | os.PathLike, flag: str, what: str, *, example: str = "out.json",
+                      make_folders: bool = False) -> None:
+    """Refuse an output file path before any work is done (a run may take minutes).
+
+    Args:
+        path: the file to be written.
+        flag: the option that named it (``"--output"``), for messages.
+        what: what the file is (``"profile"``, ``"report"``).
+        example: a file name the message suggests when ``path`` is a directory.
+        make_folders: the writer creates missing folders (then the nearest existing folder
+            above must be writable); otherwise the folder must exist.
+
+    Raises:
+        ValueError: ``path`` is a directory or an existing non-regular file (a device, a pipe),
+            its folder is missing (``make_folders=False``) or not a folder, or nothing can be
+            written there (probed with a temporary file that is removed at once).
+    """
+    shown = _shown(path)
+    out = os.path.abspath(os.fspath(path))
+    if os.path.isdir(out):
+        raise ValueError(f"{flag} {shown} is a directory; give the {what}'s file name (e.g. {example})")
+    if os.path.exists(out) and not os.path.isfile(out):
+        raise ValueError(f"{flag} {shown} exists and is not a regular file (a device or pipe); give a file name "
+                         f"for the {what}")
+    folder = os.path.dirname(out)
+    if not os.path.isdir(folder):
+        if not make_folders:
+            raise ValueError(f"{flag} {shown}: the folder {folder!r} does not exist; create it first or choose "
+                             f"another {flag}")
+        folder = _existing_ancestor(folder, flag, shown)
+    if os.path.exists(out) and not os.access(out, os.W_OK):
+        raise ValueError(f"{flag} {shown} is not writable here; choose another {flag}")
+    _probe_writable(folder, flag, shown)
+
+
+def check_output_dir(path: str | os.PathLike, flag: str) -> None:
+    """Refuse an output folder before any work is done: it must be a directory (or not exist yet,
+    under a writable folder: the writer creates it) where files can be written.
+
+    Raises:
+        ValueError: ``path`` exists and is not a directory, or nothing can be written there.
+    """
+    shown = _shown(path)
+    out = os.path.abspath(os.fspath(path))
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"{flag} {shown} exists and is not a directory; give a folder for the files (it is "
+                         "created if missing)")
+    _probe_writable(out if os.path.isdir(out) else _existing_ancestor(out, flag, shown), flag, shown)
+
+
+def _shown(path: Any) -> str:
+    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else str(path)
+    return repr(text) if len(text) <= 200 else repr(text[:197] + "...")
+
+
+def _existing_ancestor(folder: str, flag: str, shown: str) -> str:
+    """The nearest existing path above ``folder``; it must be a directory."""
+    up = folder
+    while not os.path.exists(up):
+        parent = os.path.dirname(up)
+        if parent == up:
+            break
+        up = parent
+    if not os.path.isdir(up):
+        raise ValueError(f"{flag} {shown}: {up!r} is not a folder, so the folders below it cannot be created; "
+                         f"choose another {flag}")
+    return up
+
+
+def _probe_writable(folder: str, flag: str, shown: str) -> None:
+    """Create (and at once remove) a temporary file in ``folder``: os.access alone says yes to root
+    everywhere, even where the kernel refuses (``/proc``, a read-only mount)."""
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"{flag} {shown} is not writable here (folder {folder!r}); choose another {flag}")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ValueError(f"{flag} {shown} is not writable here (folder {folder!r}: {e.strerror or e}); choose "
+                         f"another {flag}") from None

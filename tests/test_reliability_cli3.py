@@ -101,3 +101,46 @@ def test_calibrate_budget_parsing():
 
     assert _parse_budget(None) is None and _parse_budget("none") == 0.0 and _parse_budget("2.5") == 2.5
     assert check_device(None) is None and check_device(" CPU ") == "cpu"
+
+
+# ---------------------------------------------------------------- 3. bench checks its flags first
+@pytest.fixture
+def bench_never_runs(monkeypatch):
+    from atac_hf.sim import bench
+
+    def ran(*a, **k):
+        raise AssertionError("bench ran the grid before checking its arguments")
+
+    monkeypatch.setattr(bench, "run_grid", ran)
+    monkeypatch.setattr(bench, "run_robustness_grid", ran)
+
+
+def test_bench_output_directory_refused_before_running(capsys, tmp_path, bench_never_runs):
+    (tmp_path / "reports").mkdir()
+    _one_error_line(capsys, ["bench", "--workers", "1", "--output", str(tmp_path / "reports")],
+                    r"--output '.*reports' is a directory; give the report's file name")
+    assert [p.name for p in tmp_path.iterdir()] == ["reports"] and not list((tmp_path / "reports").iterdir())
+
+
+def test_bench_unwritable_output_and_plots_dir_refused_before_running(capsys, tmp_path, bench_never_runs):
+    _one_error_line(capsys, ["bench", "--workers", "1", "--output", "/proc/nope/BENCH.md"],
+                    r"--output '/proc/nope/BENCH.md' is not writable here")
+    (tmp_path / "f").write_text("x")
+    _one_error_line(capsys, ["bench", "--workers", "1", "--output", str(tmp_path / "f" / "R.md")],
+                    r"--output .* is not a folder")
+    _one_error_line(capsys, ["bench", "--workers", "1", "--output", str(tmp_path / "R.md"),
+                             "--plots-dir", str(tmp_path / "f")], r"--plots-dir .* exists and is not a directory")
+    _one_error_line(capsys, ["bench", "--workers", "1", "--output", str(tmp_path / "R.md"),
+                             "--plots-dir", "/proc/nope/img"], r"--plots-dir '/proc/nope/img' is not writable here")
+    assert [p.name for p in tmp_path.iterdir()] == ["f"]
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--seed", "-1"], r"--seed -1 must be from 0 to"),
+    (["--workers", "-3"], r"--workers -3 must be from 1 to 1024"),
+    (["--workers", "0"], r"--workers 0 must be from 1 to 1024"),
+    (["--scenarios", ","], r"--scenarios ',' names no scenario; give comma-separated names from \["),
+    (["--scenarios", " "], r"--scenarios ' ' names no scenario"),
+])
+def test_bench_flags_refused_before_running(capsys, bench_never_runs, argv, match):
+    _one_error_line(capsys, ["bench", *argv], match)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import sys
 
@@ -50,18 +49,9 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
 
 def _check_args(args: argparse.Namespace) -> None:
     """Refuse bad arguments before anything is measured (a calibration takes minutes)."""
-    out = os.path.abspath(os.fspath(args.output))
-    folder = os.path.dirname(out)
-    if os.path.isdir(out):
-        raise ValueError(f"--output {args.output!r} is a directory; give the profile's file name (e.g. profile.json)")
-    if os.path.exists(out) and not os.path.isfile(out):
-        raise ValueError(f"--output {args.output!r} exists and is not a regular file (a device or pipe); give a "
-                         "file name for the profile")
-    if not os.path.isdir(folder):
-        raise ValueError(f"--output {args.output!r}: the folder {folder!r} does not exist; create it first or "
-                         "choose another --output")
-    if not os.access(folder, os.W_OK) or (os.path.exists(out) and not os.access(out, os.W_OK)):
-        raise ValueError(f"--output {args.output!r} is not writable here; choose another --output")
+    from .._io import check_output_file
+
+    check_output_file(args.output, "--output", "profile", example="profile.json")
     args.device = check_device(args.device)
     args.budget_s = _parse_budget(args.budget_s)
     for name, value, low, high in (("--tp-size", args.tp_size, 1, 1024), ("--threads", args.threads, 1, 1024),

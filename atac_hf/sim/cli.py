@@ -256,11 +256,27 @@ def bench_command(args: argparse.Namespace) -> str:
     return " ".join(shlex.quote(str(x)) for x in parts)
 
 
+#: Most ``--workers`` processes bench starts.
+MAX_WORKERS = 1024
+#: ``--seed`` range (numpy's generators take any integer >= 0; beyond 2^63 it is a typo).
+MAX_SEED = 2**63 - 1
+
+
+def _check_bench_args(args: argparse.Namespace) -> None:
+    """``--workers`` and ``--seed`` in range, before anything runs."""
+    for name, value, low, high in (("--workers", args.workers, 1, MAX_WORKERS), ("--seed", args.seed, 0, MAX_SEED)):
+        if value is not None and not low <= value <= high:
+            shown = value if abs(value) < 10**30 else "<huge>"
+            raise ValueError(f"{name} {shown} must be from {low} to {high}"
+                             + (" (or omit it: one per CPU)" if name == "--workers" else ""))
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from .bench import FEATURED_SCENARIO, PAPER_SCENARIO, PAPER_SPLIT, _lengths, default_grid, run_grid
     from .plots import have_matplotlib, plot_all
     from .report import COMBO_LEGEND, combo_table, grid_table, headline, markdown_section, summarise_grid, write_section
 
+    _check_bench_args(args)
     if args.workload_file and not os.path.exists(args.workload_file):
         raise ValueError(f"--workload-file {args.workload_file!r} does not exist")
     if args.plots_dir and not args.output:
@@ -273,9 +289,18 @@ def run_bench(args: argparse.Namespace) -> int:
                          "(scripts/bench_robustness.py --output writes its section): drop --output or the --eval "
                          "options")
     write = bool(args.output) and not args.no_write
+    if write:  # before the grid runs (minutes): a bad path must not cost the run, nor leave plots behind
+        from .._io import check_output_dir, check_output_file
+
+        check_output_file(args.output, "--output", "report", example="BENCHMARKS.md", make_folders=True)
+        if args.plots_dir:
+            check_output_dir(args.plots_dir, "--plots-dir")
     grid = default_grid(args.workload_file)
-    if args.scenarios:
+    if args.scenarios is not None:
         want = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+        if not want:
+            raise ValueError(f"--scenarios {args.scenarios!r} names no scenario; give comma-separated names "
+                             f"from {[s.name for s in grid]} (or omit --scenarios for all)")
         unknown = sorted(set(want) - {s.name for s in grid})
         if unknown:
             raise ValueError(f"--scenarios: unknown {unknown}; legal: {[s.name for s in grid]}")
