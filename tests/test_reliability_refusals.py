@@ -270,3 +270,36 @@ def test_a_local_data_file_workload_is_read_not_looked_up_on_the_hub(tmp_path, s
     assert lengths_from_dataset(str(path)).tolist() == [5, 7, 3]
     assert lengths_from_dataset(str(path), column="input_ids").tolist() == [5, 7, 3]
     assert load_workload(f"dataset:{path}").tolist() == [5, 7, 3]
+
+
+def test_planners_what_ifs_stay_valid_models_at_the_price_bound():
+    """A legal price near MAX_PRICE_S (6e5 s a pair): ATP's 0.25x-4x check and WFAP's price band
+    scale it past the bound; they cap it there instead of refusing a setting the user never made
+    (red-team 3: "attn_s_per_pair must be ... at most 1e+06, got 1200000.0")."""
+    from atac_hf.cost import default_cost_model
+    from atac_hf.cost.model import MAX_PRICE_S, scale_attention_price
+    from atac_hf.packing import PackingConfig, pack_lengths
+    from atac_hf.sharding import plan_shards
+
+    cm = default_cost_model().replace(attn_s_per_pair=6e5)
+    plan = plan_shards([218, 49, 97, 291], 3, "atp", cm, max_tokens_per_rank=220, min_chunk=2)
+    assert plan.rank_num_tokens().max() <= 220 and plan.rank_num_tokens().sum() == 655
+    res = pack_lengths([100, 200, 300, 50], PackingConfig(max_tokens=400, packs_per_window=2, price_band=(0.5, 2.0)),
+                       cm)
+    assert sorted(e - s for p in res.packs for _, s, e in p) == [50, 100, 200, 300]
+    m = default_cost_model().replace(masked_attn_s_per_pair=4e5)
+    up = scale_attention_price(m, 4.0)
+    assert (up.attn_s_per_pair, up.masked_attn_s_per_pair) == (m.attn_s_per_pair * 4.0, MAX_PRICE_S)
+    assert scale_attention_price(m, 0.5).masked_attn_s_per_pair == 2e5
+
+
+def test_eval_attention_scale_past_the_price_bound_names_the_flag():
+    from atac_hf.cost import default_cost_model
+    from atac_hf.sim.robustness import scale_attention
+
+    cm = default_cost_model()
+    with pytest.raises(ValueError, match=r"attention price scale 1e\+300 prices a pair at .* over the cost model's "
+                                         r"1e\+06 s bound; legal scales for this model: up to .* \(set "
+                                         r"--eval-attn-scale\)"):
+        scale_attention(cm, 1e300)
+    assert scale_attention(cm, 2.0).attn_s_per_pair == 2.0 * cm.attn_s_per_pair

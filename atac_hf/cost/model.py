@@ -420,3 +420,14 @@ class CostModel:
 def default_cost_model() -> CostModel:
     """The model planners use when none is given: a Llama-3-8B-like layer on an H100."""
     return CostModel.from_model("8b", "H100")
+
+
+def scale_attention_price(cost_model: CostModel, factor: float, *, name: str | None = None) -> CostModel:
+    """``cost_model`` with every attention pair price (causal and masked) times ``factor`` (> 0),
+    each capped at :data:`MAX_PRICE_S`: the planners' what-ifs (a price band, ATP's 0.25x-4x check)
+    stay valid models for every price a model may hold (a 4x of a legal 6e5 s is not a user's
+    setting to refuse). ``name``: the scaled model's name (default: the model's own)."""
+    masked = cost_model.masked_attn_s_per_pair
+    fields = dict(attn_s_per_pair=min(cost_model.attn_s_per_pair * factor, MAX_PRICE_S),
+                  masked_attn_s_per_pair=None if masked is None else min(masked * factor, MAX_PRICE_S))
+    return cost_model.replace(**fields, **({} if name is None else {"name": name}))

@@ -44,6 +44,7 @@ import functools
 import numpy as np
 
 from ..cost import CostModel
+from ..cost.model import scale_attention_price
 from .plan import ShardPlan
 from .segments import _doc_work_lower_bounds, causal_pairs, finish_flat, row_offsets
 
@@ -208,8 +209,7 @@ def rank_compute(per_rank: list[np.ndarray], cm: CostModel) -> np.ndarray:
 def _scaled(cm: CostModel, k: float) -> CostModel:
     """``cm`` with every attention pair price times ``k`` (cached: models are frozen, and
     building one validates every field)."""
-    m = cm.masked_attn_s_per_pair
-    return cm.replace(attn_s_per_pair=cm.attn_s_per_pair * k, masked_attn_s_per_pair=None if m is None else m * k)
+    return scale_attention_price(cm, k)
 
 
 def _slot_line(size: np.ndarray, C: int, node: int) -> tuple[list[tuple[float, float]], list[tuple[int, int]]]:

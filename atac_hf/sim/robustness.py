@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..cost import CostModel
+from ..cost.model import MAX_PRICE_S, scale_attention_price
 from ..packing.metrics import pack_costs
 from .cluster import ClusterConfig
 from .results import SimResult
@@ -41,10 +42,12 @@ def scale_attention(cost_model: CostModel, scale: float) -> CostModel:
     if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) \
             or not np.isfinite(scale) or scale <= 0:
         raise ValueError(f"attention price scale must be a finite number > 0, got {scale!r} (set --eval-attn-scale)")
-    masked = cost_model.masked_attn_s_per_pair
-    return cost_model.replace(attn_s_per_pair=cost_model.attn_s_per_pair * float(scale),
-                              masked_attn_s_per_pair=None if masked is None else masked * float(scale),
-                              name=f"{cost_model.name}x{float(scale):g}attn")
+    top = max(cost_model.attn_s_per_pair, cost_model.masked_attn_s_per_pair or 0.0)
+    if top * float(scale) > MAX_PRICE_S:
+        raise ValueError(f"attention price scale {float(scale):g} prices a pair at {top * float(scale):g} s, over the "
+                         f"cost model's {MAX_PRICE_S:g} s bound; legal scales for this model: up to "
+                         f"{MAX_PRICE_S / top:g} (set --eval-attn-scale)")
+    return scale_attention_price(cost_model, float(scale), name=f"{cost_model.name}x{float(scale):g}attn")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from ...cost import CostModel
+from ...cost.model import scale_attention_price  # noqa: F401  (re-exported: tests, callers)
 from ..config import PackingConfig
 
 Item = tuple  # (sample_id, start, end, arrival, seq, frag)
@@ -99,13 +100,6 @@ class BalanceModels:
     def costs(self, lengths: np.ndarray) -> np.ndarray:
         """(n, K) scaled cost of each span length under each model."""
         return np.stack([m.doc_cost(lengths) * s for m, s in zip(self.models, self.scale.tolist())], axis=1)
-
-
-def scale_attention_price(cost_model: CostModel, factor: float) -> CostModel:
-    """``cost_model`` with every attention pair price (causal and masked) times ``factor``."""
-    masked = cost_model.masked_attn_s_per_pair
-    return cost_model.replace(attn_s_per_pair=cost_model.attn_s_per_pair * factor,
-                              masked_attn_s_per_pair=None if masked is None else masked * factor)
 
 
 def balance_models(config: PackingConfig, cost_model: CostModel, ref: float | None = None) -> BalanceModels:
