@@ -144,3 +144,32 @@ def test_bench_unwritable_output_and_plots_dir_refused_before_running(capsys, tm
 ])
 def test_bench_flags_refused_before_running(capsys, bench_never_runs, argv, match):
     _one_error_line(capsys, ["bench", *argv], match)
+
+
+# ---------------------------------------------------------------- 4. check-model --timeout / --world-size
+@pytest.fixture
+def no_probe(monkeypatch):
+    import atac_hf.integrations.check_cli as cc
+
+    def ran(*a, **k):
+        raise AssertionError("check-model spawned workers before checking its arguments")
+
+    monkeypatch.setattr(cc, "_run_items", ran)
+
+
+@pytest.mark.parametrize("timeout", ["nan", "inf", "-inf", "0", "-1"])
+def test_check_model_refuses_a_timeout_that_disables_the_watchdog(capsys, no_probe, timeout):
+    _one_error_line(capsys, ["check-model", "--model-type", "llama", f"--timeout={timeout}"],
+                    r"--timeout must be > 0 seconds and finite \(default 120.*got " + re.escape(timeout) + "$")
+
+
+@pytest.mark.parametrize("world", ["0", "-2", "65", "100000"])
+def test_check_model_bounds_world_size(capsys, no_probe, world):
+    _one_error_line(capsys, ["check-model", "--model-type", "llama", f"--world-size={world}"],
+                    rf"--world-size must be >= 1 and <= 64 .*got {world}")
+
+
+def test_check_model_checks_output_before_probing(capsys, no_probe, tmp_path):
+    _one_error_line(capsys, ["check-model", "--model-type", "llama", "--output", str(tmp_path)],
+                    r"--output .* is a directory")
+    assert list(tmp_path.iterdir()) == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -261,11 +262,27 @@ def write_markdown(rows: list[dict], path: str, command: str) -> None:
         f.write("\n".join(lines) + "\n")
 
 
+#: Most gloo ranks ``--world-size`` may spawn (each a process holding a model copy, on this machine).
+MAX_WORLD_SIZE = 64
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Refuse bad flags before any worker is spawned."""
+    if not 1 <= args.world_size <= MAX_WORLD_SIZE:
+        shown = args.world_size if abs(args.world_size) < 10**30 else "<huge>"
+        raise ValueError(f"--world-size must be >= 1 and <= {MAX_WORLD_SIZE} (gloo processes on this machine; "
+                         f"default 2), got {shown}")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise ValueError(f"--timeout must be > 0 seconds and finite (default 120; nan or inf would disable the "
+                         f"watchdog), got {args.timeout:g}")
+    if args.output:
+        from .._io import check_output_file
+
+        check_output_file(args.output, "--output", "report", example="MODELS.md")
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.world_size < 1:
-        raise ValueError(f"--world-size must be >= 1, got {args.world_size}")
-    if args.timeout <= 0:
-        raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    _check_args(args)
     items = _items(args)
     bar = None
     if len(items) > 1:
