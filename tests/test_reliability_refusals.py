@@ -303,3 +303,17 @@ def test_eval_attention_scale_past_the_price_bound_names_the_flag():
                                          r"--eval-attn-scale\)"):
         scale_attention(cm, 1e300)
     assert scale_attention(cm, 2.0).attn_s_per_pair == 2.0 * cm.attn_s_per_pair
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "8"])
+def test_layouts_refuse_a_window_that_is_not_a_positive_int(bad):
+    """0 or -3 gave layouts whose segments had fewer keys than queries; 2.5 and True were used as
+    numbers (red-team 3)."""
+    from atac_hf.sharding import plan_shards
+
+    plan = plan_shards([30, 9, 40], 2, "atp", kv_exchange="all_to_all")
+    with pytest.raises(ValueError, match=r"window must be None or an int >= 1 .*, got "):
+        plan.local_layout(0, bad)
+    with pytest.raises(ValueError, match=r"sliding_window must be None or an int >= 1"):
+        plan.local_layout(0).varlen_layout(bad)
+    assert plan.local_layout(0, 8).n_local == plan.local_layout(0).n_local

@@ -182,9 +182,10 @@ class ShardPlan:
         exchange layout. ``window``: the layer's sliding window; an ``all_to_all`` plan then
         exchanges only the keys inside it (the all-gather layout does not depend on it)."""
         self._check_rank(rank)
+        window = check_window(window)
         if self.kv_exchange != "all_to_all":
             window = None
-        key = ("layout", rank, None if window is None else int(window))
+        key = ("layout", rank, window)
         if key not in self._cache:
             self._cache[key] = _build_local_layout(self, rank, key[2])
         return self._cache[key]
@@ -266,6 +267,7 @@ class LocalLayout:
         or ``doc_end - (local queries) - (sliding_window - 1)`` clipped at 0 with a window,
         so that bottom-right causal alignment holds.
         """
+        sliding_window = check_window(sliding_window, "sliding_window")
         parts, cu_k, cu_q = [], [0], [0]
         for i in range(len(self.seg_doc)):
             ds, de = int(self.seg_doc_start[i]), int(self.seg_doc_end[i])
@@ -301,6 +303,19 @@ class VarlenLayout:
     cu_seqlens_k: np.ndarray
     max_seqlen_q: int
     max_seqlen_k: int
+
+
+def check_window(window, name: str = "window") -> int | None:
+    """``window`` as an int, or None.
+
+    Raises:
+        ValueError: not None and not an int >= 1 (bools and floats included).
+    """
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or int(window) < 1:
+        raise ValueError(f"{name} must be None or an int >= 1 (the layer's sliding window in tokens), got {window!r}")
+    return int(window)
 
 
 def _expand(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
