@@ -235,3 +235,24 @@ def test_gpt_oss_cp_training_equals_single_device(world, tmp_path):
     _dist.spawn(sinks_worker, world, str(out), timeout_s=600)
     stats = json.loads(out.read_text())
     assert stats["cases"] == 2 * 2 * 3 and stats["gathered"] > 0
+
+
+def test_prepare_model_refuses_sinks_or_softcap_with_another_backend_up_front():
+    from transformers import AutoModelForCausalLM, Gemma2Config
+
+    from atac_hf import ATACConfig
+    from atac_hf.integrations.sharder import prepare_model
+
+    model = _gpt_oss(torch.float32)
+    with pytest.raises(NotImplementedError, match=r"GptOssForCausalLM uses attention sinks \(s_aux\), which "
+                                                  r"attention_backend='varlen_reference' does not apply; legal values "
+                                                  r"for it: \['sdpa', 'auto'\]"):
+        prepare_model(model, ATACConfig(attention_backend="varlen_reference"))
+    assert model.config._attn_implementation == "eager"  # refused: nothing changed
+    prepare_model(model, ATACConfig(attention_backend="sdpa"))
+    assert model.config._attn_implementation == "atac_cp"
+    gemma = AutoModelForCausalLM.from_config(Gemma2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                          num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                                          vocab_size=64), attn_implementation="eager")
+    with pytest.raises(NotImplementedError, match=r"logit soft-capping \(attn_logit_softcapping=50.0\)"):
+        prepare_model(gemma, ATACConfig(attention_backend="varlen_reference"))

@@ -83,7 +83,8 @@ def prepare_model(model: torch.nn.Module, config: ATACConfig | None = None) -> t
         ValueError: see :func:`check_model_shardable`; a model tensor-parallelised at load time
             by transformers (:func:`~.tensor_parallel.check_not_presharded`).
         NotImplementedError: with ``config.cp_size > 1``, an MoE model that adds a router loss
-            (:func:`~atac_hf.attention.model_check.router_loss_refusal`).
+            (:func:`~atac_hf.attention.model_check.router_loss_refusal`); attention sinks or
+            logit soft-capping with an ``attention_backend`` other than ``sdpa`` / ``auto``.
     """
     from ..attention import ATTN_IMPLEMENTATION, register_attention
     from .tensor_parallel import check_not_presharded
@@ -98,10 +99,31 @@ def prepare_model(model: torch.nn.Module, config: ATACConfig | None = None) -> t
         if refused is not None:
             exc, reason = refused
             raise exc(f"{type(base).__name__} (model_type {getattr(base.config, 'model_type', '?')!r}) {reason}")
+    if config is not None:
+        _check_score_features(base, config.attention_backend)
     register_attention()
     if getattr(base.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
         base.set_attn_implementation(ATTN_IMPLEMENTATION)
     return model
+
+
+def _check_score_features(base: torch.nn.Module, backend: str) -> None:
+    """Refuse, before training, attention sinks or logit soft-capping with a backend that does not
+    apply them (the ``atac_cp`` attention would refuse at its first call)."""
+    from ..attention.runtime import SINK_BACKENDS
+
+    if backend in SINK_BACKENDS:
+        return
+    cfg = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
+    uses = []
+    if any(isinstance(getattr(m, "sinks", None), torch.nn.Parameter) for m in base.modules()):
+        uses.append("attention sinks (s_aux)")
+    if getattr(cfg, "attn_logit_softcapping", None) is not None:
+        uses.append(f"logit soft-capping (attn_logit_softcapping={cfg.attn_logit_softcapping})")
+    if uses:
+        raise NotImplementedError(
+            f"{type(base).__name__} uses {' and '.join(uses)}, which attention_backend={backend!r} does not apply; "
+            f"legal values for it: {list(SINK_BACKENDS)} (set attention_backend='sdpa' in ATACConfig)")
 
 
 def model_kv_bytes_per_token(model: torch.nn.Module) -> float:
