@@ -72,6 +72,8 @@ def load_json(path: str | os.PathLike, what: str, setting: str) -> Any:
         return json.loads(text)
     except (json.JSONDecodeError, RecursionError) as e:
         raise ValueError(f"{what} {path!r} is not valid JSON: {e}") from None
+    except ValueError as e:  # an int of more than 4300 digits (Python's int-from-string limit)
+        raise ValueError(f"{what} {path!r} cannot be parsed: {e} (check {setting})") from None
 
 
 def _max_depth(text: str) -> int:

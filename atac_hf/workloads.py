@@ -20,13 +20,15 @@ Sources, all deterministic:
   column default ``length``; a column of token lists is measured with ``len``).
 
 A workload *spec* (:func:`load_workload`) names any of these. Zero-length samples are
-dropped from files and datasets (packers skip them anyway).
+dropped from files and datasets (packers skip them anyway); a file or a dataset column holds
+at most :data:`MAX_NUM_SAMPLES` lengths, each an int from 0 to :data:`MAX_SAMPLE_LENGTH`.
 
 Numpy only (``datasets`` only for ``dataset:`` specs).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Callable
 
@@ -34,9 +36,14 @@ import numpy as np
 
 from ._io import load_json
 
-__all__ = ["BUILTIN_WORKLOADS", "SAMPLES", "WORKLOADS", "describe_lengths", "lengths_from_dataset",
+__all__ = ["BUILTIN_WORKLOADS", "MAX_NUM_SAMPLES", "MAX_SAMPLE_LENGTH", "SAMPLES", "WORKLOADS", "describe_lengths", "lengths_from_dataset",
            "lengths_from_json", "load_lengths", "load_workload", "longtail_lengths", "make_workload",
            "sample_path", "sample_stream", "sft_lengths", "uniform_lengths", "workload_name"]
+
+#: Most lengths a workload may hold (a built-in's ``--num-samples``, a lengths file, a dataset column).
+MAX_NUM_SAMPLES = 10_000_000
+#: Longest sample length accepted from a file or a dataset (``atac_hf.packing.config.MAX_LENGTH``, 2**40).
+MAX_SAMPLE_LENGTH = 2**40
 
 #: Length samples shipped with the package: name -> file in ``atac_hf/workload_data``.
 SAMPLES: dict[str, str] = {"wlbllm": "wlbllm_doc_lengths.json.gz"}
@@ -111,23 +118,49 @@ def make_workload(name: str, num_samples: int = 100_000, *, seed: int = 0, max_l
     return WORKLOADS[name](int(num_samples), **kwargs)
 
 
-def load_lengths(path: str | os.PathLike) -> np.ndarray:
+def load_lengths(path: str | os.PathLike, setting: str = "--lengths") -> np.ndarray:
     """Read a JSON array of sample lengths (ints >= 0; ``.json`` or gzip-compressed ``.json.gz``).
 
+    Args:
+        path: the file.
+        setting: the option that named it (``--lengths``, ``--workload``, ``--doc-lengths``), named
+            by every message.
+
     Raises:
-        ValueError: missing file, invalid JSON, not a flat array, or a bad entry (named
-            by index).
+        ValueError: missing file, invalid JSON, not a flat array, more than
+            :data:`MAX_NUM_SAMPLES` entries, or a bad entry (named by index): not an int,
+            negative, or over :data:`MAX_SAMPLE_LENGTH`.
     """
     path = os.fspath(path)
-    data = load_json(path, "lengths file", "--lengths")
+    data = load_json(path, "lengths file", setting)
     if not isinstance(data, list):
-        raise ValueError(f"lengths file {path!r} must hold a JSON array of ints, got a {type(data).__name__}")
+        raise ValueError(f"lengths file {path!r} must hold a JSON array of ints, got a {type(data).__name__} "
+                         f"(check {setting})")
+    if len(data) > MAX_NUM_SAMPLES:
+        raise ValueError(f"lengths file {path!r} holds {len(data):,} lengths, more than the {MAX_NUM_SAMPLES:,} "
+                         f"a workload may hold (atac_hf.workloads.MAX_NUM_SAMPLES); use a sample of it (check "
+                         f"{setting})")
     for i, v in enumerate(data):
         if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"lengths file {path!r}: entry {i} is {v!r}, not an int (sample lengths are token counts)")
+            raise ValueError(f"lengths file {path!r}: entry {i} is {_short(v)}, not an int (sample lengths are token "
+                             f"counts; check {setting})")
         if v < 0:
-            raise ValueError(f"lengths file {path!r}: entry {i} is {v}, a negative length")
+            raise ValueError(f"lengths file {path!r}: entry {i} is {_short(v)}, a negative length (check {setting})")
+        if v > MAX_SAMPLE_LENGTH:
+            raise ValueError(f"lengths file {path!r}: entry {i} is {_short(v)}, over the longest sample length "
+                             f"{MAX_SAMPLE_LENGTH} (2**40; check {setting})")
     return np.asarray(data, dtype=np.int64)
+
+
+def _short(v: Any) -> str:
+    """``repr(v)`` for messages, cut short (an int of 10^5 digits has no printable repr)."""
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 200:
+        return f"an int of {v.bit_length()} bits"
+    try:
+        text = repr(v)
+    except Exception:  # noqa: BLE001
+        text = f"<{type(v).__name__}>"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def describe_lengths(lengths: Any, long_threshold: int = 32_768) -> dict[str, float]:
@@ -149,18 +182,18 @@ def describe_lengths(lengths: Any, long_threshold: int = 32_768) -> dict[str, fl
     }
 
 
-def lengths_from_json(path: str | os.PathLike) -> np.ndarray:
+def lengths_from_json(path: str | os.PathLike, setting: str = "the workload setting") -> np.ndarray:
     """Read a JSON array of sample lengths (:func:`atac_hf.workloads.load_lengths`), zeros dropped.
 
     Raises:
         ValueError: a missing file, invalid JSON, not an array, a negative / non-integer
-            entry, or no positive length at all (naming the workload setting).
+            entry, or no positive length at all (naming ``setting``).
     """
-    arr = load_lengths(path)
+    arr = load_lengths(path, setting)
     arr = arr[arr > 0]
     if arr.size == 0:
         raise ValueError(f"workload file {os.fspath(path)!r} must hold a non-empty JSON array of positive ints "
-                         "(check the workload setting)")
+                         f"(check {setting})")
     return arr
 
 
@@ -168,45 +201,144 @@ def lengths_from_json(path: str | os.PathLike) -> np.ndarray:
 _FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv", ".arrow": "arrow"}
 
 
-def lengths_from_dataset(dataset: Any, column: str = "length") -> np.ndarray:
-    """Lengths from a column of a ``datasets.Dataset`` (ints, or token lists measured with ``len``).
+def lengths_from_dataset(dataset: Any, column: str = "length", setting: str = "the workload setting") -> np.ndarray:
+    """Lengths from a column of a ``datasets.Dataset``: ints >= 0 (as in a lengths file), or token
+    lists measured with ``len``; zeros are dropped.
 
     ``dataset`` may be a loaded dataset or a path / hub name: a directory is read with
     ``load_from_disk``, a local ``.parquet`` / ``.jsonl`` / ``.json`` / ``.csv`` / ``.arrow`` file
     with its format's builder, anything else with ``load_dataset(..., split="train")``.
 
     Raises:
-        ValueError: the column does not exist or yields no positive lengths.
+        ValueError: an empty path, a dataset that cannot be loaded (``datasets``' error in one
+            line), a missing column, more than :data:`MAX_NUM_SAMPLES` rows, a row that is not a
+            length (a string, a float, None, a bool, a negative int, a list of non-ints; named by
+            row and column), or no positive length at all. Every message names ``setting``.
     """
+    where = "dataset"
     if isinstance(dataset, (str, os.PathLike)):
+        path = os.fspath(dataset)
+        where = f"dataset {path!r}"
+        if not path.strip():
+            raise ValueError(f"dataset workload has an empty path: give dataset:<path-or-hub-name>[:<column>] "
+                             f"(check {setting})")
         import datasets  # lazy: only dataset workloads need it
 
-        path = os.fspath(dataset)
         builder = _FILE_BUILDERS.get(os.path.splitext(path)[1].lower()) if os.path.isfile(path) else None
-        if os.path.isdir(path):
-            dataset = datasets.load_from_disk(path)
-        elif builder is not None:  # a local data file: its format's builder, not a hub name
-            dataset = datasets.load_dataset(builder, data_files=path, split="train")
-        else:
-            dataset = datasets.load_dataset(path, split="train")
+        log = logging.getLogger("datasets")
+        level = log.level
+        log.setLevel(logging.CRITICAL)  # its "Failed to read ..." log lines: the error below says it in one line
+        local = builder is not None or os.path.isdir(path)
+        bars = local and datasets.is_progress_bar_enabled()
+        if bars:  # a local file loads in moments: no "Generating train split" bar above an error line
+            datasets.disable_progress_bars()
+        try:
+            if os.path.isdir(path):
+                dataset = datasets.load_from_disk(path)
+            elif builder is not None:  # a local data file: its format's builder, not a hub name
+                dataset = datasets.load_dataset(builder, data_files=path, split="train")
+            else:
+                dataset = datasets.load_dataset(path, split="train")
+        except Exception as e:  # noqa: BLE001 - datasets raises many types (StopIteration on an empty .jsonl)
+            text = " ".join(str(e).split())
+            cause = e.__cause__ or e.__context__
+            if cause is not None and str(cause).strip() and str(cause) not in text:
+                text += f" ({type(cause).__name__}: {' '.join(str(cause).split())})"
+            text = (text[:300] + "...") if len(text) > 300 else text
+            raise ValueError(f"{where} cannot be loaded: {type(e).__name__}" + (f": {text}" if text else "")
+                             + f" (an empty or malformed file, or a name not found; check {setting})") from None
+        finally:
+            log.setLevel(level)
+            if bars:
+                datasets.enable_progress_bars()
     names = list(getattr(dataset, "column_names", []) or [])
+    spec = f"dataset:<path>:<column> in {setting}"
     if column not in names:
-        raise ValueError(f"dataset has no column {column!r}; available columns: {names} (set the workload column)")
-    col = dataset[column]
-    if len(col) and not isinstance(col[0], (int, np.integer)):
-        col = [len(x) for x in col]
-    arr = np.asarray(col, dtype=np.int64)
+        raise ValueError(f"{where} has no column {column!r}; available columns: {names} (set the column: {spec})")
+    try:
+        n_rows = len(dataset)
+    except TypeError:
+        n_rows = None
+    if n_rows is not None and n_rows > MAX_NUM_SAMPLES:
+        raise ValueError(f"{where} has {n_rows:,} rows, more than the {MAX_NUM_SAMPLES:,} a workload may hold "
+                         f"(atac_hf.workloads.MAX_NUM_SAMPLES); use a sample of it (check {setting})")
+    arr = _arrow_lengths(dataset, column, where, spec)
+    if arr is None:
+        arr = _row_lengths(dataset[column], column, where, spec)
     arr = arr[arr > 0]
     if arr.size == 0:
-        raise ValueError(f"dataset column {column!r} holds no positive lengths")
+        raise ValueError(f"{where} column {column!r} holds no positive lengths (set the column: {spec})")
     return arr
 
 
-def load_workload(spec: str, *, num_samples: int = 50_000, seed: int = 0) -> np.ndarray:
+def _bad_row(where: str, column: str, row: int, value: Any, spec: str) -> ValueError:
+    why = ("a string: measure text by tokens, not characters (tokenize it, or give a column of lengths or "
+           "token ids)" if isinstance(value, str) else "not a length")
+    return ValueError(f"{where} column {column!r} row {row} is {_short(value)}, {why}; a length column holds ints "
+                      f"from 0 to {MAX_SAMPLE_LENGTH} (2**40) or lists of token ids (set the column: {spec})")
+
+
+def _row_lengths(values: Any, column: str, where: str, spec: str) -> np.ndarray:
+    """Each row's length: an int as it is, a list (of token ids) by ``len``; anything else refused."""
+    out = np.empty(len(values), dtype=np.int64)
+    for i, v in enumerate(values):
+        if isinstance(v, (bool, np.bool_)):
+            raise _bad_row(where, column, i, v, spec)
+        if isinstance(v, (int, np.integer)):
+            n = int(v)
+        elif isinstance(v, (list, tuple, np.ndarray)):
+            if any(isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) for x in v):
+                raise _bad_row(where, column, i, v, spec)
+            n = len(v)
+        else:
+            raise _bad_row(where, column, i, v, spec)
+        if not 0 <= n <= MAX_SAMPLE_LENGTH:
+            raise _bad_row(where, column, i, v, spec)
+        out[i] = n
+    return out
+
+
+def _arrow_lengths(dataset: Any, column: str, where: str, spec: str) -> np.ndarray | None:
+    """The lengths of an int or an int-list column of a ``datasets.Dataset``, read through Arrow
+    (token lists are not built as Python lists); None when it is another kind of column (or not a
+    ``datasets.Dataset``): the per-row path then finds and names the bad row."""
+    if not hasattr(dataset, "with_format") or not hasattr(dataset, "features"):
+        return None
+    try:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        col = dataset.with_format("arrow")[column]
+    except Exception:  # noqa: BLE001 - not an Arrow-backed dataset: the per-row path
+        return None
+    if isinstance(col, pa.Table):
+        col = col.column(0)
+    if not isinstance(col, (pa.Array, pa.ChunkedArray)):
+        return None
+    t = col.type
+    is_list = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+    if not (pa.types.is_integer(t) or (is_list and pa.types.is_integer(t.value_type))):
+        return None
+    if col.null_count:
+        row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+        raise _bad_row(where, column, row, None, spec)
+    values = pc.list_value_length(col) if is_list else col
+    arr = np.asarray(values.to_numpy(zero_copy_only=False))
+    if arr.size and (arr.min() < 0 or arr.max() > MAX_SAMPLE_LENGTH):
+        row = int(np.flatnonzero((arr < 0) | (arr > MAX_SAMPLE_LENGTH))[0])
+        raise _bad_row(where, column, row, arr[row].item(), spec)
+    return arr.astype(np.int64)
+
+
+def load_workload(spec: str, *, num_samples: int = 50_000, seed: int = 0, setting: str = "--workload") -> np.ndarray:
     """Lengths of a workload spec (see the module doc).
 
     Built-in mixes draw ``num_samples`` lengths; shipped samples, files and datasets return
-    every length they hold.
+    every length they hold (at most :data:`MAX_NUM_SAMPLES`).
+
+    Args:
+        setting: the option that named ``spec`` (``--workload``, ``--workload-file``), named by
+            every message.
 
     Raises:
         ValueError: an unknown name, or a bad file / dataset.
@@ -214,18 +346,18 @@ def load_workload(spec: str, *, num_samples: int = 50_000, seed: int = 0) -> np.
     legal = (f"legal values: built-ins {sorted(WORKLOADS)}, shipped samples {sorted(SAMPLES)}, a path to a "
              ".json array of lengths, or dataset:<path>[:<column>]")
     if not isinstance(spec, str) or not spec:
-        raise ValueError(f"workload={spec!r}: {legal}")
+        raise ValueError(f"workload={spec!r}: {legal} (check {setting})")
     if spec in WORKLOADS:
         return make_workload(spec, num_samples, seed=seed)
     if spec in SAMPLES:
-        return lengths_from_json(sample_path(spec))
+        return lengths_from_json(sample_path(spec), setting)
     if spec.startswith("dataset:"):
         rest = spec[len("dataset:"):]
         path, _, column = rest.rpartition(":") if rest.count(":") and not os.path.exists(rest) else (rest, "", "")
-        return lengths_from_dataset(path, column or "length")
+        return lengths_from_dataset(path, column or "length", setting)
     if spec.endswith((".json", ".json.gz")) or os.path.exists(spec):
-        return lengths_from_json(spec)
-    raise ValueError(f"unknown workload {spec!r}; {legal}")
+        return lengths_from_json(spec, setting)
+    raise ValueError(f"unknown workload {_short(spec)}; {legal} (check {setting})")
 
 
 def workload_name(spec: str) -> str:

@@ -173,3 +173,94 @@ def test_check_model_checks_output_before_probing(capsys, no_probe, tmp_path):
     _one_error_line(capsys, ["check-model", "--model-type", "llama", "--output", str(tmp_path)],
                     r"--output .* is a directory")
     assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- 5. dataset: and lengths-file workloads
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("rows, match", [
+    ([{"length": "123"}, {"length": "45"}], r"row 0 is '123', a string: measure text by tokens, not characters"),
+    ([{"length": 5}, {"length": -3}], r"row 1 is -3, not a length"),
+    ([{"length": True}, {"length": False}], r"row 0 is True, not a length"),
+    ([{"length": 5.7}, {"length": 2.0}], r"row 0 is 5.7, not a length"),
+    ([{"length": 5}, {"length": None}], r"row 1 is None, not a length"),
+    ([{"length": [[1, 2]]}, {"length": [[3]]}], r"row 0 is \[\[1, 2\]\], not a length"),
+    ([{"length": 2**41}], r"row 0 is 2199023255552, not a length; a length column holds ints from 0 to"),
+])
+def test_dataset_column_rows_validated(tmp_path, rows, match):
+    pytest.importorskip("datasets")
+    from atac_hf.workloads import load_workload
+
+    path = _jsonl(tmp_path / "w.jsonl", rows)
+    with pytest.raises(ValueError, match=match) as e:
+        load_workload(f"dataset:{path}")
+    assert "column 'length'" in str(e.value) and "dataset:<path>:<column> in --workload" in str(e.value)
+
+
+def test_dataset_lengths_ints_and_token_lists_zeros_dropped(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    from atac_hf.workloads import lengths_from_dataset
+
+    ds = datasets.Dataset.from_dict({"length": [5, 0, 7], "ids": [[1] * 5, [], [2] * 7]})
+    assert lengths_from_dataset(ds).tolist() == [5, 7] == lengths_from_dataset(ds, "ids").tolist()
+    assert lengths_from_dataset(ds.select([2, 0]), "ids").tolist() == [7, 5]  # the indices mapping is honoured
+    with pytest.raises(ValueError, match=r"row 1 is None, not a length"):
+        lengths_from_dataset(datasets.Dataset.from_dict({"length": [3, None]}))
+    with pytest.raises(ValueError, match=r"row 0 is 'ab', a string"):
+        lengths_from_dataset(datasets.Dataset.from_dict({"length": ["ab"]}), setting="--workload-file")
+
+
+def test_dataset_empty_path_and_unloadable_files_are_one_line_errors(tmp_path, capsys):
+    pytest.importorskip("datasets")
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    (tmp_path / "empty.jsonl").write_text("")
+    pq.write_table(pa.table({"length": pa.array([], pa.int64())}), str(tmp_path / "empty.parquet"))
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet")
+    sim = ["--steps", "1", "--dp", "1", "--pp", "1", "--cp", "2", "--micro-batches", "1", "--max-tokens", "4096"]
+    for spec in ("dataset:", "dataset::length"):
+        _one_error_line(capsys, ["simulate", "--workload", spec, *sim],
+                        r"dataset workload has an empty path: give dataset:<path-or-hub-name>\[:<column>\] "
+                        r"\(check --workload\)")
+    for name in ("empty.jsonl", "empty.parquet", "bad.parquet"):
+        _one_error_line(capsys, ["simulate", "--workload", f"dataset:{tmp_path / name}", *sim],
+                        rf"dataset '.*{re.escape(name)}' cannot be loaded: \w+.*check --workload\)")
+
+
+def test_lengths_file_entries_bounded_and_capped(tmp_path, monkeypatch):
+    from atac_hf import workloads
+    from atac_hf.workloads import load_lengths
+
+    big = tmp_path / "big.json"
+    big.write_text("[5, 99999999999999999999999]")
+    with pytest.raises(ValueError, match=r"entry 1 is 99999999999999999999999, over the longest sample length "
+                                         r"1099511627776 \(2\*\*40; check --lengths\)"):
+        load_lengths(big)
+    huge = tmp_path / "huge.json"
+    huge.write_text("[" + "9" * 300 + "]")
+    with pytest.raises(ValueError, match=r"entry 0 is an int of 997 bits, over"):
+        load_lengths(huge)
+    huge.write_text("[" + "9" * 5000 + "]")  # past Python's int-from-string digit limit
+    with pytest.raises(ValueError, match=r"huge.json' cannot be parsed: .*4300 digits.*\(check --lengths\)"):
+        load_lengths(huge)
+    many = tmp_path / "many.json"
+    many.write_text(json.dumps([1] * 11))
+    monkeypatch.setattr(workloads, "MAX_NUM_SAMPLES", 10)
+    with pytest.raises(ValueError, match=r"holds 11 lengths, more than the 10 a workload may hold.*check --lengths"):
+        load_lengths(many)
+
+
+def test_lengths_messages_name_the_callers_flag(tmp_path, capsys):
+    bad = tmp_path / "notgz.json.gz"
+    bad.write_text("[1,2,3]")
+    big = tmp_path / "big.json"
+    big.write_text("[5, 99999999999999999999999]")
+    sim = ["--steps", "1", "--dp", "1", "--pp", "1", "--cp", "2", "--micro-batches", "1", "--max-tokens", "64"]
+    _one_error_line(capsys, ["simulate", "--workload", str(bad), *sim], r"cannot be read.*\(check --workload\)$")
+    _one_error_line(capsys, ["plan", "--doc-lengths", str(big), "--cp-size", "2"], r"check --doc-lengths\)$")
+    _one_error_line(capsys, ["pack", "--lengths", str(big), "--max-tokens", "8"], r"check --lengths\)$")
+    _one_error_line(capsys, ["bench", "--workers", "1", "--workload-file", str(big)], r"check --workload-file\)$")

@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _read_lengths(spec: str) -> list[int]:
     if spec.endswith(".json") or spec.endswith(".json.gz"):
-        return load_lengths(spec).tolist()  # bounded: regular files only, size and depth capped
+        return load_lengths(spec, "--doc-lengths").tolist()  # bounded: regular files only, size and depth capped
     try:
         # digits only (int() would take '1_000', ' 3' and 4300-digit numbers)
         parts = [x.strip() for x in spec.split(",") if x.strip()]

@@ -295,6 +295,10 @@ def run_bench(args: argparse.Namespace) -> int:
         check_output_file(args.output, "--output", "report", example="BENCHMARKS.md", make_folders=True)
         if args.plots_dir:
             check_output_dir(args.plots_dir, "--plots-dir")
+    if args.workload_file:  # read once here so that a bad file's message names --workload-file
+        from ..workloads import load_workload
+
+        load_workload(args.workload_file, num_samples=200_000, seed=1, setting="--workload-file")
     grid = default_grid(args.workload_file)
     if args.scenarios is not None:
         want = [s.strip() for s in args.scenarios.split(",") if s.strip()]
