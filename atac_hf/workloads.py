@@ -318,6 +318,9 @@ def _arrow_lengths(dataset: Any, column: str, where: str, spec: str) -> np.ndarr
     t = col.type
     is_list = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
     if not (pa.types.is_integer(t) or (is_list and pa.types.is_integer(t.value_type))):
+        # a string, float, bool, null or nested column: its first rows name the bad one without
+        # building the whole column (a text column can be gigabytes) as Python objects
+        _row_lengths(col.slice(0, 1000).to_pylist(), column, where, spec)
         return None
     if col.null_count:
         row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
