@@ -15,7 +15,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from .config import ATACConfig
 
-__all__ = ["REQUIRED_COLUMNS", "PackedRowDocuments", "build_packed_dataloader", "check_collator", "check_dataset_columns"]
+__all__ = ["REQUIRED_COLUMNS", "PackedRowDocuments", "build_packed_dataloader", "check_collator", "check_dataset_columns",
+           "checked_stream", "prepare_stream_sample"]
 
 REQUIRED_COLUMNS = ("input_ids",)
 
@@ -44,10 +45,20 @@ def check_dataset_columns(dataset: Any, *, name: str = "dataset", streaming: boo
     declares them, as a ``datasets.IterableDataset`` with features does; otherwise sample
     by sample while packing).
 
+    The per-token columns of a ``datasets.Dataset`` are checked up front too, with Arrow
+    kernels (no Python loop over tokens): ``labels``, ``attention_mask``, ``completion_mask``,
+    ``assistant_masks`` and ``position_ids`` need one entry per ``input_ids`` token, an
+    ``attention_mask`` must be all ones (a packed row has no padding: the pad tokens would be
+    trained on), and without ``labels`` the ``completion_mask`` / ``assistant_masks`` (from
+    which the collator builds the labels, as TRL does) must be 0/1. Other indexables are
+    checked batch by batch by the collator.
+
     Raises:
         ValueError: a ``DatasetDict`` (names its splits), an iterable dataset (unless
             ``streaming``), a stream of pre-packed rows (a ``seq_lengths`` column: their documents
-            would attend to each other), or a missing ``input_ids`` column (lists the columns found).
+            would attend to each other), a missing ``input_ids`` column (lists the columns found),
+            a padded ``attention_mask``, a per-token column of the wrong length or a loss mask
+            with values other than 0/1 (each naming the column and the first bad row).
     """
     splits = _splits_of(dataset)
     if splits is not None:
@@ -68,6 +79,97 @@ def check_dataset_columns(dataset: Any, *, name: str = "dataset", streaming: boo
         first = dataset[0]
         names = list(first) if hasattr(first, "keys") else [type(first).__name__]
     _check_names(names, name)
+    _check_token_columns(dataset, name)
+
+
+def _list_chunks(dataset: Any, column: str, *, take: bool = True):
+    """Per Arrow chunk of a ``datasets.Dataset`` list column: the flat values (numpy), the row
+    offsets into them and the null rows; in dataset row order (``take``: after ``select`` /
+    ``shuffle``, a copy of the column) or in table order."""
+    from ..packing.data.dataset import _arrow_source
+
+    table, rows = _arrow_source(dataset)
+    col = table.column(column)
+    if rows is not None and take:
+        col = col.take(rows)
+    for chunk in col.chunks:
+        null = chunk.is_null().to_numpy(zero_copy_only=False)
+        yield (chunk.values.to_numpy(zero_copy_only=False), chunk.offsets.to_numpy().astype(np.int64), null)
+
+
+def _first_bad_row(dataset: Any, column: str, is_bad: Callable[[np.ndarray], np.ndarray]):
+    """``(row, bad entries in it, its entries, rows with bad entries in its chunk)`` of the first
+    dataset row of ``column`` with an entry ``is_bad``, else None. A first pass over the table
+    (no copy) settles the common case, all entries fine; only then are the rows taken in order."""
+    if not any(is_bad(vals[off[0]:off[-1]]).any() for vals, off, _ in _list_chunks(dataset, column, take=False)
+               if len(off) > 1):
+        return None
+    base = 0
+    for vals, off, null in _list_chunks(dataset, column):
+        flag = np.concatenate([[0], np.cumsum(is_bad(vals))])
+        count = flag[off[1:]] - flag[off[:-1]]
+        count[null] = 0
+        hit = np.flatnonzero(count)
+        if hit.size:
+            k = int(hit[0])
+            return base + k, int(count[k]), vals[off[k]:off[k + 1]], int(hit.size)
+        base += len(count)
+    return None
+
+
+_PADDING_FIX = ("tokenize without padding (padding=False), or strip the padding (keep the tokens where "
+                "attention_mask is 1 in input_ids/labels), then drop the column "
+                "(dataset.remove_columns('attention_mask'))")
+
+
+def _check_token_columns(dataset: Any, name: str) -> None:
+    """Arrow checks of the per-token columns of a ``datasets.Dataset`` (see
+    :func:`check_dataset_columns`); other datasets are left to the collator."""
+    from ..packing.data.collator import LOSS_MASK_COLUMNS
+    from ..packing.data.dataset import _is_hf_dataset, _is_list, _list_lengths, _arrow_source
+
+    if not _is_hf_dataset(dataset) or len(dataset) == 0:
+        return
+    names = dataset.column_names
+    table, rows = _arrow_source(dataset)
+    if "input_ids" not in names or not _is_list(table.column("input_ids").type):
+        return
+    lengths = _list_lengths(table.column("input_ids"), rows)
+    for col in ("labels", "attention_mask") + LOSS_MASK_COLUMNS + ("position_ids",):
+        if col not in names or not _is_list(table.column(col).type):
+            continue
+        lens = _list_lengths(table.column(col), rows)
+        null = table.column(col).is_null()
+        null = np.concatenate([c.to_numpy(zero_copy_only=False) for c in null.chunks])
+        if rows is not None:
+            null = null[rows]
+        bad = np.flatnonzero((lens != lengths) & ~null)
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"{name} row {i}: {col} has {int(lens[i])} entries but input_ids has {int(lengths[i])} "
+                             f"({bad.size} such rows); {col} must have one entry per token. Fix the tokenization, or "
+                             f"drop the column ({name}.remove_columns({col!r}))")
+    if "attention_mask" in names and _is_list(table.column("attention_mask").type):
+        bad = _first_bad_row(dataset, "attention_mask", lambda v: v != 1)
+        if bad is not None:
+            row, count, seg, rows_bad = bad
+            raise ValueError(
+                f"{name} row {row}: attention_mask has {count} of {len(seg)} entries not 1 (padding; {rows_bad} "
+                "such rows in its Arrow chunk): packing concatenates the rows without padding, so the pad tokens "
+                f"would be trained on as tokens of the document. Legal attention_mask values here: all 1. To fix: "
+                f"{_PADDING_FIX}")
+    if "labels" in names:
+        return
+    for col in LOSS_MASK_COLUMNS:
+        if col not in names or not _is_list(table.column(col).type):
+            continue
+        bad = _first_bad_row(dataset, col, lambda v: ~np.isin(v, (0, 1)))
+        if bad is not None:
+            row, _count, seg, _rows = bad
+            raise ValueError(
+                f"{name} row {row}: {col} has values {np.unique(seg[~np.isin(seg, (0, 1))])[:5].tolist()}; legal "
+                "values: 0 (no loss on the token) and 1 (train on it): the labels are built from it (-100 where 0). "
+                "Fix the mask, or give the dataset its own 'labels' column (-100 where no loss)")
 
 
 def _splits_of(dataset: Any) -> list | None:
@@ -146,6 +248,32 @@ def check_collator(collator: Callable, dataset: Any, *, max_tokens: int, name: s
     if len(found) != len(want):  # e.g. samples concatenated into one document: they would attend to each other
         raise ValueError(f"{label} gave {len(found)} document(s) of {found} tokens for {len(want)} samples of {want} "
                          f"tokens (each sample must stay its own document); {_COLLATOR_CONTRACT}")
+    _check_collator_loss_masks(label, features, batch)
+
+
+def _check_collator_loss_masks(label: str, features: list, batch: Any) -> None:
+    """Refuse a collator that trains on tokens a sample's ``completion_mask`` / ``assistant_masks``
+    exclude (samples without ``labels``; e.g. ``DataCollatorWithFlattening`` ignores the masks)."""
+    from ..packing.data.collator import LOSS_MASK_COLUMNS, labels_from_masks
+    from ..packing.validate import check_token_ids
+
+    if batch.get("labels") is None or not any(f.get("labels") is None and any(f.get(k) is not None
+                                                                            for k in LOSS_MASK_COLUMNS)
+                                              for f in features):
+        return
+    want = []
+    for i, f in enumerate(features):
+        ids = check_token_ids(f["input_ids"], where=f"sample {i}", field="input_ids")
+        built = labels_from_masks(f, ids, where=f"sample {i}") if f.get("labels") is None else None
+        want.append(np.zeros(ids.shape[0], dtype=bool) if built is None else built == -100)
+    excluded = np.concatenate(want)
+    got = np.asarray(batch["labels"].cpu() if hasattr(batch["labels"], "cpu") else batch["labels"]).reshape(-1)
+    if got.shape[0] == excluded.shape[0] and (got[excluded] != -100).any():
+        n = int((got[excluded] != -100).sum())
+        raise ValueError(f"{label} trains on {n} token(s) that the samples' {'/'.join(LOSS_MASK_COLUMNS)} exclude "
+                         "(it ignores the masks, so the prompt would be trained on): leave data_collator unset (the "
+                         "default PackedDataCollator builds the labels from the masks, -100 where 0), or give the "
+                         "dataset a 'labels' column")
 
 
 def build_packed_dataloader(dataset: Any, config: ATACConfig, *, num_replicas: int = 1, grad_accum: int = 1,
@@ -155,7 +283,10 @@ def build_packed_dataloader(dataset: Any, config: ATACConfig, *, num_replicas: i
     """A DataLoader whose batches are WFAP packs (one packed row each), and its sampler.
 
     Args:
-        dataset: map-style dataset with ``input_ids`` (and optional ``labels``).
+        dataset: map-style dataset with ``input_ids`` (and optional ``labels``; a ``completion_mask``
+            / ``assistant_masks`` builds the labels where there are none; an ``attention_mask`` must
+            be all ones; pre-packed rows give their documents by ``seq_lengths`` or by
+            ``position_ids`` restarting at 0, see :class:`PackedRowDocuments`).
         config: the run's :class:`ATACConfig` (cap, packing strategy and options, window).
         num_replicas: DP replicas (world size // cp_size) the prepared loader deals batches to.
         grad_accum: micro-batches per optimizer step; one window = ``num_replicas x grad_accum`` packs.
@@ -179,7 +310,9 @@ def build_packed_dataloader(dataset: Any, config: ATACConfig, *, num_replicas: i
     from ..packing.data.sampler import SpanDataset, WFAPBatchSampler
 
     check_dataset_columns(dataset)
-    if "seq_lengths" in _column_names(dataset):  # pre-packed rows (TRL, pack_dataset): pack their documents
+    names = _column_names(dataset)
+    if "seq_lengths" in names or "position_ids" in names:
+        # pre-packed rows (TRL, pack_dataset, DataCollatorWithFlattening's position_ids): pack their documents
         dataset = PackedRowDocuments(dataset)
         lengths = dataset.lengths
     else:
@@ -208,7 +341,8 @@ def build_streaming_dataloader(dataset: Any, config: ATACConfig, *, num_replicas
 
     Args:
         dataset: an iterable of mappings with ``input_ids`` (``labels`` optional):
-            ``datasets.IterableDataset``, a torch ``IterableDataset``...
+            ``datasets.IterableDataset``, a torch ``IterableDataset``... Its per-token mask
+            columns are read sample by sample (:func:`checked_stream`).
         config, num_replicas, grad_accum, cost_model, collate_fn: as in :func:`build_packed_dataloader`.
         **loader_kwargs: passed to ``DataLoader`` (``num_workers`` at most 1).
 
@@ -221,11 +355,79 @@ def build_streaming_dataloader(dataset: Any, config: ATACConfig, *, num_replicas
 
     check_dataset_columns(dataset, streaming=True)
     _warn_small_window(config, num_replicas * grad_accum)
-    packed = PackedIterableDataset(dataset, config.packing_config(num_replicas * grad_accum),
+    packed = PackedIterableDataset(checked_stream(dataset), config.packing_config(num_replicas * grad_accum),
                                    window_size=config.window_size, num_replicas=num_replicas, cost_model=cost_model)
     loader = DataLoader(packed, batch_size=1,
                         collate_fn=collate_fn if collate_fn is not None else PackedDataCollator(), **loader_kwargs)
     return loader, packed
+
+
+def prepare_stream_sample(sample: Any, sid: int | None = None) -> Any:
+    """One sample of a stream, ready for the streaming packer (which reads only ``input_ids`` and
+    ``labels``): a padded ``attention_mask`` is refused, ``completion_mask`` / ``assistant_masks``
+    build the ``labels`` where there are none (TRL's rule, see
+    :func:`~atac_hf.packing.data.collator.labels_from_masks`), and ``position_ids`` restarting at 0
+    (several documents in the sample) are refused, since the packer keeps a sample one document.
+
+    Raises:
+        ValueError: as above, naming the sample, the column and the fix.
+    """
+    from ..packing.data.collator import LOSS_MASK_COLUMNS, _as_mask, doc_lengths_from_position_ids, labels_from_masks
+    from ..packing.validate import check_token_ids
+
+    if not hasattr(sample, "keys") or sample.get("input_ids") is None:
+        return sample  # the packer names what is missing
+    where = "source sample" if sid is None else f"source sample {sid}"
+    ids = None
+    mask = sample.get("attention_mask")
+    if mask is not None:
+        ids = check_token_ids(sample["input_ids"], where=where, field="input_ids")
+        mask = _as_mask(mask, where, "attention_mask")
+        if mask.shape[0] != ids.shape[0] or not (mask == 1).all():
+            what = (f"{mask.shape[0]} entries for {ids.shape[0]} input_ids" if mask.shape[0] != ids.shape[0]
+                    else f"{int((mask != 1).sum())} of {ids.shape[0]} entries not 1 (padding)")
+            raise ValueError(f"{where}: attention_mask has {what}: packing concatenates the samples without padding, "
+                             f"so the pad tokens would be trained on. To fix: {_PADDING_FIX}")
+    if sample.get("position_ids") is not None and sample.get("seq_lengths") is None:
+        ids = check_token_ids(sample["input_ids"], where=where, field="input_ids") if ids is None else ids
+        pos = check_token_ids(sample["position_ids"], where=where, field="position_ids")
+        docs = doc_lengths_from_position_ids(pos, ids.shape[0], where=where)
+        if docs.size > 1:
+            raise ValueError(f"{where}: position_ids restart at 0 {docs.size - 1} time(s) (a pre-packed row of "
+                             f"{docs.size} documents of {docs.tolist()} tokens): the streaming packer keeps a sample "
+                             "one document, so they would attend to each other. Stream the unpacked samples, or pass "
+                             "the rows as a map-style dataset (their documents are then packed again, each kept "
+                             "whole)")
+    if sample.get("labels") is None and any(sample.get(k) is not None for k in LOSS_MASK_COLUMNS):
+        ids = check_token_ids(sample["input_ids"], where=where, field="input_ids") if ids is None else ids
+        sample = dict(sample)
+        sample["labels"] = labels_from_masks(sample, ids, where=where).tolist()
+    return sample
+
+
+class _CheckedStream:
+    """A re-iterable source whose samples go through :func:`prepare_stream_sample`."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def __iter__(self):
+        for sid, sample in enumerate(self.source):
+            yield prepare_stream_sample(sample, sid)
+
+
+def checked_stream(dataset: Any) -> Any:
+    """``dataset`` with every sample through :func:`prepare_stream_sample`: a lazy ``map`` of a
+    ``datasets.IterableDataset`` (so that resuming can still ``skip``), a re-iterable wrapper of
+    any other iterable. Sample order and count are unchanged."""
+    try:
+        import datasets
+
+        if isinstance(dataset, datasets.IterableDataset):
+            return dataset.map(prepare_stream_sample)
+    except ImportError:  # pragma: no cover - datasets is a dependency
+        pass
+    return _CheckedStream(dataset)
 
 
 def _warn_small_window(config: ATACConfig, packs_per_window: int) -> None:
@@ -246,26 +448,43 @@ def _column_names(dataset: Any) -> list[str]:
 
 
 class PackedRowDocuments:
-    """The documents of pre-packed rows (``input_ids`` + ``seq_lengths``, e.g. TRL's or
-    atac-hf's ``pack_dataset`` output) as a map-style dataset of samples, one per document.
+    """The documents of pre-packed rows as a map-style dataset of samples, one per document.
+
+    A row gives its documents by a ``seq_lengths`` column (TRL's or atac-hf's ``pack_dataset``
+    output) or, without one, by a ``position_ids`` column restarting at 0 at every document
+    (older TRL ``pack_dataset``, HF's ``DataCollatorWithFlattening`` convention; between
+    restarts the positions count up by one). ``seq_lengths`` wins where a row has both.
 
     ``transformers.Trainer`` with ``remove_unused_columns=True`` drops ``seq_lengths`` and the
     documents of a row attend to each other; ATACTrainer reads it instead: each document is
-    a sample of its own (its ``input_ids`` and ``labels`` slice), packed again by WFAP.
+    a sample of its own (its slice of ``input_ids`` and of every other per-token column:
+    ``labels``, ``attention_mask``, ``completion_mask``, ``assistant_masks``), packed again by WFAP.
 
     Raises:
-        ValueError: a row whose ``seq_lengths`` do not sum to its ``input_ids`` length (names the row).
+        ValueError: a row whose ``seq_lengths`` do not sum to its ``input_ids`` length, or whose
+            ``position_ids`` have another length or neither restart at 0 nor count up by one
+            (names the row).
     """
 
+    #: per-token columns sliced with ``input_ids`` into each document
+    COLUMNS = ("labels", "attention_mask", "completion_mask", "assistant_masks")
+
     def __init__(self, dataset: Any) -> None:
+        from ..packing.data.dataset import _is_hf_dataset, dataset_lengths
+
         self.dataset = dataset
+        names = _column_names(dataset)
+        totals = dataset_lengths(dataset)
+        if "seq_lengths" not in names and "position_ids" in names:
+            self.row, self.lengths = _docs_from_position_ids(dataset, totals, hf=_is_hf_dataset(dataset))
+            starts = np.cumsum(self.lengths) - self.lengths
+            row_base = np.cumsum(totals) - totals
+            self.offset = starts - row_base[self.row]
+            return
         if getattr(dataset, "column_names", None) is not None and hasattr(dataset, "select_columns"):
             seq = dataset.select_columns(["seq_lengths"]).with_format(None)["seq_lengths"]
         else:
             seq = [dataset[i]["seq_lengths"] for i in range(len(dataset))]
-        from ..packing.data.dataset import dataset_lengths
-
-        totals = dataset_lengths(dataset)
         counts = np.fromiter((len(s) for s in seq), dtype=np.int64, count=len(seq))
         lens = np.fromiter((int(x) for s in seq for x in s), dtype=np.int64, count=int(counts.sum()))
         self.row = np.repeat(np.arange(len(seq), dtype=np.int64), counts)
@@ -287,6 +506,59 @@ class PackedRowDocuments:
         r, o, n = int(self.row[i]), int(self.offset[i]), int(self.lengths[i])
         row = self.dataset[r]
         out = {"input_ids": row["input_ids"][o:o + n]}
-        if row.get("labels") is not None:
-            out["labels"] = row["labels"][o:o + n]
+        for col in self.COLUMNS:
+            if row.get(col) is not None:
+                out[col] = row[col][o:o + n]
         return out
+
+
+def _docs_from_position_ids(dataset: Any, totals: np.ndarray, *, hf: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(row, length) of every document of the rows, found at the ``position_ids`` restarts."""
+    from ..packing.data.collator import doc_lengths_from_position_ids
+
+    if not hf:
+        rows, lens = [], []
+        for r in range(len(dataset)):
+            pos = dataset[r].get("position_ids")
+            if pos is None:
+                docs = [int(totals[r])]
+            else:
+                pos = np.asarray(pos.cpu() if hasattr(pos, "cpu") else pos, dtype=np.int64).reshape(-1)
+                docs = doc_lengths_from_position_ids(pos, int(totals[r]), where=f"row {r}").tolist()
+            docs = [d for d in docs if d] or [0]
+            rows += [r] * len(docs)
+            lens += docs
+        return np.asarray(rows, dtype=np.int64), np.asarray(lens, dtype=np.int64)
+    rows_out, lens_out, base = [], [], 0
+    for vals, off, null in _list_chunks(dataset, "position_ids"):
+        n = len(off) - 1
+        seg_len = np.diff(off)
+        lo, hi = int(off[0]), int(off[-1])
+        v = vals[lo:hi].astype(np.int64, copy=False)
+        start = v == 0
+        row_start = off[:-1][(seg_len > 0) & ~null] - lo
+        start[row_start] = True
+        bad_len = np.flatnonzero(~null & (seg_len != totals[base:base + n]))
+        if bad_len.size:
+            r = int(bad_len[0])
+            raise ValueError(f"row {base + r}: position_ids has {int(seg_len[r])} entries but input_ids has "
+                             f"{int(totals[base + r])}; position_ids must have one entry per token (0 at each "
+                             "document start), or drop the column (dataset.remove_columns('position_ids'))")
+        prev = np.concatenate([[-1], v[:-1]])
+        bad = np.flatnonzero(~start & (v != prev + 1))
+        if bad.size:
+            j = int(bad[0])
+            r = int(np.searchsorted(off, lo + j, side="right")) - 1
+            doc_lengths_from_position_ids(v[off[r] - lo:off[r + 1] - lo], int(seg_len[r]), where=f"row {base + r}")
+        idx = np.flatnonzero(start)
+        lens = np.diff(np.concatenate([idx, [hi - lo]]))
+        row = np.searchsorted(off, idx + lo, side="right") - 1
+        # a null or empty row: one (empty) document of its input_ids length
+        lone = np.flatnonzero(null | (seg_len == 0))
+        row = np.concatenate([row, lone])
+        lens = np.concatenate([lens, totals[base + lone]])
+        order = np.argsort(row, kind="stable")
+        rows_out.append(row[order] + base)
+        lens_out.append(lens[order])
+        base += n
+    return np.concatenate(rows_out).astype(np.int64), np.concatenate(lens_out).astype(np.int64)

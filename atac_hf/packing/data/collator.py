@@ -32,13 +32,26 @@ Accepted features (mixed freely within one batch):
   document in the row: its positions restart at 0 and its first label is -100, since
   the tokens before it are in another row.
 
+* a pre-packed row ``{"input_ids": flat, "position_ids": flat}`` without ``seq_lengths``
+  (older TRL ``pack_dataset``, ``DataCollatorWithFlattening`` conventions): a new document
+  starts at every ``position_ids`` entry 0 (and at the feature's first token); between
+  restarts the positions must count up by one (other patterns are refused).
+  ``seq_lengths``, where a feature has both, wins.
+
 Several packed rows in one batch are concatenated into the one row with their document
 boundaries kept, so ``DataLoader(batch_size=k)`` over pre-packed rows gives rows of up to
-``k`` x the packing cap: use ``batch_size=1`` to keep the cap. Keys other than
-``input_ids``, ``labels``, ``seq_lengths`` and ``attention_mask`` are ignored. A packed
-row has no padding to mask: an ``attention_mask``, where a feature has one, must be all
-ones (a padded sample is refused, since its pad tokens would be trained on as tokens of
-the document).
+``k`` x the packing cap: use ``batch_size=1`` to keep the cap.
+
+Per-token mask columns (never dropped silently):
+
+* ``attention_mask``: a packed row has no padding to mask, so it must be all ones (a padded
+  sample is refused, since its pad tokens would be trained on as tokens of the document).
+* ``completion_mask`` / ``assistant_masks`` (TRL's SFT columns, 0/1 per token): in a
+  feature without ``labels`` they build the labels as TRL does, the token where every
+  present mask is 1 and -100 elsewhere (the document-start -100 still applies). A feature
+  with ``labels`` keeps its own labels and the masks are not read.
+
+Other keys are ignored.
 """
 
 from __future__ import annotations
@@ -50,7 +63,7 @@ import numpy as np
 
 from ..validate import check_token_ids
 
-__all__ = ["CollatorStats", "PackedDataCollator"]
+__all__ = ["CollatorStats", "LOSS_MASK_COLUMNS", "PackedDataCollator", "doc_lengths_from_position_ids", "labels_from_masks"]
 
 _RETURN_TENSORS = ("pt", "np")
 
@@ -119,8 +132,10 @@ class PackedDataCollator:
                 a 1-D sequence of ints (text, floats, bools, nested lists; an
                 :class:`~atac_hf.packing.validate.InputTypeError`, also a ``ValueError``).
             ValueError: a feature without ``input_ids`` (the message lists its keys), labels,
-                ``seq_lengths`` or an ``attention_mask`` that disagree with ``input_ids`` or a
-                padded ``attention_mask`` (names the feature),
+                ``seq_lengths``, ``position_ids``, an ``attention_mask``, ``completion_mask`` or
+                ``assistant_masks`` that disagree with ``input_ids``, a padded ``attention_mask``,
+                a mask with values other than 0/1, ``position_ids`` that neither restart at 0 nor
+                count up by one (names the feature),
                 negative ``input_ids`` or lengths, values beyond int64, or a batch in which
                 every document is empty.
         """
@@ -151,21 +166,24 @@ class PackedDataCollator:
                     raise ValueError(
                         f"feature {row}: labels has {labels.shape[0]} entries but input_ids has {ids.shape[0]}"
                     )
+            else:
+                labels = labels_from_masks(feature, ids, where=f"feature {row}")
             mask = feature.get("attention_mask")
             if mask is not None:
-                try:  # ints or bools, list / numpy / torch, (n,) or (1, n)
-                    mask = np.asarray(mask.cpu() if hasattr(mask, "cpu") else mask).reshape(-1)
-                except (TypeError, ValueError) as e:
-                    raise TypeError(f"feature {row}: attention_mask is not a sequence of 0/1 ({e})") from None
+                mask = _as_mask(mask, row, "attention_mask")
                 if mask.shape[0] != ids.shape[0] or not (mask == 1).all():
                     what = (f"{mask.shape[0]} entries for {ids.shape[0]} input_ids" if mask.shape[0] != ids.shape[0]
                             else f"{int((mask != 1).sum())} of {ids.shape[0]} entries not 1 (padding)")
                     raise ValueError(
                         f"feature {row}: attention_mask has {what}: a packed row has no padding, so padded tokens "
-                        "would be trained on as tokens of the document; tokenize without padding (padding=False), "
-                        "strip the padding from input_ids/labels, or drop the attention_mask column")
+                        "would be trained on as tokens of the document; tokenize without padding (padding=False), or "
+                        "strip the padding from input_ids/labels (keep the tokens where attention_mask is 1) and then "
+                        "drop the attention_mask column (dropping it alone would train on the padding)")
             seq = feature.get("seq_lengths")
-            if seq is None:
+            if seq is None and feature.get("position_ids") is not None:
+                docs = doc_lengths_from_position_ids(_as_1d_ints(feature["position_ids"], row, "position_ids"),
+                                                     ids.shape[0], where=f"feature {row}")
+            elif seq is None:
                 docs = np.array([ids.shape[0]], dtype=np.int64)
             else:
                 docs = _as_1d_ints(seq, row, "seq_lengths")
@@ -223,6 +241,75 @@ class PackedDataCollator:
         if self.return_seq_lengths:
             out["max_seqlen"] = int(seq_lengths.max())
         return out
+
+
+#: TRL's per-token loss masks: labels are built from them where a sample has no ``labels``.
+LOSS_MASK_COLUMNS = ("completion_mask", "assistant_masks")
+
+
+def _as_mask(value: Any, row: int | str, key: str) -> np.ndarray:
+    """A 0/1 mask field as a 1-D numpy array (ints or bools, list / numpy / torch, (n,) or (1, n))."""
+    where = f"feature {row}" if isinstance(row, int) else row
+    try:
+        return np.asarray(value.cpu() if hasattr(value, "cpu") else value).reshape(-1)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{where}: {key} is not a sequence of 0/1 ({e})") from None
+
+
+def labels_from_masks(feature: Mapping[str, Any], ids: np.ndarray, *, where: str) -> np.ndarray | None:
+    """The labels TRL builds for a sample without ``labels`` from its ``completion_mask`` /
+    ``assistant_masks``: ``ids`` where every present mask is 1, -100 elsewhere; ``None``
+    where the sample has neither mask.
+
+    Raises:
+        ValueError: a mask whose length differs from ``ids`` or with values other than 0/1
+            (names the mask and ``where``).
+    """
+    keep = None
+    for key in LOSS_MASK_COLUMNS:
+        value = feature.get(key)
+        if value is None:
+            continue
+        mask = _as_mask(value, where, key)
+        if mask.shape[0] != ids.shape[0]:
+            raise ValueError(f"{where}: {key} has {mask.shape[0]} entries but input_ids has {ids.shape[0]}; {key} "
+                             "must have one 0/1 entry per token (1: train on the token). Fix the tokenization, or "
+                             f"drop the column (dataset.remove_columns({key!r}))")
+        if mask.dtype != bool and not np.isin(mask, (0, 1)).all():
+            bad = mask[~np.isin(mask, (0, 1))]
+            raise ValueError(f"{where}: {key} has values {np.unique(bad)[:5].tolist()}; legal values: 0 (no loss on "
+                             "the token) and 1 (train on it). Fix the mask, or give the sample its own 'labels' "
+                             "(-100 where no loss)")
+        keep = mask.astype(bool) if keep is None else keep & mask.astype(bool)
+    if keep is None:
+        return None
+    return np.where(keep, ids, -100).astype(np.int64)
+
+
+def doc_lengths_from_position_ids(pos: np.ndarray, num_tokens: int, *, where: str) -> np.ndarray:
+    """Document lengths of a row from its ``position_ids`` (HF's ``DataCollatorWithFlattening``
+    convention): a document starts at the first token and at every entry 0, and the positions
+    count up by one in between.
+
+    Raises:
+        ValueError: a length that differs from ``num_tokens``, or a position that neither
+            restarts at 0 nor follows the one before (names the token and ``where``).
+    """
+    if pos.shape[0] != num_tokens:
+        raise ValueError(f"{where}: position_ids has {pos.shape[0]} entries but input_ids has {num_tokens}; "
+                         "position_ids must have one entry per token (0 at each document start)")
+    if num_tokens == 0:
+        return np.zeros(1, dtype=np.int64)
+    bad = np.flatnonzero((pos[1:] != 0) & (pos[1:] != pos[:-1] + 1)) + 1
+    if bad.size:
+        j = int(bad[0])
+        raise ValueError(
+            f"{where}: position_ids[{j}] = {int(pos[j])} after {int(pos[j - 1])}; legal: 0 (a new document starts) "
+            f"or {int(pos[j - 1]) + 1} (the next position of the document). Pre-packed rows need position_ids "
+            "restarting at 0 per document (or a 'seq_lengths' column); for other position_ids drop the column "
+            "(dataset.remove_columns('position_ids')): the collator writes its own")
+    starts = np.concatenate([[0], np.flatnonzero(pos[1:] == 0) + 1, [num_tokens]])
+    return np.diff(starts).astype(np.int64)
 
 
 def _as_1d_ints(value: Any, row: int, key: str) -> np.ndarray:

@@ -146,7 +146,8 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
         TypeError: ``dataset`` is not a ``datasets.Dataset``/``DatasetDict``, or
             ``input_ids`` is not a list column.
         ValueError: an empty dataset, no ``input_ids`` column (lists the columns found),
-            only empty samples, a ``labels`` (or other per-token column) whose length differs
+            only empty samples, pre-packed rows (a ``seq_lengths`` column, or ``position_ids``
+            restarting at 0 inside a row: they would become one document each), a ``labels`` (or other per-token column) whose length differs
             from ``input_ids`` (names the sample), invalid packing settings, or a
             ``cache_file_name`` that does not fit the dataset (a path for a ``DatasetDict``,
             a mapping missing a split, both it and ``keep_in_memory``).
@@ -199,6 +200,7 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
         raise ValueError(f"every one of the {lengths.size} samples of the dataset is empty (0 input_ids)")
     if num_empty:
         warnings.warn(f"pack_dataset: skipped {num_empty} zero-length samples", stacklevel=2)
+    _refuse_packed_source(dataset, table, rows)
     token_cols, dropped = _token_columns(table, rows, lengths)
     if dropped:
         logger.info("pack_dataset: dropped columns %s (not one entry per input_ids token)", dropped)
@@ -322,6 +324,35 @@ def _token_columns(table: Any, rows: np.ndarray | None, lengths: np.ndarray) -> 
         else:
             dropped.append(name)
     return keep, dropped
+
+
+def _refuse_packed_source(dataset: Any, table: Any, rows: np.ndarray | None) -> None:
+    """Refuse rows that are already packed (a ``seq_lengths`` column, or ``position_ids`` restarting
+    at 0 inside a row): packing them again would make each row one document."""
+    names = dataset.column_names
+    fix = ("pack the unpacked samples instead, or feed these rows as they are (PackedDataCollator with "
+           "batch_size=1, or ATACTrainer, which takes their documents out and packs them again)")
+    if "seq_lengths" in names:
+        raise ValueError("pack_dataset got pre-packed rows (a 'seq_lengths' column): each row would become one "
+                         f"document of the new packs, its documents attending to each other; {fix}")
+    if "position_ids" not in names or not _is_list(table.column("position_ids").type):
+        return
+    col = table.column("position_ids")
+    if rows is not None:
+        col = col.take(rows)
+    base = 0
+    for chunk in col.chunks:
+        vals = chunk.values.to_numpy(zero_copy_only=False)
+        off = chunk.offsets.to_numpy().astype(np.int64)
+        zero = np.concatenate([[0], np.cumsum(vals == 0)])
+        inner = zero[off[1:]] - zero[np.minimum(off[:-1] + 1, off[1:])]  # zeros after each row's first token
+        hit = np.flatnonzero(inner > 0)
+        if hit.size:
+            raise ValueError(f"pack_dataset: sample {base + int(hit[0])} has position_ids restarting at 0 inside it "
+                             "(a pre-packed row of several documents): each row would become one document of the "
+                             f"new packs; {fix}, or drop the column (dataset.remove_columns('position_ids')) if the "
+                             "restarts are not document starts")
+        base += len(off) - 1
 
 
 _PER_TOKEN_NAMES = ("labels", "attention_mask", "token_type_ids", "completion_mask", "assistant_masks",

@@ -286,15 +286,23 @@ class WFAPBatchSampler(Sampler[list[Span]]):
         self._step_loaders()
 
 
+#: the per-token columns :class:`SpanDataset` keeps and slices by default: everything
+#: :class:`~atac_hf.packing.data.collator.PackedDataCollator` reads or checks.
+TOKEN_COLUMNS = ("input_ids", "labels", "attention_mask", "completion_mask", "assistant_masks", "position_ids")
+
+
 class SpanDataset(Dataset):
     """Map-style view of a dataset indexed by spans ``(sample, start, end)`` or plain ints.
 
-    ``ds[(i, s, e)]`` is sample ``i`` with ``input_ids`` (and ``labels``, when present)
-    sliced to ``[s, e)``; ``ds[i]`` is sample ``i`` unchanged. Only the token columns are
-    kept. Works over ``datasets.Dataset`` (batched reads) and any indexable of dicts.
+    ``ds[(i, s, e)]`` is sample ``i`` with its per-token columns sliced to ``[s, e)``;
+    ``ds[i]`` is sample ``i`` unchanged. Only the per-token ``columns`` are kept (default
+    :data:`TOKEN_COLUMNS`: ``input_ids``, ``labels`` and the columns the collator checks or
+    reads, ``attention_mask``, ``completion_mask``, ``assistant_masks``, ``position_ids``;
+    dropping them would train on padding, on prompt tokens or across documents silently).
+    Works over ``datasets.Dataset`` (batched reads) and any indexable of dicts.
     """
 
-    def __init__(self, dataset: Any, *, columns: Sequence[str] = ("input_ids", "labels")) -> None:
+    def __init__(self, dataset: Any, *, columns: Sequence[str] = TOKEN_COLUMNS) -> None:
         names = getattr(dataset, "column_names", None)
         if names is not None:
             if "input_ids" not in names:
