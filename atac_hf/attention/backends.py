@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from ..sharding.plan import LocalLayout
 from .varlen import VARLEN_KERNELS, Wait, auto_backend, make_varlen_backend, varlen_attention_reference
+from .cpu_kernels import _lse_block, _math_block, _prefix_chunk, _sink_flash, prefix_merge_available
 
 __all__ = ["BACKENDS", "SEGMENT_BACKENDS", "attend_segment", "auto_backend", "prefix_merge_available",
            "resolve_backend", "run_backend", "varlen_attention_reference"]
@@ -95,69 +96,6 @@ def _sdpa(q, k, v, mask, scaling):
     return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scaling)[0]
 
 
-_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-_CPU_FLASH_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
-
-
-def prefix_merge_available(device: torch.device | str) -> bool:
-    """Whether the sdpa backend runs unwindowed chunks as two unmasked kernels merged by
-    log-sum-exp (CPU, torch's CPU flash kernel present) instead of masked row blocks."""
-    return torch.device(device).type == "cpu" and _CPU_FLASH is not None and _CPU_FLASH_BWD is not None
-
-
-class _PrefixChunkAttention(torch.autograd.Function):
-    """Attention of a chunk's queries over ``[prefix keys, own keys]``: the prefix with no
-    mask (every prefix key precedes every query) and the chunk's own square with the plain
-    causal kernel, merged by their log-sum-exps. Both are fused unmasked kernels, where one
-    masked call would compute and mask whole rectangles. Backward: the same two kernels'
-    backward with the merged output and log-sum-exp (the partitioned-softmax identity).
-    Inputs (1, H, L, D), K/V already expanded to H heads. ``sinks`` (H,) or None: attention
-    sinks, a third part of the softmax with a zero value (see :class:`_SinkChunkAttention`)."""
-
-    @staticmethod
-    def forward(ctx, q, k_pre, v_pre, k_own, v_own, scale, sinks=None):
-        o_pre, l_pre = _CPU_FLASH(q, k_pre, v_pre, 0.0, False, scale=scale)
-        o_own, l_own = _CPU_FLASH(q, k_own, v_own, 0.0, True, scale=scale)
-        lse = torch.logaddexp(l_pre, l_own)
-        s = None if sinks is None else sinks.to(lse.dtype).view(1, -1, 1)
-        if s is not None:
-            lse = torch.logaddexp(lse, s)
-        out = (o_pre * torch.exp(l_pre - lse).unsqueeze(-1).to(o_pre.dtype)
-               + o_own * torch.exp(l_own - lse).unsqueeze(-1).to(o_own.dtype))
-        ctx.save_for_backward(q, k_pre, v_pre, k_own, v_own, out, lse, s)
-        ctx.scale = scale
-        ctx.sink_dtype = None if sinks is None else sinks.dtype
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k_pre, v_pre, k_own, v_own, out, lse, s = ctx.saved_tensors
-        grad_out = grad_out.contiguous()
-        dq_pre, dk_pre, dv_pre = _CPU_FLASH_BWD(grad_out, q, k_pre, v_pre, out, lse, 0.0, False, scale=ctx.scale)
-        dq_own, dk_own, dv_own = _CPU_FLASH_BWD(grad_out, q, k_own, v_own, out, lse, 0.0, True, scale=ctx.scale)
-        return dq_pre + dq_own, dk_pre, dv_pre, dk_own, dv_own, None, _sink_grad(grad_out, out, lse, s, ctx.sink_dtype)
-
-
-def _sink_grad(grad_out, out, lse, s, dtype):
-    """(H,) gradient of the sinks' logits ``s`` (1, H, 1) of a block whose final output and
-    log-sum-exp are ``out``, ``lse``: ``-sum_rows exp(s - lse) * rowsum(dO * out)``; None without."""
-    if s is None:
-        return None
-    rowdot = (grad_out.to(lse.dtype) * out.to(lse.dtype)).sum(-1)
-    return (-(torch.exp(s - lse) * rowdot).sum(dim=(0, 2))).to(dtype)
-
-
-def _prefix_chunk(q, k, v, n_pre: int, scaling: float, sinks=None) -> torch.Tensor:
-    """q (H, Lq, D) at the last Lq of k/v's (K, n_pre + Lq, D) positions. Returns (H, Lq, D)."""
-    H, K = q.shape[0], k.shape[0]
-    if H != K:
-        k = k.repeat_interleave(H // K, dim=0)
-        v = v.repeat_interleave(H // K, dim=0)
-    k, v = k[None], v[None]
-    return _PrefixChunkAttention.apply(q[None], k[:, :, :n_pre], v[:, :, :n_pre], k[:, :, n_pre:], v[:, :, n_pre:],
-                                       scaling, sinks)[0]
-
-
 # Causal pairs from which a chunk runs as the merged pair of kernels on CPU: their extra
 # calls cost ~0.15 ms, which one masked call of a small chunk does not pay (measured on
 # x86 with torch 2.13: the merge wins from ~1K-token chunks over a long prefix, loses on
@@ -174,22 +112,6 @@ QUERY_BLOCK = 256
 # Score entries (heads x query rows x keys) per block of the sinks' log-sum-exp pass: bounds its
 # transient buffer (64 MiB in fp32); the blocks are recomputed in backward, not kept.
 SINK_BLOCK_ELEMENTS = 1 << 24
-
-
-def _lse_block(q, k, p0: int, lo: int, window: int | None, scaling: float) -> torch.Tensor:
-    """(H, Lq) log-sum-exp (fp32, or the inputs' dtype if wider) of the scaled scores of queries
-    ``q`` (H, Lq, D) at document positions ``[p0, p0 + Lq)`` over keys ``k`` (K, Lk, D) at positions
-    ``[lo, lo + Lk)``, bottom-right causal (windowed)."""
-    H, Lq, D = q.shape
-    K, Lk = k.shape[0], k.shape[1]
-    dt = torch.promote_types(q.dtype, torch.float32)
-    scores = torch.matmul(q.reshape(K, H // K * Lq, D).to(dt), k.to(dt).transpose(1, 2)).reshape(H, Lq, Lk)
-    p = torch.arange(p0, p0 + Lq, device=q.device)[:, None]
-    j = torch.arange(lo, lo + Lk, device=q.device)[None, :]
-    m = j <= p
-    if window is not None:
-        m &= j > p - window
-    return torch.logsumexp((scores * scaling).masked_fill(~m, float("-inf")), dim=-1)
 
 
 def _segment_lse(q, k, ds: int, de: int, lo: int, window: int | None, scaling: float) -> torch.Tensor:
@@ -211,34 +133,6 @@ def _segment_lse(q, k, ds: int, de: int, lo: int, window: int | None, scaling: f
         else:
             out.append(_lse_block(qb, kb, p0, klo, window, scaling))
     return torch.cat(out, dim=1)
-
-
-def _math_block(q, k, v, p0: int, lo: int, window: int | None, scaling: float, softcap: float | None,
-                sinks: torch.Tensor | None) -> torch.Tensor:
-    """Attention of queries ``q`` (H, Lq, D) at document positions ``[p0, p0 + Lq)`` over keys
-    and values (K, Lk, D) at ``[lo, lo + Lk)``, bottom-right causal (windowed), with the scores
-    soft-capped (``softcap * tanh(s / softcap)``) and sinks joining the softmax, as the eager
-    implementations compute them (at least fp32). Returns (H, Lq, Dv) in ``q``'s dtype."""
-    H, Lq, D = q.shape
-    K, Lk = k.shape[0], k.shape[1]
-    dt = torch.promote_types(q.dtype, torch.float32)
-    scores = torch.matmul(q.reshape(K, H // K * Lq, D).to(dt), k.to(dt).transpose(1, 2)).reshape(H, Lq, Lk)
-    scores = scores * scaling
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    p = torch.arange(p0, p0 + Lq, device=q.device)[:, None]
-    j = torch.arange(lo, lo + Lk, device=q.device)[None, :]
-    m = j <= p
-    if window is not None:
-        m &= j > p - window
-    scores = scores.masked_fill(~m, float("-inf"))
-    if sinks is not None:
-        scores = torch.cat([scores, sinks.to(dt)[:, None, None].expand(H, Lq, 1)], dim=-1)
-    probs = torch.softmax(scores, dim=-1)
-    if sinks is not None:
-        probs = probs[..., :-1]
-    out = torch.matmul(probs.reshape(K, H // K * Lq, Lk), v.to(dt))
-    return out.reshape(H, Lq, v.shape[-1]).to(q.dtype)
 
 
 def _attend_math(q, k, v, ds: int, de: int, lo: int, window: int | None, scaling: float, softcap: float | None,
@@ -283,45 +177,6 @@ def _attend(q, k, v, ds: int, de: int, lo: int, window: int | None, scaling: flo
     out = _attend_plain(q, k, v, ds, de, lo, window, scaling)
     lse = _segment_lse(q, k, ds, de, lo, window, scaling)
     return out * torch.sigmoid(lse - sinks.to(lse.dtype)[:, None]).unsqueeze(-1).to(out.dtype)
-
-
-class _SinkChunkAttention(torch.autograd.Function):
-    """CPU flash attention of a block of queries with attention sinks: the kernel's output and
-    log-sum-exp ``l``, rescaled by ``exp(l - lse)`` with ``lse = logaddexp(l, sink)``. Backward:
-    the kernel's backward with the final output and ``lse`` (the sink's column has a zero value,
-    so it adds nothing to ``dP`` and the kernel's ``rowsum(dO * out)`` stays right), and the
-    sinks' gradient ``-sum_rows exp(sink - lse) * rowsum(dO * out)``. Inputs (1, H, L, D), K/V
-    expanded to H heads; ``mask`` a float (Lq, Lk) mask (0 / -inf) or None with ``causal``."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, sinks, mask, causal, scale):
-        o, l = _CPU_FLASH(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
-        s = sinks.to(l.dtype).view(1, -1, 1)
-        lse = torch.logaddexp(l, s)
-        out = o * torch.exp(l - lse).unsqueeze(-1).to(o.dtype)
-        ctx.save_for_backward(q, k, v, out, lse, s, mask)
-        ctx.causal, ctx.scale, ctx.sink_dtype = causal, scale, sinks.dtype
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, out, lse, s, mask = ctx.saved_tensors
-        grad_out = grad_out.contiguous()
-        dq, dk, dv = _CPU_FLASH_BWD(grad_out, q, k, v, out, lse, 0.0, ctx.causal, attn_mask=mask, scale=ctx.scale)
-        return dq, dk, dv, _sink_grad(grad_out, out, lse, s, ctx.sink_dtype), None, None, None
-
-
-def _sink_flash(q, k, v, mask, scaling: float, sinks) -> torch.Tensor:
-    """q (H, Lq, D), k/v (K, Lk, D), ``mask`` (Lq, Lk) bool or None (plain causal, Lq == Lk),
-    sinks (H,): :class:`_SinkChunkAttention`. Returns (H, Lq, D)."""
-    H, K = q.shape[0], k.shape[0]
-    if H != K:
-        k = k.repeat_interleave(H // K, dim=0)
-        v = v.repeat_interleave(H // K, dim=0)
-    fmask = None if mask is None else torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(
-        ~mask, float("-inf"))
-    return _SinkChunkAttention.apply(q[None].contiguous(), k[None].contiguous(), v[None].contiguous(), sinks,
-                                     fmask, mask is None, scaling)[0]
 
 
 def _attend_sinks_cpu(q, k, v, ds: int, de: int, lo: int, window: int | None, scaling: float, sinks) -> torch.Tensor:
