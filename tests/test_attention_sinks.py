@@ -149,11 +149,30 @@ def test_softcap_needs_the_sdpa_backend_and_a_positive_cap():
     with pytest.raises(NotImplementedError, match=r"uses logit soft-capping \(softcap\), which "
                                                   r"attention_backend='varlen_reference' does not apply"):
         _call(_ctx("varlen_reference"), softcap=30.0)
-    for bad in (0.0, -1.0, True, "30"):
-        with pytest.raises(ValueError, match=r"softcap \(attention logit soft-capping\) must be a number > 0"):
+    for bad in (0.0, -1.0, float("inf"), float("nan"), True, "30"):
+        with pytest.raises(ValueError, match=r"softcap \(attention logit soft-capping\) must be a finite number > 0"):
             _call(_ctx(), softcap=bad)
     out, _ = _call(_ctx("auto"), softcap=30.0)
     assert out.shape == (1, 8, 4, 16)
+    with pytest.raises(ValueError, match=r"must be a finite number > 0 or None, got inf"):
+        emulate_cp_attention(torch.zeros(4, 8, 16), torch.zeros(2, 8, 16), torch.zeros(2, 8, 16),
+                             plan_shards([8], 1, "atp"), softcap=float("inf"))
+
+
+@pytest.mark.parametrize("window", [None, 5, 300])
+def test_score_blocks_read_within_the_budget(window):
+    """Rows per explicit-score block: heads x rows x the keys a block reads stay within the budget
+    (a window's blocks read window - 1 + rows keys, not the segment's), at least one row."""
+    H, budget = 8, kernels.SINK_BLOCK_ELEMENTS
+    for ds, de, lo in ((0, 40000, 0), (30000, 40000, 0), (39990, 40000, 0), (0, 10, 0)):
+        lo = lo if window is None else max(0, ds - window + 1)
+        r = kernels._score_block_rows(H, ds, de, lo, window, "cpu")
+        assert 1 <= r <= de - ds
+        keys = de - lo if window is None else min(window - 1 + r, de - lo)
+        assert H * r * keys <= budget or r == 1
+        if r < de - ds:  # one more row would pass the budget
+            keys1 = de - lo if window is None else min(window + r, de - lo)
+            assert H * (r + 1) * keys1 > budget
 
 
 def test_sinks_of_the_wrong_shape_are_refused():

@@ -25,6 +25,7 @@ Shape legend: H query heads, K key/value heads, S local tokens, R gathered rows
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
@@ -109,9 +110,23 @@ MERGE_MIN_PAIRS = 1 << 18
 QUERY_BLOCK = 256
 
 
-# Score entries (heads x query rows x keys) per block of the sinks' log-sum-exp pass: bounds its
-# transient buffer (64 MiB in fp32); the blocks are recomputed in backward, not kept.
+# Score entries (heads x query rows x keys) per block of the explicit-score passes (the sinks'
+# log-sum-exp off CPU, soft-capping): bounds their transient buffer (64 MiB in fp32; 4x on CUDA);
+# the blocks are recomputed in backward, not kept.
 SINK_BLOCK_ELEMENTS = 1 << 24
+
+
+def _score_block_rows(H: int, ds: int, de: int, lo: int, window: int | None, device) -> int:
+    """Query rows per explicit-score block: as many as keep heads x rows x (the keys a block reads)
+    within the budget. A block of r rows reads up to ``de - lo`` keys, or ``window - 1 + r`` under
+    a sliding window (solved for r)."""
+    budget = SINK_BLOCK_ELEMENTS * (4 if torch.device(device).type == "cuda" else 1) / max(1, H)
+    if window is None:
+        rows = budget // max(1, de - lo)
+    else:
+        w = min(int(window), de - lo) - 1
+        rows = (-w + math.sqrt(w * w + 4 * budget)) / 2
+    return int(max(1, min(de - ds, rows)))
 
 
 def _segment_lse(q, k, ds: int, de: int, lo: int, window: int | None, scaling: float) -> torch.Tensor:
@@ -121,8 +136,7 @@ def _segment_lse(q, k, ds: int, de: int, lo: int, window: int | None, scaling: f
     (recomputed in backward), so no (H, Lq, Lk) buffer is kept; differentiable."""
     from torch.utils.checkpoint import checkpoint
 
-    H = q.shape[0]
-    rows = max(1, SINK_BLOCK_ELEMENTS // max(1, H * (de - lo)))
+    rows = _score_block_rows(q.shape[0], ds, de, lo, window, q.device)
     out = []
     for p0 in range(ds, de, rows):
         p1 = min(p0 + rows, de)
@@ -142,8 +156,7 @@ def _attend_math(q, k, v, ds: int, de: int, lo: int, window: int | None, scaling
     backward), so no (H, Lq, Lk) buffer is kept. Returns (H, Lq, D)."""
     from torch.utils.checkpoint import checkpoint
 
-    H = q.shape[0]
-    rows = max(1, SINK_BLOCK_ELEMENTS // max(1, H * (de - lo)))
+    rows = _score_block_rows(q.shape[0], ds, de, lo, window, q.device)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     outs = []
     for p0 in range(ds, de, rows):
@@ -163,8 +176,8 @@ def _attend(q, k, v, ds: int, de: int, lo: int, window: int | None, scaling: flo
     ``sinks`` (H,): attention sinks (``s_aux`` of GPT-OSS-like models): one extra logit per head
     in every query's softmax, with a zero value. The output is the plain attention's times
     ``sigmoid(lse - sink)`` (``lse``: the log-sum-exp of the query's scores, :func:`_segment_lse`),
-    which is exactly that softmax's; the factor is computed in fp32 at least, as the eager
-    implementations do.
+    which is exactly that softmax's; the factor is computed in fp32 at least (GPT-OSS's eager
+    attention takes that softmax in the model's dtype: bf16 models may differ by bf16's rounding).
 
     ``softcap``: attention logit soft-capping (Gemma 2: scores ``softcap * tanh(s / softcap)``),
     which no fused kernel applies: :func:`_attend_math`."""
@@ -185,15 +198,23 @@ def _attend_sinks_cpu(q, k, v, ds: int, de: int, lo: int, window: int | None, sc
     n = de - ds
     if lo == 0 and ds > 0 and (window is None or window >= de) and n * ds + n * (n + 1) // 2 >= MERGE_MIN_PAIRS:
         return _prefix_chunk(q, k, v, ds, scaling, sinks)
-    mask = _segment_mask(ds, de, lo, window, q.device)
-    if mask is None or de - ds <= QUERY_BLOCK:
-        return _sink_flash(q, k, v, mask, scaling, sinks)
+    return _masked_rows(lambda qb, kb, vb, m: _sink_flash(qb, kb, vb, m, scaling, sinks), q, k, v, ds, de, lo, window)
+
+
+def _masked_rows(kernel, q, k, v, ds: int, de: int, lo: int, window: int | None) -> torch.Tensor:
+    """A chunk through ``kernel(q, k, v, mask)``: one call where the plain causal mask is exact
+    (``mask`` None) or the chunk has at most QUERY_BLOCK rows, else blocks of QUERY_BLOCK query
+    rows, each with its own explicit mask (the chunk's whole mask is never built for them)."""
+    if ds == 0 and lo == 0 and (window is None or window >= de):  # _segment_mask's None case
+        return kernel(q, k, v, None)
+    if de - ds <= QUERY_BLOCK:
+        return kernel(q, k, v, _segment_mask(ds, de, lo, window, q.device))
     outs = []
     for p0 in range(ds, de, QUERY_BLOCK):
         p1 = min(p0 + QUERY_BLOCK, de)
         klo = lo if window is None else max(lo, p0 - int(window) + 1)
-        outs.append(_sink_flash(q[:, p0 - ds:p1 - ds], k[:, klo - lo:p1 - lo], v[:, klo - lo:p1 - lo],
-                                _segment_mask(p0, p1, klo, window, q.device), scaling, sinks))
+        outs.append(kernel(q[:, p0 - ds:p1 - ds], k[:, klo - lo:p1 - lo], v[:, klo - lo:p1 - lo],
+                           _segment_mask(p0, p1, klo, window, q.device)))
     return torch.cat(outs, dim=1)
 
 
@@ -203,16 +224,7 @@ def _attend_plain(q, k, v, ds: int, de: int, lo: int, window: int | None, scalin
     if (lo == 0 and ds > 0 and (window is None or window >= de) and n * ds + n * (n + 1) // 2 >= MERGE_MIN_PAIRS
             and prefix_merge_available(q.device)):
         return _prefix_chunk(q, k, v, ds, scaling)
-    mask = _segment_mask(ds, de, lo, window, q.device)
-    if mask is None or de - ds <= QUERY_BLOCK:
-        return _sdpa(q, k, v, mask, scaling)
-    outs = []
-    for p0 in range(ds, de, QUERY_BLOCK):
-        p1 = min(p0 + QUERY_BLOCK, de)
-        klo = lo if window is None else max(lo, p0 - int(window) + 1)
-        outs.append(_sdpa(q[:, p0 - ds:p1 - ds], k[:, klo - lo:p1 - lo], v[:, klo - lo:p1 - lo],
-                          _segment_mask(p0, p1, klo, window, q.device), scaling))
-    return torch.cat(outs, dim=1)
+    return _masked_rows(lambda qb, kb, vb, m: _sdpa(qb, kb, vb, m, scaling), q, k, v, ds, de, lo, window)
 
 
 def sdpa_backend(q_HSD, k_HSD, v_HSD, layout: LocalLayout, cache: dict, wait: Wait | None, *,

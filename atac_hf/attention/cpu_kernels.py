@@ -94,7 +94,8 @@ def _math_block(q, k, v, p0: int, lo: int, window: int | None, scaling: float, s
     """Attention of queries ``q`` (H, Lq, D) at document positions ``[p0, p0 + Lq)`` over keys
     and values (K, Lk, D) at ``[lo, lo + Lk)``, bottom-right causal (windowed), with the scores
     soft-capped (``softcap * tanh(s / softcap)``) and sinks joining the softmax, as the eager
-    implementations compute them (at least fp32). Returns (H, Lq, Dv) in ``q``'s dtype."""
+    implementations compute them (in fp32 at least, where some take the model's dtype).
+    Returns (H, Lq, Dv) in ``q``'s dtype."""
     H, Lq, D = q.shape
     K, Lk = k.shape[0], k.shape[1]
     dt = torch.promote_types(q.dtype, torch.float32)

@@ -13,6 +13,7 @@ Shape legend: H query heads, K key/value heads, S local tokens, D head dim.
 
 from __future__ import annotations
 
+import math
 import warnings
 import weakref
 from typing import Any, Callable
@@ -129,9 +130,7 @@ def _check_call(module: Any, ctx: ShardContext, query: torch.Tensor, key: torch.
         got = tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__name__
         raise ValueError(f"s_aux (attention sinks) must be a tensor of one logit per query head "
                          f"({query.shape[1]}), got {got}")
-    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
-                                or not float(softcap) > 0):
-        raise ValueError(f"softcap (attention logit soft-capping) must be a number > 0 or None, got {softcap!r}")
+    _check_softcap(softcap)
     for name, what, value in (("s_aux", "attention sinks", sinks), ("softcap", "logit soft-capping", softcap)):
         if value is not None and ctx.backend not in SINK_BACKENDS:
             raise NotImplementedError(
@@ -268,12 +267,19 @@ def atac_cp_attention(
     return out_SHD.unsqueeze(0).contiguous(), None
 
 
+def _check_softcap(softcap: Any) -> None:
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
+                                or not math.isfinite(float(softcap)) or not float(softcap) > 0):
+        raise ValueError(f"softcap (attention logit soft-capping) must be a finite number > 0 or None, got {softcap!r}")
+
+
 def _score_options(kwargs: dict) -> dict:
     """The sdpa backend's ``sinks`` / ``softcap`` arguments from a call's ``s_aux`` / ``softcap``."""
     extra = {}
     if kwargs.get("s_aux") is not None:
         extra["sinks"] = kwargs["s_aux"].reshape(-1)
     if kwargs.get("softcap") is not None:
+        _check_softcap(kwargs["softcap"])
         extra["softcap"] = float(kwargs["softcap"])
     return extra
 

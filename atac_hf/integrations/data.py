@@ -222,11 +222,12 @@ def build_packed_dataloader(dataset: Any, config: ATACConfig, *, num_replicas: i
 
     check_dataset_columns(dataset)
     names = _column_names(dataset)
-    if "seq_lengths" in names or "position_ids" in names:
+    docs = PackedRowDocuments(dataset) if "seq_lengths" in names or "position_ids" in names else None
+    if docs is not None and ("seq_lengths" in names or not np.array_equal(docs.row, np.arange(len(dataset)))):
         # pre-packed rows (TRL, pack_dataset, DataCollatorWithFlattening's position_ids): pack their documents
-        dataset = PackedRowDocuments(dataset)
+        dataset = docs
         lengths = dataset.lengths
-    else:
+    else:  # plain rows (position_ids that never restart: one document a row, read as rows)
         lengths = dataset_lengths(dataset)
     _warn_small_window(config, num_replicas * grad_accum)
     sampler = WFAPBatchSampler(
