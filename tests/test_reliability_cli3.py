@@ -264,3 +264,20 @@ def test_lengths_messages_name_the_callers_flag(tmp_path, capsys):
     _one_error_line(capsys, ["plan", "--doc-lengths", str(big), "--cp-size", "2"], r"check --doc-lengths\)$")
     _one_error_line(capsys, ["pack", "--lengths", str(big), "--max-tokens", "8"], r"check --lengths\)$")
     _one_error_line(capsys, ["bench", "--workers", "1", "--workload-file", str(big)], r"check --workload-file\)$")
+
+
+# ---------------------------------------------------------------- plan: a baseline over the cap
+def test_plan_reports_a_baseline_over_the_cap_as_a_row_and_refuses_only_when_none_fits(capsys):
+    """`plan --max-tokens-per-rank 4 --doc-lengths 5,3 --cp-size 2`: per_doc keeps the 5-token
+    document on one rank; it was an abort after 3 JSON rows (red-team 3)."""
+    argv = ["plan", "--max-tokens-per-rank", "4", "--doc-lengths", "5,3", "--cp-size", "2"]
+    assert main(argv + ["--json"]) == 0
+    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [r["strategy"] for r in rows] == ["atp", "contiguous", "zigzag", "per_doc", "wlb_adaptive"]
+    assert "over max_tokens_per_rank=4" in rows[3]["refused"]
+    assert all(max(r["rank_tokens"]) <= 4 for r in rows if "refused" not in r)
+    assert main(argv) == 0
+    assert "per_doc        refused: over --max-tokens-per-rank=4" in capsys.readouterr().out
+    _one_error_line(capsys, argv + ["--strategy", "per_doc"], r"strategy 'per_doc' puts 5 tokens on one rank")
+    _one_error_line(capsys, ["plan", "--max-tokens-per-rank", "3", "--doc-lengths", "5,3", "--cp-size", "2"],
+                    r"no strategy fits --max-tokens-per-rank=3: strategy 'atp' puts 4 tokens")

@@ -146,12 +146,17 @@ def plan_shards(
     if max_tokens_per_rank is not None:
         worst = int(plan.rank_num_tokens().max())
         if worst > max_tokens_per_rank:
-            raise ValueError(
+            raise CapExceededError(
                 f"strategy {strategy!r} puts {worst} tokens on one rank, over max_tokens_per_rank="
                 f"{max_tokens_per_rank} ({int(lengths.sum())} tokens over cp_size={cp_size}); raise the cap, "
                 "raise cp_size or pack fewer tokens"
             )
     return plan
+
+
+class CapExceededError(ValueError):
+    """A strategy's plan puts more tokens on a rank than ``max_tokens_per_rank`` (another strategy,
+    ``atp`` among them, may still fit the cap)."""
 
 
 def _short(v: Any) -> str:

@@ -8,7 +8,7 @@ import time
 
 from ..cost import HARDWARE_PRESETS, MODEL_PRESETS, CostModel
 from ..workloads import load_lengths
-from .api import STRATEGIES, plan_shards
+from .api import STRATEGIES, CapExceededError, plan_shards
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -50,7 +50,15 @@ def run(args: argparse.Namespace) -> int:
     names = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
     rows = []
     for name in names:
-        plan_shards(lengths, args.cp_size, name, cm, max_tokens_per_rank=args.max_tokens_per_rank)  # warm-up
+        try:  # warm-up
+            plan_shards(lengths, args.cp_size, name, cm, max_tokens_per_rank=args.max_tokens_per_rank)
+        except CapExceededError as e:
+            if len(names) == 1:
+                raise
+            rows.append({"strategy": name, "refused": str(e)})  # a baseline over the cap: the others still run
+            if args.json:
+                print(json.dumps(rows[-1]))
+            continue
         t0 = time.perf_counter()
         plan = plan_shards(lengths, args.cp_size, name, cm, max_tokens_per_rank=args.max_tokens_per_rank)
         ms = (time.perf_counter() - t0) * 1e3
@@ -68,10 +76,15 @@ def run(args: argparse.Namespace) -> int:
         rows.append(row)
         if args.json:
             print(json.dumps(row))
+    if all("refused" in r for r in rows):
+        raise ValueError(f"no strategy fits --max-tokens-per-rank={args.max_tokens_per_rank}: {rows[0]['refused']}")
     if not args.json:
         print(f"{len(lengths)} documents, {sum(lengths)} tokens, cp_size={args.cp_size}, cost model {cm.name}")
         print(f"{'strategy':<13}{'imbalance':>10}{'block ms':>10}{'KV MB':>9}{'anchors':>9}{'plan ms':>9}")
         for r in rows:
+            if "refused" in r:
+                print(f"{r['strategy']:<13}  refused: over --max-tokens-per-rank={args.max_tokens_per_rank}")
+                continue
             print(f"{r['strategy']:<13}{r['imbalance']:>10.3f}{r['block_time_ms']:>10.3f}{r['kv_mb_per_layer']:>9.2f}"
                   f"{len(r['sharded_docs']):>9}{r['planner_ms']:>9.2f}")
     return 0
