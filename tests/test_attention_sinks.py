@@ -78,7 +78,7 @@ def test_softcap_under_cp_equals_the_reference(case, with_sinks, monkeypatch):
 def test_sinks_exact_on_every_kernel_path(monkeypatch):
     """CPU: the chunk kernel (prefix merged with the square, the sinks a third part: every
     chunk) and masked row blocks (QUERY_BLOCK rows) through the flash kernel's log-sum-exp.
-    Elsewhere (GPU): the plain attention rescaled by a separate log-sum-exp pass, here cut into
+    Elsewhere (GPU): the explicit-score path with the sink column in the softmax, here cut into
     many checkpointed blocks."""
     monkeypatch.setattr(kernels, "MERGE_MIN_PAIRS", 1)
     _check([400, 30, 90], 2, "atp", None, 4, 2, None, seed=3)
@@ -87,13 +87,13 @@ def test_sinks_exact_on_every_kernel_path(monkeypatch):
     _check([400, 30, 90], 2, "per_doc", 25, 4, 2, "all_to_all", seed=4)
     _check([400, 30, 90], 4, "atp", None, 4, 1, None, seed=5)
     calls = []
-    real = kernels._segment_lse
-    monkeypatch.setattr(kernels, "_segment_lse", lambda *a: calls.append(1) or real(*a))
+    real = kernels._attend_math
+    monkeypatch.setattr(kernels, "_attend_math", lambda *a: calls.append(1) or real(*a))
     monkeypatch.setattr(kernels, "prefix_merge_available", lambda device: False)
     monkeypatch.setattr(kernels, "SINK_BLOCK_ELEMENTS", 4 * 50)
     _check([400, 30, 90], 2, "per_doc", 25, 4, 2, "all_to_all", seed=6)
     _check([400, 30, 90], 4, "atp", None, 4, 1, None, seed=7)
-    assert calls, "the separate log-sum-exp pass must have run"
+    assert calls, "the explicit-score path must have run"
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from ..sharding.plan import LocalLayout
 from .varlen import VARLEN_KERNELS, Wait, auto_backend, make_varlen_backend, varlen_attention_reference
-from .cpu_kernels import _lse_block, _math_block, _prefix_chunk, _sink_flash, prefix_merge_available
+from .cpu_kernels import _math_block, _prefix_chunk, _sink_flash, prefix_merge_available
 
 __all__ = ["BACKENDS", "SEGMENT_BACKENDS", "attend_segment", "auto_backend", "prefix_merge_available",
            "resolve_backend", "run_backend", "varlen_attention_reference"]
@@ -110,8 +110,8 @@ MERGE_MIN_PAIRS = 1 << 18
 QUERY_BLOCK = 256
 
 
-# Score entries (heads x query rows x keys) per block of the explicit-score passes (the sinks'
-# log-sum-exp off CPU, soft-capping): bounds their transient buffer (64 MiB in fp32; 4x on CUDA);
+# Score entries (heads x query rows x keys) per block of the explicit-score path (soft-capping,
+# sinks off CPU): bounds their transient buffer (64 MiB in fp32; 4x on CUDA);
 # the blocks are recomputed in backward, not kept.
 SINK_BLOCK_ELEMENTS = 1 << 24
 
@@ -129,35 +129,15 @@ def _score_block_rows(H: int, ds: int, de: int, lo: int, window: int | None, dev
     return int(max(1, min(de - ds, rows)))
 
 
-def _segment_lse(q, k, ds: int, de: int, lo: int, window: int | None, scaling: float) -> torch.Tensor:
-    """(H, Lq) log-sum-exp (at least fp32) of each query's scores over the keys it attends to (the
-    softmax's normaliser, what attention sinks rescale by): q (H, Lq, D) at document positions
-    ``[ds, de)``, k (K, de - lo, D) at ``[lo, de)``. Blocks of query rows, each checkpointed
-    (recomputed in backward), so no (H, Lq, Lk) buffer is kept; differentiable."""
-    from torch.utils.checkpoint import checkpoint
-
-    rows = _score_block_rows(q.shape[0], ds, de, lo, window, q.device)
-    out = []
-    for p0 in range(ds, de, rows):
-        p1 = min(p0 + rows, de)
-        klo = lo if window is None else max(lo, p0 - int(window) + 1)
-        qb, kb = q[:, p0 - ds:p1 - ds], k[:, klo - lo:p1 - lo]
-        if torch.is_grad_enabled() and (qb.requires_grad or kb.requires_grad):
-            out.append(checkpoint(_lse_block, qb, kb, p0, klo, window, scaling, use_reentrant=False))
-        else:
-            out.append(_lse_block(qb, kb, p0, klo, window, scaling))
-    return torch.cat(out, dim=1)
-
-
 def _attend_math(q, k, v, ds: int, de: int, lo: int, window: int | None, scaling: float, softcap: float | None,
                  sinks: torch.Tensor | None) -> torch.Tensor:
-    """:func:`_attend` for what no fused kernel computes (logit soft-capping): explicit scores in
+    """:func:`_attend` for what no fused kernel computes (logit soft-capping; sinks off CPU): explicit scores in
     blocks of query rows of at most SINK_BLOCK_ELEMENTS entries, each checkpointed (recomputed in
     backward), so no (H, Lq, Lk) buffer is kept. Returns (H, Lq, D)."""
     from torch.utils.checkpoint import checkpoint
 
     rows = _score_block_rows(q.shape[0], ds, de, lo, window, q.device)
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks))
     outs = []
     for p0 in range(ds, de, rows):
         p1 = min(p0 + rows, de)
@@ -174,22 +154,20 @@ def _attend(q, k, v, ds: int, de: int, lo: int, window: int | None, scaling: flo
     ``[ds, de)``, k/v (K, de - lo, D) at positions ``[lo, de)``. Returns (H, Lq, D).
 
     ``sinks`` (H,): attention sinks (``s_aux`` of GPT-OSS-like models): one extra logit per head
-    in every query's softmax, with a zero value. The output is the plain attention's times
-    ``sigmoid(lse - sink)`` (``lse``: the log-sum-exp of the query's scores, :func:`_segment_lse`),
-    which is exactly that softmax's; the factor is computed in fp32 at least (GPT-OSS's eager
-    attention takes that softmax in the model's dtype: bf16 models may differ by bf16's rounding).
+    in every query's softmax, with a zero value: the plain attention's output times
+    ``sigmoid(lse - sink)`` (``lse``: the log-sum-exp of the query's scores). On CPU the flash
+    kernel's own log-sum-exp gives it (:func:`_attend_sinks_cpu`); elsewhere the explicit-score
+    path puts the sink column in the softmax (:func:`_attend_math`). Computed in fp32 at least
+    (GPT-OSS's eager attention takes that softmax in the model's dtype: bf16 models may differ by
+    bf16's rounding).
 
     ``softcap``: attention logit soft-capping (Gemma 2: scores ``softcap * tanh(s / softcap)``),
     which no fused kernel applies: :func:`_attend_math`."""
-    if softcap is not None:
+    if softcap is not None or (sinks is not None and not prefix_merge_available(q.device)):
         return _attend_math(q, k, v, ds, de, lo, window, scaling, softcap, sinks)
     if sinks is None:
         return _attend_plain(q, k, v, ds, de, lo, window, scaling)
-    if prefix_merge_available(q.device):  # CPU: the flash kernel's own log-sum-exp, one pass
-        return _attend_sinks_cpu(q, k, v, ds, de, lo, window, scaling, sinks)
-    out = _attend_plain(q, k, v, ds, de, lo, window, scaling)
-    lse = _segment_lse(q, k, ds, de, lo, window, scaling)
-    return out * torch.sigmoid(lse - sinks.to(lse.dtype)[:, None]).unsqueeze(-1).to(out.dtype)
+    return _attend_sinks_cpu(q, k, v, ds, de, lo, window, scaling, sinks)
 
 
 def _attend_sinks_cpu(q, k, v, ds: int, de: int, lo: int, window: int | None, scaling: float, sinks) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """CPU attention kernels of the ``sdpa`` backend that need a softmax's log-sum-exp: torch's CPU flash
 kernel run on a chunk's key prefix and its own square and merged by log-sum-exp, attention sinks
 (``s_aux``) joining that merge, and the explicit-score blocks for what no fused kernel computes
-(logit soft-capping; the sinks' log-sum-exp off CPU). Used by :mod:`atac_hf.attention.backends`.
+(logit soft-capping; sinks off CPU). Used by :mod:`atac_hf.attention.backends`.
 
 Shape legend: H query heads, K key/value heads, L tokens, D head dim.
 """
@@ -71,22 +71,6 @@ def _prefix_chunk(q, k, v, n_pre: int, scaling: float, sinks=None) -> torch.Tens
     k, v = k[None], v[None]
     return _PrefixChunkAttention.apply(q[None], k[:, :, :n_pre], v[:, :, :n_pre], k[:, :, n_pre:], v[:, :, n_pre:],
                                        scaling, sinks)[0]
-
-
-def _lse_block(q, k, p0: int, lo: int, window: int | None, scaling: float) -> torch.Tensor:
-    """(H, Lq) log-sum-exp (fp32, or the inputs' dtype if wider) of the scaled scores of queries
-    ``q`` (H, Lq, D) at document positions ``[p0, p0 + Lq)`` over keys ``k`` (K, Lk, D) at positions
-    ``[lo, lo + Lk)``, bottom-right causal (windowed)."""
-    H, Lq, D = q.shape
-    K, Lk = k.shape[0], k.shape[1]
-    dt = torch.promote_types(q.dtype, torch.float32)
-    scores = torch.matmul(q.reshape(K, H // K * Lq, D).to(dt), k.to(dt).transpose(1, 2)).reshape(H, Lq, Lk)
-    p = torch.arange(p0, p0 + Lq, device=q.device)[:, None]
-    j = torch.arange(lo, lo + Lk, device=q.device)[None, :]
-    m = j <= p
-    if window is not None:
-        m &= j > p - window
-    return torch.logsumexp((scores * scaling).masked_fill(~m, float("-inf")), dim=-1)
 
 
 def _math_block(q, k, v, p0: int, lo: int, window: int | None, scaling: float, softcap: float | None,
