@@ -16,6 +16,7 @@ import numpy as np
 
 from ..cost import CostModel, ModelDims
 from .cluster import ClusterConfig
+from .results import NoCombinationFitsError
 from .simulate import SimResult, simulate
 from ..workloads import load_workload, sample_path, workload_name
 
@@ -129,10 +130,17 @@ def _lengths(spec: str) -> np.ndarray:
 
 def run_scenario(scenario: Scenario, *, seed: int = 0, profile: str | None = None,
                  combos: Sequence[tuple[str, str]] | None = None) -> SimResult:
+    """One scenario; one where no combination fits the per-rank token cap is a result with every
+    combination in ``refused`` (a refused cell of the grid, not a failed grid)."""
     t0 = time.perf_counter()
-    res = simulate(_lengths(scenario.workload), scenario.config(profile), num_steps=scenario.num_steps, seed=seed,
-                   combos=combos if combos is not None else scenario.combos, workload=workload_name(scenario.workload),
-                   packing_options=scenario.options)
+    cluster = scenario.config(profile)
+    try:
+        res = simulate(_lengths(scenario.workload), cluster, num_steps=scenario.num_steps, seed=seed,
+                       combos=combos if combos is not None else scenario.combos,
+                       workload=workload_name(scenario.workload), packing_options=scenario.options)
+    except NoCombinationFitsError as e:
+        res = SimResult(cluster=cluster, workload=workload_name(scenario.workload), combos={}, num_samples=0,
+                        seed=seed, refused=e.refused)
     res.name = scenario.name  # type: ignore[attr-defined]
     res.seconds = time.perf_counter() - t0  # type: ignore[attr-defined]
     res.extra = scenario.extra  # type: ignore[attr-defined]
@@ -193,9 +201,13 @@ def _robust_one(args: tuple) -> tuple[int, list[dict[str, Any]]]:
     from .robustness import robustness_rows, run_robustness
 
     i, scenario, seed, profile, scales, eval_profiles = args
-    runs = run_robustness(_lengths(scenario.workload), scenario.config(profile), scales=scales,
-                          profiles=eval_profiles, combos=scenario.combos, num_steps=scenario.num_steps, seed=seed,
-                          workload=workload_name(scenario.workload), packing_options=scenario.options)
+    try:
+        runs = run_robustness(_lengths(scenario.workload), scenario.config(profile), scales=scales,
+                              profiles=eval_profiles, combos=scenario.combos, num_steps=scenario.num_steps, seed=seed,
+                              workload=workload_name(scenario.workload), packing_options=scenario.options)
+    except NoCombinationFitsError as e:  # a refused scenario: its rows say so, the grid goes on
+        return i, [{"scenario": scenario.name, "eval": "-", "combo": label, "refused": r.reason}
+                   for label, r in e.refused.items()]
     return i, [{"scenario": scenario.name, **row} for row in robustness_rows(runs)]
 
 

@@ -59,8 +59,11 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--windows", choices=("adaptive", "fixed"), default="adaptive",
                    help="adaptive: each packer sizes its windows like its feeder; fixed: identical windows")
     p.add_argument("--combos", default="all",
-                   help=f"'all', 'named' (HF default, WLB-LLM, ATAC) or comma-separated packing+sharding pairs; "
-                        f"packings {list(PACKINGS)}, shardings {list(SHARDINGS)}")
+                   help=f"'all', 'named' (HF default, WLB-LLM, ATAC) or comma-separated names and packing+sharding "
+                        f"pairs, each once; packings {list(PACKINGS)}, shardings {list(SHARDINGS)}")
+    p.add_argument("--max-tokens-per-rank", type=parse_tokens, default=None, metavar="N",
+                   help="per-rank token cap of the CP plans (default: ceil(--max-tokens / --cp x 1.25)); a "
+                        "combination with a pack over it is reported as refused, an error only when none fits")
     p.add_argument("--eval-attn-scale", type=_scales, default=None, metavar="K[,K...]",
                    help="robustness report: plan with the cluster's cost model, time with it at these attention "
                         "price ratios (e.g. 0.5,1,2), every combination at each")
@@ -106,26 +109,6 @@ def workload_line(spec: str, lengths: Any, *, seed: int | None = None) -> str:
             f"longest {w['longest']:,}")
 
 
-def _parse_combos(spec: str) -> list[tuple[str, str]] | None:
-    from .results import NAMED_COMBINATIONS
-
-    if spec == "all":
-        return None
-    if spec == "named":
-        return list(NAMED_COMBINATIONS.values())
-    out = []
-    for item in spec.split(","):
-        item = item.strip()
-        if item in NAMED_COMBINATIONS:
-            out.append(NAMED_COMBINATIONS[item])
-            continue
-        if "+" not in item:
-            raise ValueError(f"--combos entry {item!r} must be packing+sharding (e.g. wfap+atp), 'all' or 'named'")
-        a, b = item.split("+", 1)
-        out.append((a, b))
-    return out
-
-
 #: Most packs one ``simulate`` run may plan (steps x DP x micro-batches; the default run: 512),
 #: and the largest token cap and step count it accepts: absurd values fail at once, not after hours.
 MAX_SIM_PACKS = 2**18
@@ -147,26 +130,33 @@ def _check_sim_sizes(args: argparse.Namespace) -> None:
                          "lower one of them")
     if args.seed < 0:
         raise ValueError(f"--seed={shown(args.seed)} must be >= 0")
+    cap = getattr(args, "max_tokens_per_rank", None)
+    if cap is not None and not 1 <= cap <= MAX_SIM_TOKENS:
+        raise ValueError(f"--max-tokens-per-rank={shown(cap)} must be from 1 to {MAX_SIM_TOKENS} (or omit it: "
+                         "ceil(--max-tokens / --cp x 1.25))")
 
 
 def run_simulate(args: argparse.Namespace) -> int:
     from .cluster import ClusterConfig
+    from .combos import parse_combos
     from .report import COMBO_LEGEND, combo_table
     from .simulate import simulate
     from ..workloads import load_workload, workload_name
 
+    combos = parse_combos(args.combos)  # before any work: a bad or duplicated entry costs nothing
     _check_sim_sizes(args)
     cluster = ClusterConfig(dp_size=args.dp, pp_size=args.pp, cp_size=args.cp, tp_size=args.tp,
                             num_micro_batches=args.micro_batches, max_tokens=args.max_tokens,
                             model=model_arg(args.model), hardware=args.hardware, profile=args.profile,
-                            efficiency=args.efficiency, num_gpus=args.num_gpus)
+                            efficiency=args.efficiency, num_gpus=args.num_gpus,
+                            max_tokens_per_rank=getattr(args, "max_tokens_per_rank", None))
     lengths = load_workload(args.workload, seed=args.seed)
     if not args.json:
         print(workload_line(args.workload, lengths, seed=args.seed), flush=True)
     t0 = time.perf_counter()
     if args.eval_attn_scale or args.eval_profile:
-        return _run_robustness(args, cluster, lengths, t0)
-    res = simulate(lengths, cluster, combos=_parse_combos(args.combos), num_steps=args.steps, seed=args.seed,
+        return _run_robustness(args, cluster, lengths, t0, combos)
+    res = simulate(lengths, cluster, combos=combos, num_steps=args.steps, seed=args.seed,
                    windows=args.windows, workload=workload_name(args.workload))
     if args.json:
         print(json.dumps({**res.to_dict(), "workload_info": workload_info(args.workload, lengths, seed=args.seed)},
@@ -178,21 +168,24 @@ def run_simulate(args: argparse.Namespace) -> int:
     print(combo_table(res))
     print(COMBO_LEGEND)
     d = res.to_dict()
-    if "speedup" in d:
-        sp = d["speedup"]
-        names = {"vs_hf_default": "HF default", "vs_wlb_llm": "WLB-LLM", "vs_strongest": "the strongest baseline"}
-        parts = [f"{v:.2f}x {names.get(k, k)}" for k, v in sp.items()]
+    names = {"vs_hf_default": "HF default", "vs_wlb_llm": "WLB-LLM", "vs_strongest": "the strongest baseline"}
+    parts = [f"{v:.2f}x {names.get(k, k)}" for k, v in d.get("speedup", {}).items()]
+    parts += [f"no ratio over {names.get(k, k)} ({why})" for k, why in d.get("speedup_omitted", {}).items()
+              if k != "all"]
+    if parts:
         print("ATAC: " + ", ".join(parts) + (f" (strongest: {d['strongest_baseline']})" if "strongest_baseline" in d
                                               else ""))
+    elif "ATAC" in res.refused:
+        print("ATAC refused: no speedup computed")
     return 0
 
 
-def _run_robustness(args: argparse.Namespace, cluster: Any, lengths: Any, t0: float) -> int:
+def _run_robustness(args: argparse.Namespace, cluster: Any, lengths: Any, t0: float, combos: Any) -> int:
     from .robustness import robustness_rows, robustness_table, run_robustness
     from ..workloads import workload_name
 
     runs = run_robustness(lengths, cluster, scales=args.eval_attn_scale or (), profiles=args.eval_profile,
-                          combos=_parse_combos(args.combos), num_steps=args.steps, seed=args.seed,
+                          combos=combos, num_steps=args.steps, seed=args.seed,
                           windows=args.windows, workload=workload_name(args.workload))
     rows = robustness_rows(runs)
     if args.json:
@@ -327,7 +320,11 @@ def run_bench(args: argparse.Namespace) -> int:
     summary = summarise_grid(results)
     paper = next((r for r in results if getattr(r, "name", "") == PAPER_SCENARIO), None)
     paper_line = None
-    if paper is not None:
+    named = ("ATAC", "HF default", "WLB-LLM")
+    if paper is not None and not set(named) <= set(paper.combos):  # never a ratio against a refused combination
+        paper_line = (f"Paper-like scenario (`{PAPER_SCENARIO}`): no comparison, "
+                      f"{', '.join(k for k in named if k not in paper.combos)} refused over the per-rank token cap.")
+    elif paper is not None:
         a = paper.combos["ATAC"]
         what = "; ".join(paper.cluster.what_if_reasons())
         label = f"a what-if for atac-hf ({what}), kept as the comparison with the paper" if what else "runnable"
@@ -337,7 +334,7 @@ def run_bench(args: argparse.Namespace) -> int:
                       f"{paper.combos['HF default'].lb_ratio:.2f}x; {paper.speedup('ATAC', 'WLB-LLM'):.2f}x WLB-LLM; "
                       f"ATAC/LB {a.lb_ratio:.3f}, work cut {100 * a.split_work_saving:.1f}%")
         sp = side.get(PAPER_SPLIT)
-        if sp is not None:
+        if sp is not None and {"ATAC", "HF default"} <= set(sp.combos):
             paper_line += (f". With WFAP's opt-in balance splits (`balance_split=True`), which cut "
                            f"{100 * sp.combos['ATAC'].split_work_saving:.1f}% of the attention work (a split "
                            f"document loses the attention across the cut), ATAC is "

@@ -79,6 +79,9 @@ class ClusterConfig:
             derives it per pack from the cost model (linear: 1/3, attention: 1/3.5).
         rank_token_slack: per-rank token cap = ``ceil(max_tokens / cp x slack)`` (memory);
             ``None`` for no per-rank cap.
+        max_tokens_per_rank: the per-rank token cap itself (``--max-tokens-per-rank``), in place
+            of the one ``rank_token_slack`` derives; ``None``: derived. A combination with a
+            pack over it is refused (:attr:`~atac_hf.sim.results.SimResult.refused`).
     """
 
     dp_size: int = 1
@@ -97,6 +100,7 @@ class ClusterConfig:
     act_bytes: int = 2
     fwd_fraction: float | None = None
     rank_token_slack: float | None = 1.25
+    max_tokens_per_rank: int | None = None
 
     def __post_init__(self) -> None:
         for f in ("dp_size", "pp_size", "cp_size", "tp_size", "num_micro_batches", "max_tokens", "gpus_per_node",
@@ -133,6 +137,10 @@ class ClusterConfig:
             raise ValueError(f"ClusterConfig.fwd_fraction={self.fwd_fraction!r} must be in (0, 1) or None")
         if self.rank_token_slack is not None and not self.rank_token_slack >= 1:
             raise ValueError(f"ClusterConfig.rank_token_slack={self.rank_token_slack!r} must be >= 1 or None")
+        if self.max_tokens_per_rank is not None and (not _is_int(self.max_tokens_per_rank)
+                                                     or not 1 <= self.max_tokens_per_rank <= 2**62):
+            raise ValueError(f"ClusterConfig.max_tokens_per_rank={self.max_tokens_per_rank!r} must be an int from 1 "
+                             "to 2**62 or None (derived from rank_token_slack)")
         if self.profile is not None:
             self.cost_model()  # a profile that does not match the model fails here, not mid-run
 
@@ -302,9 +310,20 @@ class ClusterConfig:
         return t * self.dims.hidden_size * self.act_bytes / self.tp_size / bw + self.hw.link_latency_s
 
     def rank_token_cap(self) -> int | None:
+        """Most tokens one CP rank may hold: ``max_tokens_per_rank``, else ``ceil(max_tokens /
+        cp x rank_token_slack)`` (None at cp 1 or without a slack: no cap)."""
+        if self.max_tokens_per_rank is not None:
+            return int(self.max_tokens_per_rank)
         if self.rank_token_slack is None or self.cp_size == 1:
             return None
         return int(math.ceil(self.max_tokens / self.cp_size * self.rank_token_slack))
+
+    def rank_cap_setting(self) -> str:
+        """Where :meth:`rank_token_cap` comes from, for messages: the setting to change."""
+        if self.max_tokens_per_rank is not None:
+            return "set by max_tokens_per_rank (--max-tokens-per-rank): raise it, or raise cp_size (--cp)"
+        return (f"ceil(max_tokens {self.max_tokens} / cp_size {self.cp_size} x rank_token_slack "
+                f"{self.rank_token_slack}): set max_tokens_per_rank (--max-tokens-per-rank) or raise cp_size (--cp)")
 
     def describe(self) -> str:
         d = self.dims

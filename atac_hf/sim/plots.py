@@ -54,8 +54,12 @@ def plot_speedups(summary: dict[str, Any], path: str) -> str:
     atac_bound = vs_hf * np.array([r["atac_lb"] for r in rows])  # = HF time / ATAC's lower bound
     ax.scatter(x - w, atac_bound, marker="_", s=300, color="tab:red", zorder=3,
                label="HF default / ATAC's lower bound (after WFAP's work cut)")
-    for xi, r, top in zip(x, rows, np.maximum(atac_bound, vs_hf)):
-        if r.get("atac_work_cut", 0.0) >= 0.001:
+    for xi, r, top in zip(x, rows, np.fmax(atac_bound, vs_hf)):
+        for dx, key in ((-w, "vs_hf"), (0.0, "vs_wlb"), (w, "vs_best")):  # a ratio against a refused combination
+            if not r[key] == r[key]:
+                ax.annotate("refused", (xi + dx, 0.0), textcoords="offset points", xytext=(0, 3), ha="center",
+                            rotation=90, fontsize=6, color="0.4")
+        if np.isfinite(top) and r.get("atac_work_cut", 0.0) >= 0.001:
             ax.annotate(f"cut {100 * r['atac_work_cut']:.1f}%", (xi - w, top), textcoords="offset points",
                         xytext=(0, 4), ha="center", fontsize=7, color="tab:red")
     ax.axhline(1.0, color="grey", lw=0.8)
@@ -67,7 +71,7 @@ def plot_speedups(summary: dict[str, Any], path: str) -> str:
                   rotation=35, ha="right", fontsize=8)
     ax.set_ylabel("throughput speedup")
     ax.set_title("Simulated speedup of ATAC (wfap + atp) per scenario")
-    top = max([1.0, *vs_hf, *atac_bound, *(r["limit"] for r in rows)])
+    top = max(x for x in [1.0, *vs_hf, *atac_bound, *(r["limit"] for r in rows)] if np.isfinite(x))
     ax.set_ylim(0, 1.4 * top)  # headroom: the legend sits above the bars
     ax.legend(fontsize=7, ncol=3, loc="upper center")
     fig.tight_layout()
@@ -100,7 +104,7 @@ def plot_rank_load(result: Any, path: str) -> str:
     rank receives per layer (right), where strategies with the same compute split differ."""
     plt = _pyplot()
     sp = result.sample_pack
-    names = list(sp["rank_s"])
+    names = list(sp["rank_s"])  # the strategies that fit the per-rank cap (plot_all skips a pack with none)
     C = len(next(iter(sp["rank_s"].values())))
     kv = sp.get("kv_bytes") or {}
     fig, (ax, ax_kv) = plt.subplots(1, 2, figsize=(max(8.0, 0.6 * C * len(names) / 2 + 4), 4.2),
@@ -149,6 +153,6 @@ def plot_all(summary: dict[str, Any], featured: Any, out_dir: str) -> list[str]:
     os.makedirs(out_dir, exist_ok=True)
     paths = [plot_speedups(summary, os.path.join(out_dir, "sim_speedup.png")),
              plot_pack_time_cdf(featured, os.path.join(out_dir, "sim_pack_time_cdf.png"))]
-    if featured.sample_pack:
+    if featured.sample_pack and featured.sample_pack.get("rank_s"):
         paths.append(plot_rank_load(featured, os.path.join(out_dir, "sim_rank_load.png")))
     return paths

@@ -44,7 +44,7 @@ def combo_table(result: Any, *, markdown: bool = False) -> str:
     work removed by splits, padding share, mean/max delay (windows), planner ms per step.
     """
     rows = [c.metrics() for c in result.combos.values()]
-    base = result.combos.get("HF default")
+    base = result.combos.get("HF default")  # none (refused or not run): no "vs HF" ratio, "-"
     rows.sort(key=lambda r: -r["throughput_tok_s"])
     head = ["combination", "tok/s", "vs HF", "/LB", "CP imb", "mb imb", "CV", "KV MiB", "frag", "work cut", "pad",
             "delay", "plan ms"]
@@ -58,7 +58,25 @@ def combo_table(result: Any, *, markdown: bool = False) -> str:
             f"{100 * r['padding_share']:.1f}%",
             f"{r['delay_mean']:.2f}/{r['delay_max']}", f"{r['planner_ms_per_step']:.1f}",
         ])
-    return _render(head, body, markdown)
+    refused = getattr(result, "refused", {}) or {}
+    body += [[label, "refused"] + ["-"] * (len(head) - 2) for label in refused]
+    return "\n".join([_render(head, body, markdown), *refused_lines(result, markdown=markdown)])
+
+
+def refused_lines(result: Any, *, markdown: bool = False) -> list[str]:
+    """One line per combination of ``result`` refused over the per-rank token cap, with its reason."""
+    refused = getattr(result, "refused", {}) or {}
+    return ([""] * (markdown and bool(refused))
+            + [f"{'- ' if markdown else ''}{label} refused: {r.reason}" for label, r in refused.items()])
+
+
+def _finite(xs: Any) -> list[float]:
+    return [float(x) for x in xs if x == x and math.isfinite(x)]
+
+
+def _x(v: float, spec: str, refused: bool = False, unit: str = "x") -> str:
+    """``v`` formatted; ``refused`` / ``-`` where it is NaN (a ratio against a refused combination)."""
+    return format(v, spec) + unit if v == v else ("refused" if refused else "-")
 
 
 def summarise_grid(results: Sequence[Any]) -> dict[str, Any]:
@@ -71,26 +89,31 @@ def summarise_grid(results: Sequence[Any]) -> dict[str, Any]:
     figures over the what-if ones. Rows are listed runnable first, each group in grid order.
     """
     rows = []
+    nan = float("nan")
     for res in results:
         c = res.combos
-        best = res.strongest_baseline()
+        others = [k for k in c if k != "ATAC"]
+        best = res.strongest_baseline() if others else "-"
         reasons = res.cluster.what_if_reasons()
+        atac = c["ATAC"].metrics() if "ATAC" in c else {}
         rows.append({
             "scenario": getattr(res, "name", res.workload),
             "cluster": res.cluster.describe(),
             "workload": res.workload,
             "runnable": not reasons,
             "what_if": "; ".join(reasons),
-            "vs_hf": res.speedup("ATAC", "HF default"),
-            "vs_wlb": res.speedup("ATAC", "WLB-LLM"),
-            "vs_best": res.speedup("ATAC", best),
+            # a ratio of or against a refused combination is NaN (the row's "refused" says why)
+            "vs_hf": res.speedup_or_nan("ATAC", "HF default"),
+            "vs_wlb": res.speedup_or_nan("ATAC", "WLB-LLM"),
+            "vs_best": res.speedup_or_nan("ATAC", best),
             "best": best,
-            "limit": c["HF default"].lb_ratio,
-            "atac_lb": c["ATAC"].lb_ratio,
-            "wlb_lb": c["WLB-LLM"].lb_ratio,
-            "atac_frag": c["ATAC"].metrics()["fragmentation"],
-            "atac_work_cut": c["ATAC"].split_work_saving,
-            "atac_delay": c["ATAC"].metrics()["delay_mean"],
+            "limit": c["HF default"].lb_ratio if "HF default" in c else nan,
+            "atac_lb": atac.get("lb_ratio", nan),
+            "wlb_lb": c["WLB-LLM"].lb_ratio if "WLB-LLM" in c else nan,
+            "atac_frag": atac.get("fragmentation", nan),
+            "atac_work_cut": atac.get("split_work_saving", nan),
+            "atac_delay": atac.get("delay_mean", nan),
+            "refused": {k: r.reason for k, r in (getattr(res, "refused", {}) or {}).items()},
         })
     rows.sort(key=lambda r: not r["runnable"])  # stable: grid order inside each group
     runnable = [r for r in rows if r["runnable"]]
@@ -106,9 +129,10 @@ def _aggregate(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "geomean_vs_best": geomean([r["vs_best"] for r in rows]),
         "geomean_limit": geomean([r["limit"] for r in rows]),
         "geomean_atac_lb": geomean([r["atac_lb"] for r in rows]),
-        "worst_atac_lb": max((r["atac_lb"] for r in rows), default=float("nan")),
-        "min_vs_best": min((r["vs_best"] for r in rows), default=float("nan")),
+        "worst_atac_lb": max(_finite(r["atac_lb"] for r in rows), default=float("nan")),
+        "min_vs_best": min(_finite(r["vs_best"] for r in rows), default=float("nan")),
         "num_below_best": sum(r["vs_best"] < 1.0 for r in rows),
+        "num_refused": sum(bool(r.get("refused")) for r in rows),
     }
 
 
@@ -122,26 +146,39 @@ def headline(summary: dict[str, Any]) -> str:
         if not n:
             out.append(f"No {what.split(' (')[0]} in this grid.")
             continue
-        out.append(f"Geometric mean over {n} {what}: ATAC is {s['geomean_vs_hf']:.2f}x HF default, "
-                   f"{s['geomean_vs_wlb']:.2f}x WLB-LLM and {s['geomean_vs_best']:.3f}x the strongest other "
+        g = lambda k, f: format(s[k], f) + "x" if s[k] == s[k] else "n/a (refused)"  # noqa: E731 (NaN: all refused)
+        out.append(f"Geometric mean over {n} {what}: ATAC is {g('geomean_vs_hf', '.2f')} HF default, "
+                   f"{g('geomean_vs_wlb', '.2f')} WLB-LLM and {g('geomean_vs_best', '.3f')} the strongest other "
                    f"combination of each scenario (below it in {s['num_below_best']} of {n}, lowest "
-                   f"{s['min_vs_best']:.3f}x); ATAC's time is {s['geomean_atac_lb']:.3f}x its balance lower bound "
-                   f"(worst scenario {s['worst_atac_lb']:.3f}x).")
+                   f"{g('min_vs_best', '.3f')}); ATAC's time is {g('geomean_atac_lb', '.3f')} its balance lower "
+                   f"bound (worst scenario {g('worst_atac_lb', '.3f')}).")
+        if s.get("num_refused"):
+            out.append(f"In {s['num_refused']} of them some combination was refused (a pack over the per-rank token "
+                       "cap): its ratios are left out of these means.")
     return " ".join(out)
 
 
 def grid_table(summary: dict[str, Any], *, markdown: bool = False) -> str:
     head = ["scenario", "runs", "ATAC vs HF", "limit (HF/LB)", "ATAC/LB", "vs WLB-LLM", "vs strongest",
             "strongest baseline", "ATAC frag", "ATAC work cut", "ATAC delay"]
-    body = [[r["scenario"], "yes" if r.get("runnable", True) else "what-if", f"{r['vs_hf']:.2f}x",
-             f"{r['limit']:.2f}x", f"{r['atac_lb']:.3f}", f"{r['vs_wlb']:.2f}x", f"{r['vs_best']:.3f}x", r["best"],
-             f"{100 * r['atac_frag']:.2f}%", f"{100 * r['atac_work_cut']:.1f}%", f"{r['atac_delay']:.2f}"]
-            for r in summary["scenarios"]]
+    any_refused = any(r.get("refused") for r in summary["scenarios"])
+    body = []
+    for r in summary["scenarios"]:
+        no = set(r.get("refused") or ())
+        a = "ATAC" in no
+        pct = lambda v, d: _x(100 * v, f".{d}f", a, "%")  # noqa: E731
+        body.append([r["scenario"], "yes" if r.get("runnable", True) else "what-if",
+                     _x(r["vs_hf"], ".2f", a or "HF default" in no), _x(r["limit"], ".2f", "HF default" in no),
+                     _x(r["atac_lb"], ".3f", a, ""), _x(r["vs_wlb"], ".2f", a or "WLB-LLM" in no),
+                     _x(r["vs_best"], ".3f", a), r["best"], pct(r["atac_frag"], 2), pct(r["atac_work_cut"], 1),
+                     _x(r["atac_delay"], ".2f", a, "")] + [", ".join(sorted(no)) or "-"] * any_refused)
+    head += ["refused (over the per-rank cap)"] * any_refused
     for label, s in (("runnable", summary), ("what-if", summary.get("what_if_summary", {}))):
         if s.get("num_scenarios"):
-            body.append([f"geometric mean, {label} ({s['num_scenarios']})", "", f"{s['geomean_vs_hf']:.2f}x",
-                         f"{s['geomean_limit']:.2f}x", f"{s['geomean_atac_lb']:.3f}", f"{s['geomean_vs_wlb']:.2f}x",
-                         f"{s['geomean_vs_best']:.3f}x", "", "", "", ""])
+            body.append([f"geometric mean, {label} ({s['num_scenarios']})", "", _x(s["geomean_vs_hf"], ".2f", True),
+                         _x(s["geomean_limit"], ".2f", True), _x(s["geomean_atac_lb"], ".3f", True, ""),
+                         _x(s["geomean_vs_wlb"], ".2f", True), _x(s["geomean_vs_best"], ".3f", True), "", "", "",
+                         ""] + [""] * any_refused)
     return _render(head, body, markdown)
 
 

@@ -10,9 +10,11 @@ from typing import Any
 
 import numpy as np
 
+from ..sharding.api import CapExceededError
 from .cluster import ClusterConfig
 
-__all__ = ["PACKINGS", "SHARDINGS", "NAMED_COMBINATIONS", "ComboResult", "SimResult", "combo_label"]
+__all__ = ["PACKINGS", "SHARDINGS", "NAMED_COMBINATIONS", "ComboResult", "NoCombinationFitsError", "RefusedCombo",
+           "SimResult", "combo_label"]
 
 PACKINGS = ("sequential", "bfd", "wlb", "wfap")
 SHARDINGS = ("contiguous", "zigzag", "per_doc", "wlb_adaptive", "atp")
@@ -27,6 +29,36 @@ _LABELS = {v: k for k, v in NAMED_COMBINATIONS.items()}
 def combo_label(packing: str, sharding: str) -> str:
     """``"ATAC"``, ``"HF default"``, ``"WLB-LLM"`` or ``"<packing>+<sharding>"``."""
     return _LABELS.get((packing, sharding), f"{packing}+{sharding}")
+
+
+@dataclass(frozen=True)
+class RefusedCombo:
+    """A combination that did not run: one of its packs' plans breaks the per-rank token cap
+    (``reason``: which pack, by how much, and the cap's setting)."""
+
+    packing: str
+    sharding: str
+    reason: str
+
+    @property
+    def label(self) -> str:
+        return combo_label(self.packing, self.sharding)
+
+    def row(self) -> dict[str, Any]:
+        """Its row of :meth:`SimResult.to_dict`'s ``combinations``."""
+        return {"label": self.label, "packing": self.packing, "sharding": self.sharding, "refused": self.reason}
+
+
+class NoCombinationFitsError(CapExceededError):
+    """No combination of a run fits the per-rank token cap (a ValueError); ``refused`` holds
+    every combination's :class:`RefusedCombo`, by label."""
+
+    def __init__(self, message: str, refused: dict[str, RefusedCombo]):
+        super().__init__(message)
+        self.refused = dict(refused)
+
+    def __reduce__(self):  # picklable (bench's worker processes)
+        return (type(self), (str(self), self.refused))
 
 
 @dataclass
@@ -137,7 +169,10 @@ class SimResult:
             sample = index into the stream), in deal order.
         stream: the sample lengths of the stream (index = sample id).
         sample_pack: lengths of one heavy pack and per-rank compute of it under every
-            sharding strategy (``{"lengths": [...], "rank_s": {strategy: [...]}}``).
+            sharding strategy that fits the per-rank cap (``{"lengths": [...], "rank_s":
+            {strategy: [...]}, "refused": {strategy: reason}}``).
+        refused: label -> :class:`RefusedCombo`, the combinations over the per-rank token cap
+            (not in ``combos``; no figure, speedup or strongest baseline is computed from them).
     """
 
     cluster: ClusterConfig
@@ -149,6 +184,7 @@ class SimResult:
     packs: dict[str, list[list[list[tuple[int, int, int]]]]] = field(default_factory=dict, repr=False)
     stream: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
     sample_pack: dict[str, Any] = field(default_factory=dict)
+    refused: dict[str, RefusedCombo] = field(default_factory=dict)
 
     @property
     def runnable(self) -> bool:
@@ -156,10 +192,22 @@ class SimResult:
         return self.cluster.runnable
 
     def speedup(self, label: str, over: str) -> float:
-        """Throughput of ``label`` / throughput of ``over``."""
+        """Throughput of ``label`` / throughput of ``over``.
+
+        Raises:
+            ValueError: either was refused (over the per-rank token cap); KeyError: not run.
+        """
+        for x in (label, over):
+            if x in self.refused:
+                raise ValueError(f"no speedup of {label!r} over {over!r}: {x!r} was refused ({self.refused[x].reason})")
         return self.combos[label].throughput / self.combos[over].throughput
 
+    def speedup_or_nan(self, label: str, over: str) -> float:
+        """:meth:`speedup`, NaN where either was refused or not run."""
+        return self.speedup(label, over) if label in self.combos and over in self.combos else float("nan")
+
     def strongest_baseline(self, exclude: str = "ATAC") -> str:
+        """The fastest combination that ran, other than ``exclude`` (refused ones never count)."""
         return max((k for k in self.combos if k != exclude), key=lambda k: self.combos[k].throughput)
 
     def to_dict(self) -> dict[str, Any]:
@@ -167,10 +215,16 @@ class SimResult:
                                "runnable": self.cluster.runnable,
                                "what_if_reasons": list(self.cluster.what_if_reasons()),
                                "num_samples": self.num_samples, "seed": self.seed,
-                               "combinations": [c.metrics() for c in self.combos.values()]}
+                               "combinations": [c.metrics() for c in self.combos.values()]
+                               + [r.row() for r in self.refused.values()]}
+        base = {"HF default": "vs_hf_default", "WLB-LLM": "vs_wlb_llm"}
+        if "ATAC" in self.refused:  # no ratio is computed from a refused combination, and that is said
+            out["speedup_omitted"] = {"all": "ATAC refused"}
         if "ATAC" in self.combos:
-            base = {"HF default": "vs_hf_default", "WLB-LLM": "vs_wlb_llm"}
             out["speedup"] = {v: self.speedup("ATAC", k) for k, v in base.items() if k in self.combos}
+            omitted = {v: f"{k} refused" for k, v in base.items() if k in self.refused}
+            if omitted:
+                out["speedup_omitted"] = omitted
             if len(self.combos) > 1:
                 best = self.strongest_baseline()
                 out["speedup"]["vs_strongest"] = self.speedup("ATAC", best)

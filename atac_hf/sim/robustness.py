@@ -154,6 +154,8 @@ def robustness_rows(runs: Sequence[RobustnessRun]) -> list[dict[str, Any]]:
                 "cp_imbalance_worst": float(combo.cp_imbalance.max()) if combo.cp_imbalance.size else 1.0,
                 "kv_mb_per_layer": combo.metrics()["kv_mb_per_layer"],
             })
+        # a combination over the per-rank token cap: a row with its reason and no figures
+        rows += [{"eval": run.label, "combo": label, "refused": r.reason} for label, r in res.refused.items()]
     return rows
 
 
@@ -166,13 +168,16 @@ def robustness_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) 
         "timed by", "combination", "time/LB", "time/LB (1F1B formula)", "ATAC speedup", "window max/mean",
         "worst window", "CP max/mean", "worst pack", "K/V MB/layer", "delay mean/max"]
     fmt = lambda v, f: "-" if v != v else format(v, f)  # noqa: E731 (NaN -> "-")
-    body = [[r.get("scenario", "")] * scenario + [
+    body = [[r.get("scenario", "")] * scenario + (
+             [r["eval"], r["combo"], "refused"] + ["-"] * (len(head) - 3 - scenario) if "refused" in r else [
              r["eval"], r["combo"], fmt(r["lb_ratio"], ".3f"), fmt(r["formula_lb_ratio"], ".3f"),
              fmt(r["atac_speedup"], ".2f"), fmt(r["window_imbalance"], ".3f"), fmt(r["window_imbalance_worst"], ".3f"),
              fmt(r["cp_imbalance"], ".3f"), fmt(r["cp_imbalance_worst"], ".3f"), fmt(r["kv_mb_per_layer"], ".1f"),
-             f"{r['delay_mean']:.2f}/{r['delay_max']}"]
+             f"{r['delay_mean']:.2f}/{r['delay_max']}"])
             for r in rows]
-    return _render(head, body, markdown)
+    notes = list(dict.fromkeys(f"{'- ' if markdown else ''}{r.get('scenario', '') + ': ' if scenario else ''}"
+                               f"{r['combo']} refused: {r['refused']}" for r in rows if "refused" in r))
+    return "\n".join([_render(head, body, markdown), *([""] * (markdown and bool(notes))), *notes])
 
 
 def robustness_summary(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -181,8 +186,8 @@ def robustness_summary(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     smallest speedup over any other combination (and which, where), and in how many scenarios
     it is ahead of every other combination."""
     out = []
-    for label in dict.fromkeys(r["eval"] for r in rows):
-        mine = [r for r in rows if r["eval"] == label]
+    for label in dict.fromkeys(r["eval"] for r in rows if "refused" not in r):
+        mine = [r for r in rows if r["eval"] == label and "refused" not in r]  # refused rows have no figures
         atac = [r for r in mine if r["combo"] == "ATAC"]
         others = [r for r in mine if r["combo"] != "ATAC" and r["atac_speedup"] == r["atac_speedup"]]
         if not atac:

@@ -58,10 +58,12 @@ import numpy as np
 
 from ..cost import CostModel
 from ..sharding import plan_shards
+from ..sharding.api import CapExceededError
 from ..sharding.segments import finish_plan
 from .cluster import ClusterConfig
 from .feed import PackedStream, cut_windows, pack_cost, packing_metrics, run_packer
-from .results import PACKINGS, SHARDINGS, ComboResult, SimResult
+from .combos import check_combos
+from .results import PACKINGS, SHARDINGS, ComboResult, NoCombinationFitsError, RefusedCombo, SimResult
 from .onef1b import onef1b_formula
 from .schedule import one_f_one_b
 from ..workloads import sample_stream
@@ -90,7 +92,8 @@ def _summary(plan: Any, cm: CostModel, seconds: float, eval_cm: CostModel | None
 
 
 def plan_summaries(lengths_per_pack: Sequence[np.ndarray], strategies: Sequence[str], cp_size: int, cm: CostModel,
-                   cap: int | None, eval_cm: CostModel | None = None) -> dict[str, list[PlanSummary]]:
+                   cap: int | None, eval_cm: CostModel | None = None,
+                   refused: dict[str, str] | None = None) -> dict[str, list[PlanSummary]]:
     """Plan every pack with every strategy (the real planner), with the planning cost model
     ``cm``; the summaries time the plans with ``eval_cm`` (default ``cm``).
 
@@ -99,30 +102,48 @@ def plan_summaries(lengths_per_pack: Sequence[np.ndarray], strategies: Sequence[
     ``zigzag`` and ``per_doc`` by
     estimated block time (ties: zigzag); when both are planned anyway it is taken from
     them instead of planning both a second time (planner time: the sum of the two).
+
+    A strategy with a pack over ``cap`` raises the planner's
+    :class:`~atac_hf.sharding.api.CapExceededError`; with a ``refused`` dict it is left out
+    of the result instead, ``refused[strategy]`` saying which pack and why.
     """
     out: dict[str, list[PlanSummary]] = {}
     ecm = cm if eval_cm is None else eval_cm
+
+    def refuse(s: str, k: int, e: CapExceededError) -> None:
+        if refused is None:
+            raise e
+        refused[s] = f"pack {k + 1} of {len(lengths_per_pack)}: {e}"
+
     if cp_size == 1:  # no context parallelism: the pack runs whole on one rank, nothing to plan
+        big = next((k for k, x in enumerate(lengths_per_pack) if cap is not None and int(x.sum()) > cap), None)
+        if big is not None:
+            for s in strategies:
+                refuse(s, big, CapExceededError(f"{int(lengths_per_pack[big].sum())} tokens on the one rank of "
+                                                f"cp_size=1, over max_tokens_per_rank={cap}"))
+            return {}
         whole = [PlanSummary(float(ecm.doc_cost(x).sum()), 1.0, 0.0, int(x.sum()), 0.0) for x in lengths_per_pack]
         return {s: whole for s in strategies}
     # wlb_adaptive picks by the planning estimate: derived from zigzag/per_doc only when that is what times them
     derive = ecm is cm and "wlb_adaptive" in strategies and {"zigzag", "per_doc"} <= set(strategies)
-    for s in strategies:
-        if s == "wlb_adaptive" and derive:
-            continue
+    for s in [*(x for x in strategies if not (x == "wlb_adaptive" and derive)), *["wlb_adaptive"] * derive]:
+        if s == "wlb_adaptive" and derive and "zigzag" in out and "per_doc" in out:
+            out[s] = [PlanSummary(**{**(z if z.block_s <= d.block_s else d).__dict__, "plan_s": z.plan_s + d.plan_s})
+                      for z, d in zip(out["zigzag"], out["per_doc"])]
+            continue  # (a refused zigzag or per_doc: wlb_adaptive is planned itself, it may still fit)
         rows = []
-        for lens in lengths_per_pack:
+        for k, lens in enumerate(lengths_per_pack):
             t0 = time.perf_counter()
-            plan = plan_shards(lens, cp_size, s, cm, max_tokens_per_rank=cap)
+            try:
+                plan = plan_shards(lens, cp_size, s, cm, max_tokens_per_rank=cap)
+            except CapExceededError as e:
+                refuse(s, k, e)
+                break
             seconds = time.perf_counter() - t0
             rows.append(_summary(plan, cm, seconds, ecm))
-        out[s] = rows
-    if derive:
-        out["wlb_adaptive"] = [
-            PlanSummary(**{**(z if z.block_s <= d.block_s else d).__dict__, "plan_s": z.plan_s + d.plan_s})
-            for z, d in zip(out["zigzag"], out["per_doc"])
-        ]
-    return {s: out[s] for s in strategies}
+        else:
+            out[s] = rows
+    return {s: out[s] for s in strategies if s in out}
 
 
 def _fwd_fraction(cm: CostModel, lengths: np.ndarray, fixed: float | None) -> float:
@@ -193,7 +214,10 @@ def simulate(lengths: Any, cluster: ClusterConfig, *, combos: Sequence[tuple[str
         The :class:`~atac_hf.sim.results.SimResult`.
 
     Raises:
-        ValueError: bad lengths, counts or strategy names.
+        ValueError: bad lengths, counts, strategy names or a combination given twice;
+            :class:`~atac_hf.sim.results.NoCombinationFitsError` (a ValueError) when every
+            combination has a pack over the per-rank token cap. A combination over it while
+            others fit is not an error: it is in ``SimResult.refused``, with the reason.
     """
     arr = np.asarray(lengths)
     if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer) or (arr < 1).any():
@@ -205,13 +229,7 @@ def simulate(lengths: Any, cluster: ClusterConfig, *, combos: Sequence[tuple[str
     if end_of_stream not in ("flush", "last"):
         raise ValueError(f"end_of_stream={end_of_stream!r}: legal values are 'flush' (the feeder does not know the "
                          "last window) and 'last' (it passes add_window(last=True))")
-    combos = list(combos) if combos is not None else [(p, s) for p in PACKINGS for s in SHARDINGS]
-    if not combos:
-        raise ValueError("combos is empty: give at least one (packing, sharding) pair")
-    for p, s in combos:
-        if p not in PACKINGS or s not in SHARDINGS:
-            raise ValueError(f"unknown combination ({p!r}, {s!r}); packings {list(PACKINGS)}, "
-                             f"shardings {list(SHARDINGS)}")
+    combos = check_combos(combos) if combos is not None else [(p, s) for p in PACKINGS for s in SHARDINGS]
     cm = cluster.cost_model()
     if eval_cost_model is not None and not isinstance(eval_cost_model, CostModel):
         raise TypeError(f"eval_cost_model must be a CostModel or None, got {type(eval_cost_model).__name__}")
@@ -224,21 +242,35 @@ def simulate(lengths: Any, cluster: ClusterConfig, *, combos: Sequence[tuple[str
     for p, s in combos:
         by_packing.setdefault(p, []).append(s)
     results: dict[str, ComboResult] = {}
+    refused: dict[str, RefusedCombo] = {}
     packed_by: dict[str, PackedStream] = {}
+    cap = cluster.rank_token_cap()
     for packing, shardings in by_packing.items():
         packed = packed_by[packing] = run_packer(packing, stream, cluster, cm, options, fixed, end_of_stream)
         lens = [np.array([e - s for _, s, e in p], dtype=np.int64) for win in packed.packs for p in win]
-        plans = plan_summaries(lens, shardings, cluster.cp_size, cm, cluster.rank_token_cap(), ecm)
+        why: dict[str, str] = {}  # a sharding over the per-rank cap: refused, the other combinations still run
+        plans = plan_summaries(lens, shardings, cluster.cp_size, cm, cap, ecm, refused=why)
         pm = packing_metrics(packed, stream, cluster.max_tokens, cluster.packs_per_step, ecm)
         for sharding in shardings:
+            if sharding in why:
+                r = RefusedCombo(packing, sharding, f"over the per-rank token cap {cap} ({why[sharding]})")
+                refused[r.label] = r
+                continue
             res = _evaluate(packing, sharding, packed, lens, plans[sharding], cluster, ecm, pm)
             results[res.label] = res
         if progress is not None:
             progress.update(1)
-    results = {r.label: r for r in sorted(results.values(), key=lambda r: combos.index((r.packing, r.sharding)))}
+    if not results:
+        first = next(iter(refused.values()))
+        raise NoCombinationFitsError(
+            f"no combination fits the per-rank token cap of {cap} tokens ({cluster.rank_cap_setting()}); "
+            f"{len(refused)} of {len(combos)} refused, first {first.label}: {first.reason}", refused)
+    order = lambda r: combos.index((r.packing, r.sharding))  # noqa: E731
+    results = {r.label: r for r in sorted(results.values(), key=order)}
     sim = SimResult(cluster=cluster, workload=workload, combos=results, num_samples=len(stream), seed=seed,
                     windows={k: [w.tolist() for w in v.windows] for k, v in packed_by.items()},
-                    packs={k: v.packs for k, v in packed_by.items()}, stream=stream)
+                    packs={k: v.packs for k, v in packed_by.items()}, stream=stream,
+                    refused={r.label: r for r in sorted(refused.values(), key=order)})
     sim.sample_pack = _sample_pack(packed_by, cluster, cm)  # planned (and shown) with the planning model
     return sim
 
@@ -305,7 +337,12 @@ def _sample_pack(packed_by: dict[str, PackedStream], cluster: ClusterConfig, cm:
     pack = max(packs, key=lambda p: pack_cost(cm, p))
     lens = np.array([e - s for _, s, e in pack], dtype=np.int64)
     cap = cluster.rank_token_cap()
-    plans = {s: plan_shards(lens, cluster.cp_size, s, cm, max_tokens_per_rank=cap) for s in SHARDINGS}
+    plans, refused = {}, {}
+    for s in SHARDINGS:  # a strategy over the per-rank cap is left out of the sample (and named)
+        try:
+            plans[s] = plan_shards(lens, cluster.cp_size, s, cm, max_tokens_per_rank=cap)
+        except CapExceededError as e:
+            refused[s] = str(e)
     return {"lengths": lens.tolist(), "rank_s": {s: p.rank_compute_s.tolist() for s, p in plans.items()},
             "kv_bytes": {s: float(p.kv_bytes(cm.kv_bytes_per_token)) for s, p in plans.items()},
-            "block_s": {s: float(p.block_time_s) for s, p in plans.items()}}
+            "block_s": {s: float(p.block_time_s) for s, p in plans.items()}, "refused": refused}
