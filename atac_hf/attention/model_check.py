@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from .model_probe import PROBE_TOLERANCE, ProbeResult, run_probe, shrink_config
+from .relay import _remove_relay, install_relay
 from .runtime import (ATTENTION_DROPOUT_FIELDS, ATTN_IMPLEMENTATION, SHARD_KWARG, UncheckedModelWarning,
                       check_model_supported, mark_checked)
 from .shard import ShardContext
@@ -305,7 +306,8 @@ def check_model(model: torch.nn.Module, *, guard: bool = True) -> ModelVerdict:
 
     Runs the static rules, then (cached per class and config) the exactness probe on a tiny fp64 copy
     of the architecture. Changes nothing on the model except, when accepted and ``guard`` is True,
-    the runtime guard (see :func:`remove_guard`). PEFT/DDP/compile wrappers are looked through.
+    the runtime guard (see :func:`remove_guard`) and the hooks that relay the shard context to
+    attention layers called without the forward's ``**kwargs`` (:func:`~.relay.install_relay`). PEFT/DDP/compile wrappers are looked through.
 
     Returns:
         the :class:`ModelVerdict` (``exact`` True).
@@ -335,6 +337,7 @@ def check_model(model: torch.nn.Module, *, guard: bool = True) -> ModelVerdict:
     mark_checked(config)
     if guard:
         _install_guard(base, verdict)
+        install_relay(base)  # the shard context to attention layers called without the forward's **kwargs
     return verdict
 
 
@@ -398,7 +401,8 @@ def _install_guard(base: torch.nn.Module, verdict: ModelVerdict) -> None:
 
 
 def remove_guard(model: torch.nn.Module) -> bool:
-    """Remove the runtime guard :func:`check_model` installed (True if there was one)."""
+    """Remove the runtime guard and the context relay :func:`check_model` installed (True if there
+    was a guard)."""
     from ..integrations.sharder import unwrap_base_model
 
     base = unwrap_base_model(model)
@@ -407,4 +411,5 @@ def remove_guard(model: torch.nn.Module) -> bool:
         return False
     guard.remove()
     object.__delattr__(base, _GUARD_ATTR)
+    _remove_relay(base)
     return True

@@ -198,6 +198,7 @@ def run_probe(model_cls: type, tiny: Any, *, rank: int = 0, world: int = 1, grou
         whatever the model raises on either path (the caller names the reason).
     """
     from ..sharding import plan_shards
+    from .relay import install_relay
     from .runtime import ATTN_IMPLEMENTATION, register_attention
     from .shard import shard_batch, unshard
 
@@ -224,6 +225,7 @@ def run_probe(model_cls: type, tiny: Any, *, rank: int = 0, world: int = 1, grou
     ref_logits, ref_grads = torch.cat(ref_logits), torch.cat(ref_grads)
 
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    install_relay(model)  # as check_model does for the models it accepts
     pos = torch.cat([torch.arange(m) for m in lengths])[None]
     plan = plan_shards(lengths, world)
     local = shard_batch({"input_ids": ids, "position_ids": pos, "inputs_embeds": embeds}, plan, rank, group)

@@ -26,6 +26,7 @@ from ..sharding.plan import ShardPlan
 from .backends import BACKENDS, run_backend
 from .collectives import KVGather, attach
 from .kv_exchange import start_all_to_all
+from .relay import active_context
 from .shard import ShardContext
 
 __all__ = [
@@ -87,11 +88,15 @@ def attention_dropout_field(config: Any) -> str:
 def _context(module: Any, kwargs: dict) -> ShardContext:
     ctx = kwargs.get(SHARD_KWARG)
     if ctx is None:
+        # a model that drops its forward's **kwargs before the attention call: the context of the
+        # enclosing call, relayed by the hooks of atac_hf.attention.relay (installed by prepare_model)
+        ctx = active_context()
+    if ctx is None:
         raise ValueError(
             f"attn_implementation={ATTN_IMPLEMENTATION!r} needs the per-batch shard context (kwarg {SHARD_KWARG!r} "
             f"is missing in {type(module).__name__}): call model(**atac_hf.shard_batch(batch, plan, rank, group)); "
-            "if you did, this model does not pass its forward's **kwargs on to its attention layers and cannot "
-            "be sharded (atac_hf.check_model(model) refuses it)"
+            "if you did, this model does not pass its forward's **kwargs on to its attention layers: call "
+            "atac_hf.integrations.prepare_model(model) first, which relays the context to them"
         )
     if not isinstance(ctx, ShardContext):
         raise TypeError(f"{SHARD_KWARG}= must be a ShardContext from shard_batch, got {type(ctx).__name__}")
