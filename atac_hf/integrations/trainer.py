@@ -315,8 +315,11 @@ class ATACTrainer(Trainer):
     # ------------------------------------------------------------------ the CP hook
     def _prepare_context_parallel_inputs(self, model: torch.nn.Module, inputs: dict[str, Any]):
         """Plan and shard the full packed batch (Trainer already counted ``num_items_in_batch`` on it)."""
-        local = self.atac_sharder(inputs, record=bool(model.training))
-        if model.training:
+        # the caller, not model.training: Trainer shards before its model.train(), and a model no
+        # wrapper holds (CP 1 in one process, TP, FSDP2) is still in eval mode after an evaluation
+        training = bool(getattr(self, "_atac_training_step", False))
+        local = self.atac_sharder(inputs, record=training)
+        if training:
             self._atac_local_ids = local["input_ids"]
             self._atac_docs_trained += self.atac_sharder.last_stats.num_docs
         return contextlib.nullcontext, local
@@ -339,7 +342,11 @@ class ATACTrainer(Trainer):
         """Trainer's step; with ``tp_size > 1`` the gradients are averaged over dp x cp at each
         gradient-sync step (Accelerate wraps a TP model in no DDP; Trainer has scaled the loss by
         ``world / tp_size``, so the mean is the sum of the CP and DP shares)."""
-        loss = super().training_step(model, inputs, *args, **kwargs)
+        self._atac_training_step = True
+        try:
+            loss = super().training_step(model, inputs, *args, **kwargs)
+        finally:
+            self._atac_training_step = False
         if self.atac_tp_size > 1 and self.accelerator.sync_gradients:
             sync_tp_gradients(model, dp_cp_group(self.accelerator.torch_device_mesh))
         return loss
