@@ -162,6 +162,26 @@ def reference_run(model, batch: dict) -> dict:
     return {"logits": out.logits.detach().reshape(B * S, -1), "loss": out.loss.detach(), "grads": grads}
 
 
+def per_document_reference(model, batch: dict, attn: str) -> dict:
+    """Each document run alone through the stock model with attention ``attn``, the loss over all of
+    them in float32 (as transformers' loss computes it)."""
+    import torch.nn.functional as F
+
+    from atac_hf.attention import build_shift_labels, doc_lengths_from_batch
+
+    set_attn(model, attn)
+    model.zero_grad(set_to_none=True)
+    ids = batch["input_ids"].reshape(1, -1)
+    lengths = doc_lengths_from_batch(batch)
+    offs = np.concatenate([[0], np.cumsum(lengths)])
+    logits = torch.cat([model(input_ids=ids[:, a:b], use_cache=False).logits[0] for a, b in zip(offs[:-1], offs[1:])])
+    shift = build_shift_labels(batch["labels"], lengths).reshape(-1)
+    loss = F.cross_entropy(logits.float(), shift, reduction="sum") / int((shift != -100).sum())
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return {"logits": logits.detach(), "loss": loss.detach(), "grads": grads}
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a - b| / max |b| (0 when both are 0)."""
     a, b = a.detach().double(), b.detach().double()

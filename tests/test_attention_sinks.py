@@ -203,26 +203,6 @@ def _gpt_oss(dtype):
     return model.train()
 
 
-def _per_document_reference(model, batch: dict) -> dict:
-    """Each document run alone through the stock model (eager: transformers' packed-row masks
-    from position_ids do not reach GPT-OSS's eager attention), the loss over all of them."""
-    import torch.nn.functional as F
-
-    from atac_hf.attention import build_shift_labels, doc_lengths_from_batch
-
-    _dist.set_attn(model, "eager")
-    model.zero_grad(set_to_none=True)
-    B, S = batch["input_ids"].shape
-    ids = batch["input_ids"].reshape(1, -1)
-    offs = np.concatenate([[0], np.cumsum(doc_lengths_from_batch(batch))])
-    logits = torch.cat([model(input_ids=ids[:, a:b], use_cache=False).logits[0] for a, b in zip(offs[:-1], offs[1:])])
-    shift = build_shift_labels(batch["labels"], doc_lengths_from_batch(batch)).reshape(-1)
-    loss = F.cross_entropy(logits.float(), shift, reduction="sum") / int((shift != -100).sum())
-    loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    return {"logits": logits.detach(), "loss": loss.detach(), "grads": grads}
-
-
 def sinks_worker(rank: int, world: int, out_path: str) -> None:
     import test_attention_dist as td
 
@@ -233,7 +213,8 @@ def sinks_worker(rank: int, world: int, out_path: str) -> None:
         model = _gpt_oss(dtype)
         for pi, rows in enumerate(([[150, 30, 1, 2, 20, 1, 7]], _dist.uneven_rows(np.random.default_rng(world), 230))):
             batch = _dist.make_batch(rows, seed=pi)
-            ref = _per_document_reference(model, batch) if rank == 0 else None
+            # eager: transformers' packed-row masks from position_ids do not reach GPT-OSS's eager attention
+            ref = _dist.per_document_reference(model, batch, "eager") if rank == 0 else None
             lengths = doc_lengths_from_batch(batch)
             for strategy in ("atp", "per_doc", "zigzag"):
                 plan = plan_shards(lengths, world, strategy)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
-import numpy as np
 import pytest
 import torch
 
@@ -32,25 +31,6 @@ def _model(family: str, dtype=torch.float64):
     return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=dtype).train()
 
 
-def _per_document_reference(model, batch: dict) -> dict:
-    """Each document alone through the stock model (sdpa), the loss over all of them."""
-    import torch.nn.functional as F
-
-    from atac_hf.attention import build_shift_labels, doc_lengths_from_batch
-
-    _dist.set_attn(model, "sdpa")
-    model.zero_grad(set_to_none=True)
-    ids = batch["input_ids"].reshape(1, -1)
-    offs = np.concatenate([[0], np.cumsum(doc_lengths_from_batch(batch))])
-    logits = torch.cat([model(input_ids=ids[:, a:b], use_cache=False).logits[0] for a, b in zip(offs[:-1], offs[1:])])
-    shift = build_shift_labels(batch["labels"], doc_lengths_from_batch(batch)).reshape(-1)
-    # in float32, as transformers' loss (ForCausalLMLoss upcasts, or here downcasts, the logits to it)
-    loss = F.cross_entropy(logits.float(), shift, reduction="sum") / int((shift != -100).sum())
-    loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    return {"logits": logits.detach(), "loss": loss.detach(), "grads": grads}
-
-
 def relay_worker(rank: int, world: int, out_path: str) -> None:
     import test_attention_dist as td
 
@@ -65,7 +45,7 @@ def relay_worker(rank: int, world: int, out_path: str) -> None:
             if checkpointing is not None:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": checkpointing})
             batch = _dist.make_batch([[150, 30, 1, 2, 20, 1, 7]], seed=1)  # the 150 is split over the ranks
-            ref = _per_document_reference(model, batch) if rank == 0 else None
+            ref = _dist.per_document_reference(model, batch, "sdpa") if rank == 0 else None
             for strategy in ("atp", "zigzag"):
                 plan = plan_shards(doc_lengths_from_batch(batch), world, strategy)
                 stats["gathered"] += int(len(plan.gathered_docs) > 0)
