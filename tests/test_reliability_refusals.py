@@ -245,17 +245,26 @@ def test_a_streaming_trainer_refuses_several_dataloader_workers(tmp_path):
     assert args.accelerator_config.dispatch_batches is None  # refused before the args changed
 
 
-def test_a_streaming_resume_warns_that_it_is_exact_in_the_first_pass_only(tmp_path):
+@pytest.mark.parametrize("workers, match", [
+    (0, r"atac_stream.json not found .*exact inside the stream's first pass only"),
+    (1, r"dataloader_num_workers=1: .*exact inside the stream's first pass only.*set dataloader_num_workers=0"),
+])
+def test_a_streaming_resume_that_cannot_be_exact_warns_so(tmp_path, workers, match):
+    """Where the stream's position is not in the checkpoint (no ``atac_stream.json``, or the
+    stream packed in a DataLoader worker), Trainer's replay is exact in the first pass only: the
+    resume says so before anything is loaded (tests/test_stream_resume_passes.py runs both)."""
     from transformers import TrainingArguments
 
     from atac_hf import ATACTrainer
 
-    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_steps=2)
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_steps=2,
+                             dataloader_num_workers=workers)
     trainer = ATACTrainer(model=_dist.tiny_model("llama", torch.float32), args=args, train_dataset=_stream(),
                           atac_config=ATACConfig(max_tokens=32))
-    trainer._atac_resume_dir = str(tmp_path / "checkpoint-1")
-    with pytest.warns(UserWarning, match="exact inside the stream's first pass only"):
-        trainer.get_train_dataloader()
+    (tmp_path / "checkpoint-1").mkdir()
+    with pytest.warns(UserWarning, match=match):
+        trainer._atac_stream_check_resume(str(tmp_path / "checkpoint-1"))
+    assert trainer._atac_stream_restored is None
     trainer.accelerator.end_training()
 
 

@@ -19,6 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import _reliability  # noqa: E402
+from _recording import recording_trainer  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -35,16 +36,10 @@ def _dataset():
 
 
 def _trainer(out_dir: str, dataset, vocab: int, *, save_steps: int):
-    from transformers import AutoModelForCausalLM, PrinterCallback, TrainingArguments
+    from transformers import AutoModelForCausalLM, TrainingArguments
 
-    from atac_hf.integrations import ATACConfig, ATACTrainer
+    from atac_hf.integrations import ATACConfig
     from atac_hf.integrations.demo import tiny_llama_config
-
-    class Recording(ATACTrainer):
-        def _prepare_context_parallel_inputs(self, model, inputs):
-            if model.training:
-                self.seen.append((self.state.global_step, inputs["input_ids"].reshape(-1).tolist()))
-            return super()._prepare_context_parallel_inputs(model, inputs)
 
     torch.manual_seed(0)
     cfg = tiny_llama_config(hidden_size=32, num_layers=1, vocab_size=vocab, max_position_embeddings=512)
@@ -54,10 +49,7 @@ def _trainer(out_dir: str, dataset, vocab: int, *, save_steps: int):
                              save_steps=save_steps, logging_steps=1, disable_tqdm=True, log_level="error")
     atac = ATACConfig(cp_size=1, max_tokens=256, cost_preset="default",
                       packing_options={"max_defer": 2, "min_fragment": 16, "reference_doc_tokens": 16})
-    trainer = Recording(model=model, args=args, train_dataset=dataset, atac_config=atac)
-    trainer.remove_callback(PrinterCallback)
-    trainer.seen = []
-    return trainer
+    return recording_trainer(model, args, dataset, atac)
 
 
 def test_trainer_kill_and_resume_trains_every_token_exactly_once(tmp_path):

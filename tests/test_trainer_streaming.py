@@ -23,6 +23,9 @@ import torch
 from atac_hf.integrations import ATACConfig
 from atac_hf.packing.data.iterable import PackedIterableDataset
 
+sys.path.insert(0, os.path.dirname(__file__))
+from _recording import recording_trainer  # noqa: E402
+
 ATAC = dict(cp_size=1, max_tokens=256, cost_preset="default",
             packing_options={"max_defer": 2, "min_fragment": 16, "reference_doc_tokens": 16})
 
@@ -69,15 +72,7 @@ def _num_rows(stream, vocab: int, grad_accum: int = 2, dp: int = 1) -> int:
 
 
 def _trainer(out_dir: str, stream, vocab: int, *, max_steps: int, save_steps: int | None = None, **args_kw):
-    from transformers import AutoModelForCausalLM, PrinterCallback, TrainingArguments
-
-    from atac_hf.integrations import ATACTrainer
-
-    class Recording(ATACTrainer):
-        def _prepare_context_parallel_inputs(self, model, inputs):
-            if model.training:
-                self.seen.append((self.state.global_step, inputs["input_ids"].reshape(-1).tolist()))
-            return super()._prepare_context_parallel_inputs(model, inputs)
+    from transformers import AutoModelForCausalLM, TrainingArguments
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(_model_config(vocab), dtype=torch.float32)
@@ -85,10 +80,7 @@ def _trainer(out_dir: str, stream, vocab: int, *, max_steps: int, save_steps: in
     args = TrainingArguments(output_dir=out_dir, max_steps=max_steps, learning_rate=1e-3, gradient_accumulation_steps=2,
                              use_cpu=True, report_to=[], seed=3, logging_steps=1, disable_tqdm=True, log_level="error",
                              **save, **args_kw)
-    trainer = Recording(model=model, args=args, train_dataset=stream, atac_config=ATACConfig(**ATAC))
-    trainer.remove_callback(PrinterCallback)
-    trainer.seen = []
-    return trainer
+    return recording_trainer(model, args, stream, ATACConfig(**ATAC))
 
 
 @pytest.mark.slow

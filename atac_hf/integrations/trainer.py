@@ -11,7 +11,8 @@ What it changes, and where:
   replicas the way Accelerate shards batches (every CP rank of a replica gets the same pack).
   ``per_device_*_batch_size`` is not used: a pack's size is ``max_tokens``. A streaming
   dataset goes through the resumable ``PackedIterableDataset`` instead (rows dealt round-robin,
-  ``dispatch_batches=False``); pre-packed rows are read document by document.
+  ``dispatch_batches=False``; :mod:`.stream_state` saves and restores its position); pre-packed
+  rows are read document by document.
 * ``_prepare_context_parallel_inputs`` (called by Trainer after it counted
   ``num_items_in_batch`` on the full rows, summed over the world and divided by cp; in training
   and evaluation): plans the pack and shards it. Trainer's loss scaling by world size and
@@ -28,7 +29,8 @@ What it changes, and where:
   (``save_only_model=True`` or ``save_strategy="no"``).
 * checkpoints: ``atac_sampler.json`` holds the sampler state; on resume it restores the
   sampler's epoch and seed (checked against the dataset and settings), and Trainer skips the
-  batches already seen.
+  batches already seen. A streaming run's ``atac_stream.json`` holds the packed stream's pass and
+  position; on resume it is checked and restored and Trainer skips nothing (:mod:`.stream_state`).
 """
 
 from __future__ import annotations
@@ -54,10 +56,11 @@ from .data import build_packed_dataloader, build_streaming_dataloader, check_col
 from .data import is_streaming_dataset
 from .layout import warn_placement
 from .sharder import BatchSharder, model_kv_bytes_per_token, prepare_model, unwrap_base_model
+from .stream_state import STREAM_STATE_NAME, StreamResumeMixin
 from .tensor_parallel import apply_tensor_parallel, dp_cp_group, full_state_dict, remap_optimizer_params
 from .tensor_parallel import sync_tp_gradients
 
-__all__ = ["ATACTrainer", "SAMPLER_STATE_NAME"]
+__all__ = ["ATACTrainer", "SAMPLER_STATE_NAME", "STREAM_STATE_NAME"]
 
 SAMPLER_STATE_NAME = "atac_sampler.json"
 logger = hf_logging.get_logger(__name__)
@@ -123,7 +126,7 @@ def _stream_dispatch(args: TrainingArguments) -> None:
                          "and cannot be split; set split_batches=False")
     acc.dispatch_batches = False
 
-class ATACTrainer(Trainer):
+class ATACTrainer(StreamResumeMixin, Trainer):
     """``Trainer`` that packs with WFAP and shards every pack over a CP group with ATP-CP.
 
     Args:
@@ -136,9 +139,10 @@ class ATACTrainer(Trainer):
         train_dataset, eval_dataset: datasets with ``input_ids`` (``labels`` optional): map-style
             (WFAP sampler over known lengths) or streaming (``IterableDataset`` /
             ``datasets.IterableDataset``: the resumable ``PackedIterableDataset``; set ``max_steps``,
-            the stream's length being unknown; ``dispatch_batches`` is set to False; a resume
-            replays the stream up to the checkpoint: exact inside its first pass only, later checkpoints
-            restart at a pass start, with a warning). Pre-packed map-style rows (a ``seq_lengths``
+            the stream's length being unknown; ``dispatch_batches`` is set to False; checkpoints hold
+            the stream's pass and position, and a resume continues exactly there, in any pass - with
+            ``dataloader_num_workers=0``: with one worker Trainer replays the stream instead, exact in
+            its first pass only, with a warning). Pre-packed map-style rows (a ``seq_lengths``
             column, from TRL's or atac-hf's ``pack_dataset``) are read document by document
             (:class:`~.data.PackedRowDocuments`) whatever ``remove_unused_columns`` says.
         atac_config: default :meth:`ATACConfig.from_sources` (``ATAC_CONFIG`` file, ``ATAC_*``
@@ -247,18 +251,23 @@ class ATACTrainer(Trainer):
         self._atac_resume_dir: str | None = None
         self._atac_warned_logits = False
         self._atac_docs_trained = 0  # documents in the training packs of this rank (train_samples_per_second)
+        self._atac_stream_init()
 
     # ------------------------------------------------------------------ data
     def _atac_seed(self) -> int:
         return int(self.args.data_seed if self.args.data_seed is not None else self.args.seed)
 
-    def _atac_loader(self, dataset: Any, *, grad_accum: int, shuffle: bool | None):
+    def _atac_loader_kwargs(self) -> dict[str, Any]:
         extra: dict[str, Any] = {"num_workers": self.args.dataloader_num_workers,
                                  "pin_memory": self.args.dataloader_pin_memory}
         if self.args.dataloader_num_workers > 0:
             extra["persistent_workers"] = self.args.dataloader_persistent_workers
             extra["prefetch_factor"] = self.args.dataloader_prefetch_factor
-        if is_streaming_dataset(dataset):  # resumable streaming packer; resume replays the stream
+        return extra
+
+    def _atac_loader(self, dataset: Any, *, grad_accum: int, shuffle: bool | None):
+        extra = self._atac_loader_kwargs()
+        if is_streaming_dataset(dataset):  # resumable streaming packer (training: _atac_stream_train_loader)
             loader, _packed = build_streaming_dataloader(
                 dataset, self.atac_config, num_replicas=self.dp_size, grad_accum=grad_accum,
                 cost_model=self.atac_sharder.cost_model, collate_fn=self.data_collator, **extra)
@@ -274,15 +283,13 @@ class ATACTrainer(Trainer):
         """Prepared DataLoader of WFAP packs; one window = DP replicas x gradient-accumulation packs."""
         if self.train_dataset is None:
             raise ValueError("Trainer: training requires a train_dataset.")
+        if is_streaming_dataset(self.train_dataset):  # restored from the checkpoint on a resume (stream_state)
+            return self._atac_stream_train_loader()
         loader, sampler = self._atac_loader(self.train_dataset, grad_accum=self.args.gradient_accumulation_steps,
                                             shuffle=None)
         self.atac_sampler = sampler
-        if self._atac_resume_dir is not None and sampler is not None:
+        if self._atac_resume_dir is not None:
             self._atac_load_sampler_state(self._atac_resume_dir)
-        elif self._atac_resume_dir is not None and self.args.process_index == 0:
-            warnings.warn("resuming a streaming run: Trainer replays the stream up to the checkpoint, which is exact "
-                          "inside the stream's first pass only; from a checkpoint in a later pass the run restarts at "
-                          "the start of a pass (a map-style dataset resumes exactly in any epoch)", stacklevel=2)
         return loader
 
     def get_eval_dataloader(self, eval_dataset: Any = None):
@@ -410,9 +417,12 @@ class ATACTrainer(Trainer):
                 raise ValueError(f"No valid checkpoint found in output directory ({self.args.output_dir})")
         self._atac_resume_dir = resume_from_checkpoint or None
         try:
+            if self._atac_resume_dir is not None and is_streaming_dataset(self.train_dataset):
+                self._atac_stream_check_resume(self._atac_resume_dir)  # before Trainer loads anything
             return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             self._atac_resume_dir = None
+            self._atac_stream_end_train()
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         # with TP every rank takes part in save_pretrained's gather of the shards (DTensor.full_tensor
@@ -430,9 +440,10 @@ class ATACTrainer(Trainer):
 
     def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
         super()._save_checkpoint(model, trial)
+        output_dir = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        self._atac_save_stream_state(output_dir)
         if self.atac_sampler is None or not self.args.should_save:
             return
-        output_dir = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         if not os.path.isdir(output_dir):
             return
         # batches of this epoch the loop consumed, all DP replicas together (the loader prefetches)

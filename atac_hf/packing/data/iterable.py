@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
@@ -21,7 +22,8 @@ from .window_planner import WindowPlanner, _check_common, _config_parts, _finger
 
 __all__ = ["PackedIterableDataset"]
 
-_STREAM_FORMAT = "atac-hf/packed-iterable/v2"  # v2: the planner's reserve (v1 states cannot be resumed)
+_STREAM_FORMAT = "atac-hf/packed-iterable/v3"  # v3: the pass (epoch) and the settings, by name
+_STREAM_FORMAT_V2 = "atac-hf/packed-iterable/v2"  # v2: the planner's reserve; read as pass 0 (v1 cannot be resumed)
 
 
 class PackedIterableDataset(IterableDataset):
@@ -35,17 +37,24 @@ class PackedIterableDataset(IterableDataset):
     Args:
         source: a re-iterable of mappings with ``input_ids`` (``datasets.IterableDataset``,
             a list, a generator factory's output...); it must replay the same order on each
-            ``iter()`` for resume to be exact. Empty samples are skipped and counted.
+            ``iter()`` of the same pass for resume to be exact: a source with ``set_epoch``
+            (``datasets.IterableDataset``, reshuffled per epoch) gets ``set_epoch(pass)``
+            before each pass. Empty samples are skipped and counted.
         config, cost_model, window_size, num_replicas, even_batches: as in :class:`WFAPBatchSampler`.
 
     Windows are sized by the packer (:meth:`WindowPlanner.window_count`): samples read
     ahead of the current window wait in a look-ahead buffer, which is part of the state.
 
-    Resume: ``state_dict()`` records ``consumed`` (source samples read), the packer state,
-    the packs of the current window not yet yielded, and the tokens (and labels) of every
-    sample not yet fully yielded. ``load_state_dict`` restores them; the next ``iter()``
-    re-positions the source by skipping ``consumed`` samples (``datasets.IterableDataset.skip``,
-    else reading and discarding them), so no sample is lost or repeated. Iterate it in the
+    Passes: each ``iter()`` after a finished pass starts the next one; :attr:`epoch` counts
+    them (0 first) and is part of the state.
+
+    Resume: ``state_dict()`` records the pass (``epoch``), ``consumed`` (source samples read
+    in it), the packer state, the packs of the current window not yet yielded, and the tokens
+    (and labels) of every sample not yet fully yielded. ``load_state_dict`` restores them; the
+    next ``iter()`` re-positions the source: ``set_epoch(epoch)`` where it has one, then
+    ``consumed`` samples skipped (``datasets.IterableDataset.skip`` in pass 0 or when not
+    shuffled - ``skip`` drops a later epoch's shuffle order -, else read and discarded), so no
+    sample is lost or repeated, in any pass. Iterate it in the
     process that saves the state (``num_workers=0``; with one worker the state lives in the
     worker; more workers are refused). With Accelerate, ``dispatch_batches=False`` (rows differ in length,
     so the dispatcher cannot concatenate them) - each process then packs the stream and
@@ -70,22 +79,36 @@ class PackedIterableDataset(IterableDataset):
         self.window_size = window_size
         self.num_replicas = int(num_replicas)
         self.even_batches = bool(even_batches)
-        self.fingerprint = _fingerprint(**_config_parts(config, cost_model, window_size=window_size,
-                                                        num_replicas=self.num_replicas,
-                                                        even_batches=self.even_batches))
+        parts = _config_parts(config, cost_model, window_size=window_size, num_replicas=self.num_replicas,
+                              even_batches=self.even_batches)
+        self.fingerprint = _fingerprint(**parts)
+        #: the settings behind the fingerprint, by name (a refused state names those that differ)
+        self.settings = json.loads(json.dumps(parts, default=str))
+        self._roll_over = False
         self._reset()
 
-    def _reset(self) -> None:
+    def _reset(self, epoch: int = 0) -> None:
         self._planner = WindowPlanner(self.config, self.cost_model, window_size=self.window_size,
                                        num_replicas=self.num_replicas, even_batches=self.even_batches)
-        self._st: dict[str, Any] = {"consumed": 0, "exhausted": False, "num_rows": 0, "num_empty_skipped": 0,
-                                    "pending": [], "data": {}, "remaining": {}, "lookahead": []}
+        self._st: dict[str, Any] = {"epoch": int(epoch), "consumed": 0, "exhausted": False, "num_rows": 0,
+                                    "num_empty_skipped": 0, "pending": [], "data": {}, "remaining": {},
+                                    "lookahead": []}
         self._snapshots = [self._snapshot()]
         self._resumed = False
 
     @property
     def num_empty_skipped(self) -> int:
         return int(self._st["num_empty_skipped"])
+
+    @property
+    def epoch(self) -> int:
+        """The pass being read (0 first): each ``iter()`` after a finished pass starts the next."""
+        return int(self._st["epoch"])
+
+    @property
+    def num_rows(self) -> int:
+        """Rows yielded so far in this pass."""
+        return int(self._st["num_rows"])
 
     def _snapshot(self) -> dict[str, Any]:
         st = self._st
@@ -94,8 +117,11 @@ class PackedIterableDataset(IterableDataset):
                 "planner": self._planner.state_dict()}
 
     def _open_source(self) -> Iterator[Mapping[str, Any]]:
-        n = self._st["consumed"]
-        if n and _is_hf_iterable(self.source):
+        n, epoch = self._st["consumed"], self._st["epoch"]
+        _set_source_epoch(self.source, epoch)
+        # datasets' skip() keeps epoch 0's shuffle order whatever the epoch: read and discard in a later
+        # epoch of a shuffled stream (an unknown layout counts as shuffled)
+        if n and _is_hf_iterable(self.source) and (epoch == 0 or getattr(self.source, "_shuffling", 0) is None):
             return iter(self.source.skip(n))
         return itertools.islice(iter(self.source), n, None)
 
@@ -106,12 +132,21 @@ class PackedIterableDataset(IterableDataset):
                 f"PackedIterableDataset is a sequential, stateful packer; it cannot run in {info.num_workers} "
                 "DataLoader workers (set num_workers to 0 or 1)"
             )
+        roll, self._roll_over = self._roll_over and self._resumed, False
+        yielded = False
+        for row in self._iter_pass():
+            yielded = True
+            yield row
+        if roll and not yielded:  # the restored pass had nothing left: on to the next one
+            yield from self._iter_pass()
+
+    def _iter_pass(self) -> Iterator[dict[str, Any]]:
         st = self._st
         resumed, self._resumed = self._resumed, False
-        if st["exhausted"] and not st["pending"] and not st["lookahead"]:  # a finished pass: start over
+        if st["exhausted"] and not st["pending"] and not st["lookahead"]:  # a finished pass: the next one
             if resumed:  # ... unless a state saved at the end of the pass was just loaded: nothing is left
                 return
-            self._reset()
+            self._reset(epoch=st["epoch"] + 1)
             st = self._st
         source = None if st["exhausted"] else self._open_source()
         while True:
@@ -178,11 +213,13 @@ class PackedIterableDataset(IterableDataset):
             _take_row(st)
         st["data"] = [[sid, d["input_ids"], d["labels"]] for sid, d in st["data"].items()]
         st["remaining"] = [[sid, n] for sid, n in st["remaining"].items()]
-        return {"format": _STREAM_FORMAT, "fingerprint": self.fingerprint, **st}
+        return {"format": _STREAM_FORMAT, "fingerprint": self.fingerprint, "settings": self.settings, **st}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a state from :meth:`state_dict`; the next ``iter()`` continues from it (and
-        yields nothing when the state was taken at the end of the pass).
+    def load_state_dict(self, state: Mapping[str, Any], *, roll_over: bool = False) -> None:
+        """Restore a state from :meth:`state_dict`; the next ``iter()`` continues from it, in its
+        pass (and yields nothing when the state was taken at the end of the pass, unless
+        ``roll_over``: that ``iter()`` then goes on with the next pass, as a loop that resumes
+        in whatever pass the state names - ``Trainer`` - needs).
 
         The state is checked for internal consistency first (types and ranges of every
         field, every span within its sample, no sample or token twice, the pending packs,
@@ -190,18 +227,26 @@ class PackedIterableDataset(IterableDataset):
         and ``remaining`` token for token); a refused state changes nothing.
 
         Raises:
-            ValueError: a state of another format or packing configuration, with missing or
-                malformed fields, or internally inconsistent (names the field).
+            ValueError: a state of another format or packing configuration (names the settings
+                that differ, saved and here), with missing or malformed fields, or internally
+                inconsistent (names the field).
         """
-        if not isinstance(state, Mapping) or state.get("format") != _STREAM_FORMAT:
+        v2 = isinstance(state, Mapping) and state.get("format") == _STREAM_FORMAT_V2
+        if not isinstance(state, Mapping) or (state.get("format") != _STREAM_FORMAT and not v2):
             raise ValueError(f"not a PackedIterableDataset state (expected format {_STREAM_FORMAT!r}; states of "
-                             "earlier versions cannot be resumed)")
+                             "earlier versions than v2 cannot be resumed)")
+        if not v2 and not isinstance(state.get("settings"), Mapping):
+            raise ValueError("malformed PackedIterableDataset state: field 'settings' is missing or not a mapping (a "
+                             "truncated or edited checkpoint?)")
         if state.get("fingerprint") != self.fingerprint:
-            raise ValueError(
-                f"stream state fingerprint {_short(state.get('fingerprint'))} != {self.fingerprint!r}: it was saved "
-                "with different settings (config, cost_model, window_size, num_replicas, even_batches)"
-            )
+            diff = [] if v2 else _settings_diff(state["settings"], self.settings)
+            named = "; ".join(f"{k} saved {_short(a)}, here {_short(b)}" for k, a, b in diff[:6])
+            which = (f": {named}; build the dataset with the saved values to resume it" if named
+                     else " (config, cost_model, window_size, num_replicas, even_batches)")
+            raise ValueError(f"stream state fingerprint {_short(state.get('fingerprint'))} != {self.fingerprint!r}: it "
+                             f"was saved with different settings{which}")
         st = _parse_stream_state(state, self.config)
+        st["epoch"] = 0 if v2 else state_int(state, "epoch", "PackedIterableDataset", 0, 2**62)
         probe = WindowPlanner(self.config, self.cost_model, window_size=self.window_size,
                               num_replicas=self.num_replicas, even_batches=self.even_batches)
         probe.load_state_dict(state["planner"])  # checks the planner and packer states fully
@@ -209,7 +254,31 @@ class PackedIterableDataset(IterableDataset):
         self._planner = probe
         self._st = st
         self._resumed = True
+        self._roll_over = bool(roll_over)
         self._snapshots = [self._snapshot()]
+
+
+def _settings_diff(saved: Any, here: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """``(name, saved, here)`` for every setting that differs (nested mappings by dotted name)."""
+    if not isinstance(saved, Mapping):
+        return [(prefix or "settings", saved, dict(here))]
+    out = []
+    for key in sorted(set(saved) | set(here), key=str):
+        a, b = saved.get(key, "<missing>"), here.get(key, "<missing>")
+        name = f"{prefix}{key}"
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out += _settings_diff(a, b, name + ".")
+        elif a != b:
+            out.append((name, a, b))
+    return out
+
+
+def _set_source_epoch(source: Any, epoch: int) -> None:
+    """``set_epoch(epoch)`` on the source, or on the stream a wrapper (``.source``) reads, where one has it."""
+    for obj in (source, getattr(source, "source", None)):
+        if obj is not None and callable(getattr(obj, "set_epoch", None)):
+            obj.set_epoch(int(epoch))
+            return
 
 
 def _parse_stream_state(state: Mapping[str, Any], config: PackingConfig) -> dict[str, Any]:

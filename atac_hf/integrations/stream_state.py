@@ -1,0 +1,182 @@
+"""Exact resume of a streaming run in ``ATACTrainer``, from a checkpoint in any pass of the stream.
+
+A streaming train set is packed by a :class:`~atac_hf.packing.data.iterable.PackedIterableDataset`
+on every process (Accelerate deals its rows round-robin to the DP replicas). Trainer numbers
+the passes of a stream of unknown length as epochs, but on resume it computes the epoch and the
+batches to skip from ``global_step`` alone, as if the first pass never ended: its replay is
+right inside the first pass only. So, like the WFAP sampler's state for a map-style dataset,
+every checkpoint holds the packed stream's position (``atac_stream.json``: its pass, the rows
+the training loop consumed in it - all replicas together -, the packer state, and the
+settings it was packed with), and a resume restores it and lets Trainer skip nothing:
+
+* save: each process counts the micro-batches the loop drew from the current pass (the loader
+  prefetches: the dataset's own row count runs ahead); the global position is that count x
+  the DP size (every replica gets as many rows, the pass ending on a multiple of them);
+* resume (``train``, before Trainer loads anything, so a refused state changes nothing): the
+  file's settings are checked against this run (``max_tokens``, DP size, gradient
+  accumulation, then every packing setting), the state is loaded into a fresh packed stream
+  (positioned in its pass, ``set_epoch`` on the source), and ``args.ignore_data_skip`` is
+  set for that ``train`` call (put back after it); the checkpoint's RNG state is loaded after
+  the first batch is drawn, where Trainer's own skip would load it.
+
+Not exact, with a warning naming the case: ``dataloader_num_workers=1`` (the stream is packed
+in the worker process, whose position the main process cannot read: nothing is saved, and a
+resume falls back to Trainer's replay, exact in the first pass only), and a checkpoint without
+``atac_stream.json`` (the same replay). ``ignore_data_skip=True`` restarts the stream, as
+Trainer does with any dataset.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from typing import Any
+
+__all__ = ["STREAM_STATE_NAME", "StreamResumeMixin"]
+
+STREAM_STATE_NAME = "atac_stream.json"
+_FORMAT = "atac-hf/trainer-stream/v1"
+
+
+class StreamResumeMixin:
+    """The streaming-resume part of ``ATACTrainer`` (placed before ``Trainer`` in its bases)."""
+
+    def _atac_stream_init(self) -> None:
+        self.atac_stream = None  # the PackedIterableDataset behind the train loader, when its state can be saved
+        self._atac_stream_count = (0, 0)  # (pass, micro-batches this process drew from it)
+        self._atac_stream_restored: tuple[Any, Any] | None = None  # (loader, packed) loaded from a checkpoint
+        self._atac_stream_rng: str | None = None  # checkpoint whose RNG state waits for the first batch
+        self._atac_stream_defer_rng = False
+        self._atac_skip_flag: bool | None = None  # args.ignore_data_skip to put back after train()
+
+    # ------------------------------------------------------------------ building
+    def _atac_stream_build(self, dataset: Any):
+        from .data import build_streaming_dataloader
+
+        return build_streaming_dataloader(
+            dataset, self.atac_config, num_replicas=self.dp_size, grad_accum=self.args.gradient_accumulation_steps,
+            cost_model=self.atac_sharder.cost_model, collate_fn=self.data_collator, **self._atac_loader_kwargs())
+
+    def _atac_stream_train_loader(self):
+        """The prepared train loader of a streaming dataset: the restored stream on a resume."""
+        if self._atac_stream_restored is not None:
+            loader, packed = self._atac_stream_restored
+            self._atac_stream_restored = None
+            self._atac_skip_flag = bool(self.args.ignore_data_skip)
+            self.args.ignore_data_skip = True  # the stream is positioned already: Trainer must not skip again
+            self._atac_stream_defer_rng = True
+            self._atac_stream_count = (packed.epoch, packed.num_rows // max(self.dp_size, 1))
+        else:
+            loader, packed = self._atac_stream_build(self.train_dataset)
+            self._atac_stream_count = (0, 0)
+        # with a worker the stream is packed in the worker's copy: the main process cannot save its position
+        self.atac_stream = packed if self.args.dataloader_num_workers == 0 else None
+        return self.accelerator.prepare(loader)
+
+    # ------------------------------------------------------------------ resume
+    def _atac_stream_check_resume(self, checkpoint: str) -> None:
+        """Read, check and load the checkpoint's stream state before Trainer touches anything
+        (a refusal raises here and changes nothing); warn where the resume cannot be exact."""
+        if self.args.ignore_data_skip:
+            return  # Trainer's meaning: skip nothing, the stream starts over
+        path = os.path.join(checkpoint, STREAM_STATE_NAME)
+        if self.args.dataloader_num_workers > 0:
+            self._atac_stream_warn(
+                f"dataloader_num_workers={self.args.dataloader_num_workers}: the stream is packed in the DataLoader "
+                "worker, whose position a checkpoint cannot hold, so Trainer replays the stream up to the "
+                "checkpoint, which is exact inside the stream's first pass only (from a later pass the run restarts "
+                "at a pass start); set dataloader_num_workers=0 to save and resume the stream's position exactly")
+            return
+        if not os.path.isfile(path):
+            self._atac_stream_warn(
+                f"{path} not found (a checkpoint saved by an earlier atac-hf, or with dataloader_num_workers=1): "
+                "Trainer replays the stream up to the checkpoint, which is exact inside the stream's first pass "
+                "only (from a later pass the run restarts at a pass start); checkpoints saved with "
+                "dataloader_num_workers=0 resume exactly in any pass")
+            return
+        try:
+            with open(path, encoding="utf-8") as f:
+                saved = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path}: not a readable stream state ({e}); resume from an intact checkpoint") from None
+        self._atac_stream_check_settings(saved, path)
+        loader, packed = self._atac_stream_build(self.train_dataset)
+        try:
+            packed.load_state_dict(saved["stream"], roll_over=True)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+        if packed.num_rows % max(self.dp_size, 1):
+            raise ValueError(f"{path}: {packed.num_rows} rows consumed is not a multiple of dp_size={self.dp_size} "
+                             "(a truncated or edited checkpoint?)")
+        self._atac_stream_restored = (loader, packed)
+
+    def _atac_stream_check_settings(self, saved: Any, path: str) -> None:
+        if not isinstance(saved, dict) or saved.get("format") != _FORMAT or not isinstance(saved.get("stream"), dict):
+            raise ValueError(f"{path}: not an ATACTrainer stream state (expected format {_FORMAT!r} with a 'stream' "
+                             "mapping); resume from a checkpoint ATACTrainer saved")
+        cfg, cp, tp = self.atac_config, self.atac_config.cp_size, getattr(self, "atac_tp_size", 1)
+        checks = [
+            ("max_tokens", int(cfg.max_tokens),
+             "a packed stream resumes only with the pack size it was packed with: set ATACConfig(max_tokens={v}) "
+             "(or ATAC_MAX_TOKENS={v})"),
+            ("dp_size", int(self.dp_size),
+             "the rows were dealt round-robin to that many data-parallel replicas: launch world_size = dp_size x "
+             f"cp_size x tp_size = {{v}} x {cp} x {tp} processes"),
+            ("gradient_accumulation_steps", int(self.args.gradient_accumulation_steps),
+             "a window holds dp_size x gradient_accumulation_steps packs: set "
+             "TrainingArguments(gradient_accumulation_steps={v})"),
+        ]
+        for key, here, fix in checks:
+            v = saved.get(key)
+            if v != here:
+                raise ValueError(f"{path}: the stream state was saved with {key}={v!r}, this run has {key}={here}; "
+                                 f"it resumes only with {key}={v!r}: {fix.format(v=v)} to resume from this "
+                                 "checkpoint, or train without resume_from_checkpoint")
+
+    def _atac_stream_warn(self, message: str) -> None:
+        if self.args.process_index == 0:
+            warnings.warn(f"resuming a streaming run: {message}", stacklevel=3)
+
+    def _atac_stream_end_train(self) -> None:
+        self._atac_stream_restored = None
+        self._atac_stream_defer_rng = False
+        self._atac_stream_rng = None
+        if self._atac_skip_flag is not None:
+            self.args.ignore_data_skip = self._atac_skip_flag
+            self._atac_skip_flag = None
+
+    # ------------------------------------------------------------------ Trainer hooks
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        # a restored stream: Trainer (skipping nothing) would load the RNG before drawing the first
+        # batch; its own skip loads it after, which the uninterrupted run matches
+        if self._atac_stream_defer_rng and checkpoint is not None:
+            self._atac_stream_defer_rng = False
+            self._atac_stream_rng = checkpoint
+            return None
+        return super()._load_rng_state(checkpoint)
+
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any):
+        """Trainer's; counts the micro-batches drawn from the current pass of a stream."""
+        batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        packed = self.atac_stream
+        if packed is not None:
+            epoch, drawn = self._atac_stream_count
+            if packed.epoch != epoch:  # the first batch of a new pass
+                epoch, drawn = packed.epoch, 0
+            self._atac_stream_count = (epoch, drawn + len(batches))
+        if self._atac_stream_rng is not None:
+            checkpoint, self._atac_stream_rng = self._atac_stream_rng, None
+            super()._load_rng_state(checkpoint)
+        return batches, num_items
+
+    def _atac_save_stream_state(self, output_dir: str) -> None:
+        packed = self.atac_stream
+        if packed is None or not self.args.should_save or not os.path.isdir(output_dir):
+            return
+        rows = self._atac_stream_count[1] * max(self.dp_size, 1)  # this pass's rows, all replicas together
+        state = {"format": _FORMAT, "max_tokens": int(self.atac_config.max_tokens), "dp_size": int(self.dp_size),
+                 "gradient_accumulation_steps": int(self.args.gradient_accumulation_steps),
+                 "cp_size": int(self.atac_config.cp_size), "stream": packed.state_dict(num_rows=rows)}
+        with open(os.path.join(output_dir, STREAM_STATE_NAME), "w", encoding="utf-8") as f:
+            json.dump(state, f)
