@@ -323,12 +323,17 @@ class ATACConfig:
             ValueError: unknown keys or ``ATAC_*`` variables, unparsable values, or a ``cp_size``
                 that disagrees with ``PARALLELISM_CONFIG_CP_SIZE`` (the launch config).
         """
+        if environ is not None and not isinstance(environ, Mapping):
+            raise TypeError(f"environ must be a mapping of environment variables or None, got {type(environ).__name__}")
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         file = path if path is not None else (env.get(ENV_CONFIG_FILE) or None)
         if file is not None:
             values.update(_check_keys(read_config_file(file), os.fspath(file)))
         values.update(_env_values(env))
+        if overrides is not None and not isinstance(overrides, Mapping):
+            raise TypeError(f"overrides must be a mapping of ATAC config fields (e.g. {{'cp_size': 2}}) or None, got "
+                            f"{type(overrides).__name__}")
         if overrides:
             values.update(_check_keys({k: v for k, v in overrides.items() if v is not None}, "overrides"))
         launch_cp = env.get("PARALLELISM_CONFIG_CP_SIZE")

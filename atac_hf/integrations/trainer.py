@@ -112,6 +112,19 @@ def _check_args(args: TrainingArguments, config: ATACConfig) -> None:
         warnings.warn(f"{', '.join(f'{k}={v}' for k, v in ignored.items())} is ignored by ATACTrainer: each "
                       "micro-batch is one WFAP pack of at most max_tokens tokens (raise max_tokens for bigger "
                       "micro-batches)", stacklevel=3)
+    strategy = _sampling_strategy(args)
+    if strategy not in ("random", "sequential") and args.process_index == 0:
+        warnings.warn(f"train_sampling_strategy={strategy!r} is ignored by ATACTrainer: its WFAP sampler already "
+                      "balances the packs by cost; the sample order is shuffled per epoch (ATACConfig.shuffle) or "
+                      "kept (train_sampling_strategy='sequential' or ATACConfig(shuffle=False))", stacklevel=3)
+
+
+def _sampling_strategy(args: TrainingArguments) -> str:
+    """``args.train_sampling_strategy`` (transformers 5), or its 4.x spelling ``group_by_length=True``."""
+    strategy = getattr(args, "train_sampling_strategy", None) or "random"
+    if getattr(args, "group_by_length", False):
+        strategy = "group_by_length"
+    return str(strategy)
 
 
 def _stream_dispatch(args: TrainingArguments) -> None:
@@ -285,8 +298,10 @@ class ATACTrainer(StreamResumeMixin, Trainer):
             raise ValueError("Trainer: training requires a train_dataset.")
         if is_streaming_dataset(self.train_dataset):  # restored from the checkpoint on a resume (stream_state)
             return self._atac_stream_train_loader()
+        # train_sampling_strategy="sequential" keeps the data order, as Trainer's SequentialSampler does
+        sequential = _sampling_strategy(self.args) == "sequential"
         loader, sampler = self._atac_loader(self.train_dataset, grad_accum=self.args.gradient_accumulation_steps,
-                                            shuffle=None)
+                                            shuffle=False if sequential else None)
         self.atac_sampler = sampler
         if self._atac_resume_dir is not None:
             self._atac_load_sampler_state(self._atac_resume_dir)

@@ -156,6 +156,13 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
     """
     import datasets
 
+    from ..validate import InputTypeError, check_seed
+
+    for flag_name, flag in (("shuffle", shuffle), ("return_metrics", return_metrics), ("progress", progress),
+                            ("keep_in_memory", keep_in_memory)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise InputTypeError(f"pack_dataset: {flag_name}={flag!r:.60} must be True or False (set {flag_name})")
+    seed = check_seed(seed, "seed")  # numpy's generator would refuse a negative one with a bare message
     kwargs = dict(max_tokens=max_tokens, packs_per_window=packs_per_window, strategy=strategy,
                   overlength=overlength, window_size=window_size, num_replicas=num_replicas, shuffle=shuffle,
                   seed=seed, cost_model=cost_model, num_proc=num_proc, progress=progress,
@@ -194,6 +201,7 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
     ids_col = table.column("input_ids")
     if not _is_list(ids_col.type):
         raise TypeError(f"input_ids must be a list column of token ids, got Arrow type {ids_col.type}")
+    _check_token_values(table, rows, "input_ids", negative_ok=False)
     lengths = _list_lengths(ids_col, rows)
     num_empty = int((lengths == 0).sum())
     if num_empty == lengths.size:
@@ -304,8 +312,14 @@ def _token_columns(table: Any, rows: np.ndarray | None, lengths: np.ndarray) -> 
             continue
         col = table.column(name)
         if not _is_list(col.type):
+            if name in _PER_TOKEN_NAMES:  # e.g. a class label named "labels": dropping it would train on input_ids
+                raise ValueError(f"the {name!r} column is not a list with one entry per token (Arrow type "
+                                 f"{col.type}); {name} must be a list column with one entry per input_ids token. "
+                                 f"Rename or drop the column (dataset.remove_columns({name!r}))")
             dropped.append(name)
             continue
+        if name == "labels":
+            _check_token_values(table, rows, "labels", negative_ok=True)
         null = pc.is_null(col)
         is_null = np.concatenate([c.to_numpy(zero_copy_only=False) for c in null.chunks]) if null.num_chunks else \
             np.zeros(0, dtype=bool)
@@ -324,6 +338,57 @@ def _token_columns(table: Any, rows: np.ndarray | None, lengths: np.ndarray) -> 
         else:
             dropped.append(name)
     return keep, dropped
+
+
+def _check_token_values(table: Any, rows: np.ndarray | None, name: str, *, negative_ok: bool) -> None:
+    """Refuse a list column ``name`` whose entries are not int token ids: another value type (bool,
+    float, string, nested lists; TypeError), or a null entry or (``negative_ok=False``) a negative
+    one inside a sample (ValueError naming the sample). A null sample is fine (empty for
+    ``input_ids``; for ``labels``, the sample's ``input_ids``)."""
+    import pyarrow as pa
+
+    from ..validate import MAX_TOKEN_ID, InputTypeError
+
+    col = table.column(name)
+    vtype = col.type.value_type
+    if pa.types.is_null(vtype):  # Arrow's type of lists that are all empty: no value to check
+        return
+    if not pa.types.is_integer(vtype):
+        raise InputTypeError(f"{name} must be a list column of int token ids, got Arrow type {col.type} (values "
+                             f"{vtype}); tokenize into int ids (or cast: dataset.cast_column({name!r}, "
+                             "datasets.Sequence(datasets.Value('int64'))))")
+
+    def bad(v: np.ndarray) -> np.ndarray:  # ints with nulls come out as floats with NaN
+        v = np.asarray(v)
+        out = np.isnan(v) if v.dtype.kind == "f" else np.zeros(v.shape, dtype=bool)
+        if not negative_ok:
+            out |= v < 0
+        if v.dtype.kind == "u":
+            out |= v > MAX_TOKEN_ID
+        return out
+
+    def chunks(c: Any):
+        for chunk in c.chunks:
+            off = chunk.offsets.to_numpy().astype(np.int64)
+            yield chunk.values.to_numpy(zero_copy_only=False), off, chunk.is_null().to_numpy(zero_copy_only=False)
+
+    if not any(len(off) > 1 and bad(vals[off[0]:off[-1]]).any() for vals, off, _ in chunks(col)):
+        return  # the common case: one pass over the table, no copy
+    base = 0
+    for vals, off, null in chunks(col if rows is None else col.take(rows)):
+        flag = np.concatenate([[0], np.cumsum(bad(vals))])
+        count = flag[off[1:]] - flag[off[:-1]]
+        count[null] = 0
+        hit = np.flatnonzero(count)
+        if hit.size:
+            k = int(hit[0])
+            seg = vals[off[k]:off[k + 1]]
+            j = int(np.flatnonzero(bad(seg))[0])
+            value = "null" if np.asarray(seg).dtype.kind == "f" and np.isnan(seg[j]) else int(seg[j])
+            legal = "ints (-100 where no loss), never null" if negative_ok else f"ints in [0, {MAX_TOKEN_ID}], never null"
+            raise ValueError(f"pack_dataset: sample {base + k}: {name}[{j}] is {value}; {name} must hold {legal} "
+                             f"({hit.size} such samples in its Arrow chunk). Fix or filter these samples")
+        base += len(count)
 
 
 def _refuse_packed_source(dataset: Any, table: Any, rows: np.ndarray | None) -> None:

@@ -1,0 +1,110 @@
+"""Red-team 5: hostile inputs and a new user's first hour (docs/RELIABILITY.md, "Red-team 5").
+
+Each test is the minimal repro of one bug found by that pass, fixed in the package."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+datasets = pytest.importorskip("datasets")
+
+from atac_hf import ATACConfig, pack_dataset  # noqa: E402
+
+
+def _pack(ds, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return pack_dataset(ds, max_tokens=8, progress=False, **kw)
+
+
+# ---------------------------------------------------------------------------- pack_dataset
+@pytest.mark.parametrize("ids, arrow", [
+    ([[1.5, 2.0]], "double"),
+    ([["a", "b"]], "string"),
+    ([[True, False]], "bool"),
+    ([[[1, 2], [3]]], "list<item: int"),
+])
+def test_pack_dataset_refuses_input_ids_that_are_not_int_token_ids(ids, arrow):
+    # was: packed as they were (float, string, bool or nested "token ids" in the rows)
+    with pytest.raises(TypeError, match=rf"input_ids must be a list column of int token ids, got Arrow type "
+                                        rf"list<item: {arrow}.*cast_column"):
+        _pack(datasets.Dataset.from_dict({"input_ids": ids}))
+
+
+def test_pack_dataset_refuses_negative_null_and_over_int64_ids_naming_the_sample():
+    ds = datasets.Dataset.from_dict({"input_ids": [[1, 2], [3, -4], [5, None, 7]]})
+    with pytest.raises(ValueError, match=r"sample 1: input_ids\[1\] is -4; input_ids must hold ints in \[0, "):
+        _pack(ds)
+    with pytest.raises(ValueError, match=r"sample 0: input_ids\[1\] is null"):
+        _pack(ds.select([2, 0]))
+    assert _pack(ds.select([0]))["input_ids"] == [[1, 2]]  # a bad sample outside the selection is no matter
+    big = datasets.Dataset(datasets.table.InMemoryTable(pa.table(
+        {"input_ids": pa.array([[1, 2**64 - 1]], type=pa.list_(pa.uint64()))})))
+    with pytest.raises(ValueError, match=r"sample 0: input_ids\[1\] is 18446744073709551615"):
+        _pack(big)
+    # a null sample stays an empty one (skipped with the zero-length warning), -100 labels stay legal
+    out = _pack(datasets.Dataset.from_dict({"input_ids": [[1, 2], None], "labels": [[-100, 2], None]}))
+    assert out["input_ids"] == [[1, 2]] and out["labels"] == [[-100, 2]]
+
+
+@pytest.mark.parametrize("labels", [[5, 6], ["abc", "d"]])
+def test_pack_dataset_refuses_a_labels_column_that_is_not_per_token(labels):
+    # was: dropped with an INFO log line, so the packs trained on input_ids instead of the user's labels
+    ds = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3], [4]], "labels": labels})
+    with pytest.raises(ValueError, match=r"the 'labels' column is not a list with one entry per token .*"
+                                         r"remove_columns\('labels'\)"):
+        _pack(ds)
+
+
+def test_pack_dataset_refuses_float_or_null_labels():
+    with pytest.raises(TypeError, match=r"labels must be a list column of int token ids, got Arrow type list<item: double>"):
+        _pack(datasets.Dataset.from_dict({"input_ids": [[1, 2]], "labels": [[1.5, 2.0]]}))
+    with pytest.raises(ValueError, match=r"sample 0: labels\[1\] is null; labels must hold ints \(-100 where no loss\)"):
+        _pack(datasets.Dataset.from_dict({"input_ids": [[1, 2, 3]], "labels": [[1, None, 3]]}))
+
+
+def test_pack_dataset_checks_seed_and_flags():
+    ds = datasets.Dataset.from_dict({"input_ids": [[1, 2], [3]]})
+    with pytest.raises(ValueError, match=r"seed=-1 is invalid: it must be an int in \[0, 2\*\*63\) \(set seed\)"):
+        _pack(ds, shuffle=True, seed=-1)  # was numpy's bare "expected non-negative integer"
+    for flag in ("shuffle", "return_metrics", "progress", "keep_in_memory"):
+        with pytest.raises(TypeError, match=rf"{flag}='yes' must be True or False \(set {flag}\)"):
+            pack_dataset(ds, max_tokens=8, **{"progress": False, flag: "yes"})  # was: truthy, taken as True
+
+
+# ---------------------------------------------------------------------------- ATACConfig
+def test_from_sources_refuses_non_mapping_overrides_and_environ():
+    with pytest.raises(TypeError, match=r"overrides must be a mapping of ATAC config fields .* got list"):
+        ATACConfig.from_sources(environ={}, overrides=[("cp_size", 2)])  # was AttributeError: 'list' ... 'items'
+    with pytest.raises(TypeError, match=r"environ must be a mapping of environment variables or None, got list"):
+        ATACConfig.from_sources(environ=[("ATAC_CP_SIZE", "2")])
+
+
+# ---------------------------------------------------------------------------- ATACTrainer
+def test_trainer_honours_sequential_sampling_and_warns_for_the_ignored_strategies(tmp_path):
+    pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM, TrainingArguments
+
+    from atac_hf import ATACTrainer
+    from atac_hf.integrations.demo import tiny_llama_config
+
+    ds = datasets.Dataset.from_dict({"input_ids": [[i + 1] * (3 + i % 5) for i in range(30)]})
+    seen = {}
+    for strategy in ("random", "sequential", "group_by_length"):
+        model = AutoModelForCausalLM.from_config(tiny_llama_config(hidden_size=32, num_layers=1))
+        args = TrainingArguments(output_dir=str(tmp_path / strategy), report_to=[], use_cpu=True, max_steps=1,
+                                 train_sampling_strategy=strategy)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer = ATACTrainer(model=model, args=args, train_dataset=ds, atac_config=ATACConfig(max_tokens=16))
+        trainer.get_train_dataloader()
+        seen[strategy] = (trainer.atac_sampler.shuffle,
+                          [str(w.message) for w in caught if "train_sampling_strategy" in str(w.message)])
+    # was: "sequential" silently shuffled (the WFAP sampler read ATACConfig.shuffle only)
+    assert seen["random"] == (True, []) and seen["sequential"] == (False, [])
+    shuffle, msgs = seen["group_by_length"]
+    assert shuffle and len(msgs) == 1 and "train_sampling_strategy='group_by_length' is ignored" in msgs[0]
