@@ -108,3 +108,15 @@ def test_trainer_honours_sequential_sampling_and_warns_for_the_ignored_strategie
     assert seen["random"] == (True, []) and seen["sequential"] == (False, [])
     shuffle, msgs = seen["group_by_length"]
     assert shuffle and len(msgs) == 1 and "train_sampling_strategy='group_by_length' is ignored" in msgs[0]
+
+
+# ---------------------------------------------------------------------------- CLI
+@pytest.mark.parametrize("spec", ["5,3,,2", "5,3,", ",", ""])
+def test_plan_refuses_empty_doc_length_entries(capsys, spec):
+    from atac_hf.cli import main
+
+    # was: empty entries dropped, so '5,3,,2' (a lost digit) planned the pack 5,3,2
+    assert main(["plan", "--doc-lengths", spec, "--cp-size", "2", "--strategy", "atp"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("atac-hf plan: error: --doc-lengths ") and "must be comma-separated ints >= 1" in err
+    assert main(["plan", "--doc-lengths", " 5, 3", "--cp-size", "2", "--strategy", "atp"]) == 0  # spaces are fine

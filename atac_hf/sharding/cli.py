@@ -34,7 +34,8 @@ def _read_lengths(spec: str) -> list[int]:
         return load_lengths(spec, "--doc-lengths").tolist()  # bounded: regular files only, size and depth capped
     try:
         # digits only (int() would take '1_000', ' 3' and 4300-digit numbers)
-        parts = [x.strip() for x in spec.split(",") if x.strip()]
+        # every entry a length: '5,3,,2' (a lost digit?) and '5,3,' are refused, not read as 5,3,2 / 5,3
+        parts = [x.strip() for x in spec.split(",")]
         if not all(p.isascii() and p.isdigit() and len(p) <= 19 for p in parts):
             raise ValueError
         return [int(p) for p in parts]
