@@ -120,3 +120,18 @@ def test_plan_refuses_empty_doc_length_entries(capsys, spec):
     err = capsys.readouterr().err.strip()
     assert err.startswith("atac-hf plan: error: --doc-lengths ") and "must be comma-separated ints >= 1" in err
     assert main(["plan", "--doc-lengths", " 5, 3", "--cp-size", "2", "--strategy", "atp"]) == 0  # spaces are fine
+
+
+def test_count_targets_refuses_what_is_not_a_batch():
+    pytest.importorskip("torch")
+    import torch
+
+    from atac_hf.integrations.sharder import count_targets
+
+    batch = {"input_ids": torch.ones(1, 4, dtype=torch.long), "labels": torch.tensor([[-100, 1, 2, 3]])}
+    assert count_targets(batch) == 3 and count_targets([batch, batch]) == 6 and count_targets(iter([batch])) == 3
+    # was AttributeError: 'int' object has no attribute 'get' (ATACAccelerator.shard / count_items)
+    with pytest.raises(TypeError, match=r"take a packed batch .* got int"):
+        count_targets([1, 2])
+    with pytest.raises(TypeError, match=r"take a packed batch .* got int"):
+        count_targets(5)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -151,7 +151,14 @@ def count_targets(batches: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> i
     Raises:
         ValueError: a batch without ``labels`` or ``shift_labels`` (lists its keys).
     """
-    batches = [batches] if isinstance(batches, Mapping) else list(batches)
+    given = batches
+    batches = [given] if isinstance(given, Mapping) else list(given) \
+        if isinstance(given, Iterable) and not isinstance(given, (str, bytes)) else None
+    bad = None if batches is None else next((b for b in batches if not isinstance(b, Mapping)), None)
+    if batches is None or bad is not None:
+        what = type(given if batches is None else bad).__name__
+        raise TypeError(f"count_targets / shard / count_items take a packed batch (a mapping with input_ids, "
+                        f"labels, ...) or a list of them (the step's micro-batches), got {what}")
     total = 0
     for b in batches:
         if b.get("shift_labels") is not None:
