@@ -13,7 +13,7 @@ def _list_chunks(dataset: Any, column: str, *, take: bool = True):
     """Per Arrow chunk of a ``datasets.Dataset`` list column: the flat values (numpy), the row
     offsets into them and the null rows; in dataset row order (``take``: after ``select`` /
     ``shuffle``, a copy of the column) or in table order."""
-    from ..packing.data.dataset import _arrow_source
+    from ..packing.data.arrow_source import _arrow_source
 
     table, rows = _arrow_source(dataset)
     col = table.column(column)
@@ -53,7 +53,7 @@ def _check_token_columns(dataset: Any, name: str) -> None:
     """Arrow checks of the per-token columns of a ``datasets.Dataset`` (see
     :func:`check_dataset_columns`); other datasets are left to the collator."""
     from ..packing.data.collator import LOSS_MASK_COLUMNS
-    from ..packing.data.dataset import _is_hf_dataset, _is_list, _list_lengths, _arrow_source
+    from ..packing.data.arrow_source import _arrow_source, _is_hf_dataset, _is_list, _list_lengths
 
     if not _is_hf_dataset(dataset) or len(dataset) == 0:
         return

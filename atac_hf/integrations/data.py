@@ -314,7 +314,8 @@ class PackedRowDocuments:
     COLUMNS = ("labels", "attention_mask", "completion_mask", "assistant_masks")
 
     def __init__(self, dataset: Any) -> None:
-        from ..packing.data.dataset import _is_hf_dataset, dataset_lengths
+        from ..packing.data.arrow_source import _is_hf_dataset
+        from ..packing.data.dataset import dataset_lengths
 
         self.dataset = dataset
         names = _column_names(dataset)

@@ -1,0 +1,172 @@
+"""The Arrow table behind a ``datasets.Dataset`` as ``pack_dataset`` and the trainer's column
+checks read it: the table and its row selection, list lengths, which columns hold one entry per
+token, and refusals of values that are not token ids and of rows that are packed already.
+Pure pyarrow/numpy (pyarrow imported where used)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__: list[str] = []
+
+
+def _is_hf_dataset(dataset: Any) -> bool:
+    try:
+        import datasets
+    except ImportError:  # pragma: no cover - datasets is a dependency
+        return False
+    return isinstance(dataset, datasets.Dataset)
+
+
+def _arrow_source(dataset: Any) -> tuple[Any, np.ndarray | None]:
+    """The dataset's underlying ``pyarrow.Table`` (whatever its format) and the table row of
+    each dataset row (``None``: row i is table row i; set after ``select``/``shuffle``)."""
+    table = dataset.data.table if hasattr(dataset.data, "table") else dataset.data
+    indices = getattr(dataset, "_indices", None)
+    rows = None
+    if indices is not None:
+        col = indices.column(0)
+        rows = col.to_numpy() if col.num_chunks == 1 else np.concatenate([c.to_numpy() for c in col.chunks])
+        rows = rows.astype(np.int64, copy=False)
+    return table, rows
+
+
+def _is_list(t: Any) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_list(t) or pa.types.is_large_list(t)
+
+
+def _list_lengths(column: Any, rows: np.ndarray | None) -> np.ndarray:
+    import pyarrow.compute as pc
+
+    lens = pc.fill_null(pc.list_value_length(column), 0)
+    arr = np.concatenate([c.to_numpy(zero_copy_only=False) for c in lens.chunks]) if lens.num_chunks else \
+        np.zeros(0, dtype=np.int64)
+    arr = arr.astype(np.int64, copy=False)
+    return arr if rows is None else arr[rows]
+
+
+def _token_columns(table: Any, rows: np.ndarray | None, lengths: np.ndarray) -> tuple[list[str], list[str]]:
+    """The list columns with one entry per ``input_ids`` token (``input_ids`` first), and the
+    columns dropped. ``labels`` (and the usual per-token names) must match: ValueError."""
+    import pyarrow.compute as pc
+
+    keep, dropped = ["input_ids"], []
+    for name in table.column_names:
+        if name == "input_ids":
+            continue
+        col = table.column(name)
+        if not _is_list(col.type):
+            if name in _PER_TOKEN_NAMES:  # e.g. a class label named "labels": dropping it would train on input_ids
+                raise ValueError(f"the {name!r} column is not a list with one entry per token (Arrow type "
+                                 f"{col.type}); {name} must be a list column with one entry per input_ids token. "
+                                 f"Rename or drop the column (dataset.remove_columns({name!r}))")
+            dropped.append(name)
+            continue
+        if name == "labels":
+            _check_token_values(table, rows, "labels", negative_ok=True)
+        null = pc.is_null(col)
+        is_null = np.concatenate([c.to_numpy(zero_copy_only=False) for c in null.chunks]) if null.num_chunks else \
+            np.zeros(0, dtype=bool)
+        if rows is not None:
+            is_null = is_null[rows]
+        lens = _list_lengths(col, rows)
+        bad = np.flatnonzero((lens != lengths) & ~is_null)
+        if bad.size == 0:
+            keep.append(name)
+        elif name in _PER_TOKEN_NAMES:
+            i = int(bad[0])
+            raise ValueError(
+                f"sample {i}: {name} has {int(lens[i])} entries but input_ids has {int(lengths[i])} "
+                f"({bad.size} such samples); {name} must have one entry per token. Fix the tokenization, or "
+                f"drop the column (dataset.remove_columns({name!r}))")
+        else:
+            dropped.append(name)
+    return keep, dropped
+
+
+def _check_token_values(table: Any, rows: np.ndarray | None, name: str, *, negative_ok: bool) -> None:
+    """Refuse a list column ``name`` whose entries are not int token ids: another value type (bool,
+    float, string, nested lists; TypeError), or a null entry or (``negative_ok=False``) a negative
+    one inside a sample (ValueError naming the sample). A null sample is fine (empty for
+    ``input_ids``; for ``labels``, the sample's ``input_ids``)."""
+    import pyarrow as pa
+
+    from ..validate import MAX_TOKEN_ID, InputTypeError
+
+    col = table.column(name)
+    vtype = col.type.value_type
+    if pa.types.is_null(vtype):  # Arrow's type of lists that are all empty: no value to check
+        return
+    if not pa.types.is_integer(vtype):
+        raise InputTypeError(f"{name} must be a list column of int token ids, got Arrow type {col.type} (values "
+                             f"{vtype}); tokenize into int ids (or cast: dataset.cast_column({name!r}, "
+                             "datasets.Sequence(datasets.Value('int64'))))")
+
+    def bad(v: np.ndarray) -> np.ndarray:  # ints with nulls come out as floats with NaN
+        v = np.asarray(v)
+        out = np.isnan(v) if v.dtype.kind == "f" else np.zeros(v.shape, dtype=bool)
+        if not negative_ok:
+            out |= v < 0
+        if v.dtype.kind == "u":
+            out |= v > MAX_TOKEN_ID
+        return out
+
+    def chunks(c: Any):
+        for chunk in c.chunks:
+            off = chunk.offsets.to_numpy().astype(np.int64)
+            yield chunk.values.to_numpy(zero_copy_only=False), off, chunk.is_null().to_numpy(zero_copy_only=False)
+
+    if not any(len(off) > 1 and bad(vals[off[0]:off[-1]]).any() for vals, off, _ in chunks(col)):
+        return  # the common case: one pass over the table, no copy
+    base = 0
+    for vals, off, null in chunks(col if rows is None else col.take(rows)):
+        flag = np.concatenate([[0], np.cumsum(bad(vals))])
+        count = flag[off[1:]] - flag[off[:-1]]
+        count[null] = 0
+        hit = np.flatnonzero(count)
+        if hit.size:
+            k = int(hit[0])
+            seg = vals[off[k]:off[k + 1]]
+            j = int(np.flatnonzero(bad(seg))[0])
+            value = "null" if np.asarray(seg).dtype.kind == "f" and np.isnan(seg[j]) else int(seg[j])
+            legal = "ints (-100 where no loss), never null" if negative_ok else f"ints in [0, {MAX_TOKEN_ID}], never null"
+            raise ValueError(f"pack_dataset: sample {base + k}: {name}[{j}] is {value}; {name} must hold {legal} "
+                             f"({hit.size} such samples in its Arrow chunk). Fix or filter these samples")
+        base += len(count)
+
+
+def _refuse_packed_source(dataset: Any, table: Any, rows: np.ndarray | None) -> None:
+    """Refuse rows that are already packed (a ``seq_lengths`` column, or ``position_ids`` restarting
+    at 0 inside a row): packing them again would make each row one document."""
+    names = dataset.column_names
+    fix = ("pack the unpacked samples instead, or feed these rows as they are (PackedDataCollator with "
+           "batch_size=1, or ATACTrainer, which takes their documents out and packs them again)")
+    if "seq_lengths" in names:
+        raise ValueError("pack_dataset got pre-packed rows (a 'seq_lengths' column): each row would become one "
+                         f"document of the new packs, its documents attending to each other; {fix}")
+    if "position_ids" not in names or not _is_list(table.column("position_ids").type):
+        return
+    col = table.column("position_ids")
+    if rows is not None:
+        col = col.take(rows)
+    base = 0
+    for chunk in col.chunks:
+        vals = chunk.values.to_numpy(zero_copy_only=False)
+        off = chunk.offsets.to_numpy().astype(np.int64)
+        zero = np.concatenate([[0], np.cumsum(vals == 0)])
+        inner = zero[off[1:]] - zero[np.minimum(off[:-1] + 1, off[1:])]  # zeros after each row's first token
+        hit = np.flatnonzero(inner > 0)
+        if hit.size:
+            raise ValueError(f"pack_dataset: sample {base + int(hit[0])} has position_ids restarting at 0 inside it "
+                             "(a pre-packed row of several documents): each row would become one document of the "
+                             f"new packs; {fix}, or drop the column (dataset.remove_columns('position_ids')) if the "
+                             "restarts are not document starts")
+        base += len(off) - 1
+
+
+_PER_TOKEN_NAMES = ("labels", "attention_mask", "token_type_ids", "completion_mask", "assistant_masks",
+                    "position_ids", "loss_mask")
