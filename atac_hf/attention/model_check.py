@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 
-from .model_probe import PROBE_TOLERANCE, ProbeResult, run_probe, shrink_config
+from .model_probe import (PROBE_TOLERANCE, ProbeResult, StockModelError, run_probe, sequence_convolutions,
+                          shrink_config)
 from .relay import _remove_relay, install_relay
 from .runtime import (ATTENTION_DROPOUT_FIELDS, ATTN_IMPLEMENTATION, SHARD_KWARG, UncheckedModelWarning,
                       check_model_supported, mark_checked)
@@ -158,6 +159,22 @@ def config_refusal(config: Any) -> tuple[type, str] | None:
             return NotImplementedError, (
                 f"has state-space (Mamba) layers (config.hybrid_override_pattern={pattern!r}): they would mix the "
                 f"documents of a packed row and cannot be sharded by 'atac_cp'; {_INSTEAD}")
+        topk = getattr(cfg, "index_topk", None)
+        if isinstance(topk, int) and not isinstance(topk, bool):
+            rates = getattr(cfg, "compress_rates", None)
+            compressed = (f"compresses blocks of consecutive tokens into single keys (config.compress_rates={rates}), "
+                          "which mixes the documents of a packed row, and " if rates else "")
+            return NotImplementedError, (
+                f"uses DeepSeek sparse attention: it {compressed}lets an indexer pick each query's top "
+                f"{topk} keys (config.index_topk) from scores over the whole sequence, selected through the attention "
+                "mask or indices=, which 'atac_cp' does not implement (a custom attention gets no document mask, and "
+                f"each rank holds only its shard of keys), so the selection cannot be sharded exactly; {_INSTEAD}")
+        shared, layers = getattr(cfg, "num_kv_shared_layers", None), getattr(cfg, "num_hidden_layers", None)
+        if isinstance(shared, int) and isinstance(layers, int) and 0 < layers <= shared:
+            return NotImplementedError, (
+                f"takes the keys and values of every layer from another model (config.num_kv_shared_layers={shared} "
+                f"of {layers} layers: an assistant/draft model attending to its target model's shared K/V states), "
+                f"which 'atac_cp' does not shard with the packed row; {_INSTEAD}")
         chunk = getattr(cfg, "attention_chunk_size", None)
         if isinstance(chunk, int) and not isinstance(chunk, bool):
             return NotImplementedError, (
@@ -214,6 +231,9 @@ def _diagnose(model_cls: type, tiny: Any, result: ProbeResult, rank: int, world:
             f"their own code) and would mix the documents of a packed row; {_INSTEAD}")
     if err <= PROBE_TOLERANCE:
         return None
+    convolving = _convolution_refusal(model_cls, tiny, err)
+    if convolving is not None:
+        return convolving
     window = next((getattr(c, "sliding_window", None) for c in _configs(tiny)
                    if isinstance(getattr(c, "sliding_window", None), int)), None)
     if window is not None:
@@ -233,6 +253,23 @@ def _diagnose(model_cls: type, tiny: Any, result: ProbeResult, rank: int, world:
         f"attention through AttentionInterface (a mask-only feature, positions computed by the model); {_INSTEAD}")
 
 
+def _convolution_refusal(model_cls: type, tiny: Any, err: float | None) -> tuple[type, str] | None:
+    """A refusal naming the convolutions along the sequence in the decoder layers, if any (only for a
+    probe that failed or measured a mismatch: it explains the failure, it never refuses an exact run)."""
+    try:
+        convs = sequence_convolutions(model_cls, tiny)
+    except Exception:  # noqa: BLE001 - only a diagnosis
+        return None
+    if not convs:
+        return None
+    measured = f" (probe max relative error {err:.1e})" if err is not None else ""
+    more = f" and {len(convs) - 3} more" if len(convs) > 3 else ""
+    return NotImplementedError, (
+        f"mixes tokens outside attention: its decoder layers convolve along the sequence ({'; '.join(convs[:3])}"
+        f"{more}): each token mixes with its neighbours outside attention, across the shard boundaries 'atac_cp' "
+        f"makes and across the documents of a packed row unless the model masks them{measured}; {_INSTEAD}")
+
+
 def _without_window(tiny: Any) -> Any:
     import copy
 
@@ -245,6 +282,7 @@ def _without_window(tiny: Any) -> Any:
 
 def _probe_failure(e: Exception, model_cls: type) -> tuple[type, str]:
     msg = str(e)
+    shown = e.__cause__ if isinstance(e, StockModelError) and isinstance(e.__cause__, Exception) else e
     if isinstance(e, KeyError) and ATTN_IMPLEMENTATION in msg:
         return ValueError, ("looks its attention up in its own table, not in transformers' AttentionInterface "
                             f"(KeyError {ATTN_IMPLEMENTATION!r} when selecting it), so 'atac_cp' cannot be plugged "
@@ -257,12 +295,33 @@ def _probe_failure(e: Exception, model_cls: type) -> tuple[type, str]:
         return ValueError, (
             "computes attention in its own code, not through transformers' AttentionInterface (it does not declare "
             "attention-backend support, and its tiny copy failed under 'atac_cp': "
-            f"{type(e).__name__}: {msg[:200]}), so its packed rows cannot be sharded exactly; use a model class "
+            f"{type(shown).__name__}: {str(shown)[:200]}), so its packed rows cannot be sharded exactly; use a model class "
             "that supports attn_implementation (Llama, Mistral, Qwen2/3, Gemma, Phi3, GPT-NeoX, ...)")
+    if isinstance(e, StockModelError):
+        hint = "; a checkpoint's own config may build: check it with `atac-hf check-model --config config.json`"
+        if "'NoneType' object is not subscriptable" in msg and "layer_types" in _source_line(e):
+            hint = ("; its config leaves layer_types unset (None) and the model reads one type per layer: check a "
+                    "config that names them (`atac-hf check-model --config config.json`)")
+        return NotImplementedError, (
+            f"could not be probed: its stock model (its own attention, no 'atac_cp') fails on the probe's tiny copy "
+            f"of the config ({msg[:300]}){hint}, so it cannot be shown exact; {_INSTEAD}")
     if isinstance(e, NotImplementedError):
         return NotImplementedError, f"uses a feature the 'atac_cp' attention does not implement: {msg}"
     return NotImplementedError, (f"could not be run through 'atac_cp' by the exactness probe ({type(e).__name__}: "
                                  f"{msg[:300]}), so it cannot be shown exact; {_INSTEAD}")
+
+
+def _source_line(e: BaseException) -> str:
+    """The source line where the original exception of ``e`` was raised ('' if unknown)."""
+    import linecache
+
+    cause = e.__cause__ or e
+    tb = cause.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return ""
+    return linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno)
 
 
 def check_architecture(model_cls: type, config: Any, *, rank: int = 0, world: int = 1, group: Any = None,
@@ -275,6 +334,7 @@ def check_architecture(model_cls: type, config: Any, *, rank: int = 0, world: in
     refused = static_refusal(model_cls, config)
     if refused is not None:
         return ModelVerdict(name, mtype, False, refused[1], error=refused[0])
+    tiny = None
     try:
         tiny = shrink_config(config) if shrink else config
         with torch.random.fork_rng(devices=[]), torch.enable_grad(), warnings.catch_warnings():
@@ -282,7 +342,8 @@ def check_architecture(model_cls: type, config: Any, *, rank: int = 0, world: in
             result = run_probe(model_cls, tiny, rank=rank, world=world, group=group)
             refused = _diagnose(model_cls, tiny, result, rank, world, group)
     except Exception as e:  # noqa: BLE001 - every failure becomes a named refusal
-        exc, reason = _probe_failure(e, model_cls)
+        exc, reason = (None if tiny is None else _convolution_refusal(model_cls, tiny, None)) or \
+            _probe_failure(e, model_cls)
         return ModelVerdict(name, mtype, False, reason, error=exc)
     if refused is not None:  # no layer ran atac_cp: the measured error is not that of the atac_cp path
         return ModelVerdict(name, mtype, False, refused[1], max_error=result.max_error if result.reached else None,
