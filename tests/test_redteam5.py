@@ -135,3 +135,44 @@ def test_count_targets_refuses_what_is_not_a_batch():
         count_targets([1, 2])
     with pytest.raises(TypeError, match=r"take a packed batch .* got int"):
         count_targets(5)
+
+
+# ---------------------------------------------------------------------------- the pass's leftovers
+def test_plan_shards_refuses_a_masked_array_with_masked_entries():
+    # was: np.asarray planned the masked entries' raw data as documents
+    from atac_hf import plan_shards
+
+    lengths = np.ma.masked_array([5, 900, 3], mask=[False, True, False])
+    with pytest.raises(ValueError, match=r"masked array with masked entries.*doc_lengths.compressed\(\)"):
+        plan_shards(lengths, 2)
+    assert plan_shards(lengths.compressed(), 2).num_tokens == 8
+    assert plan_shards(np.ma.masked_array([5, 3]), 2).num_tokens == 8  # nothing masked: planned as is
+
+
+@pytest.mark.parametrize("raw", ["1_0", "\u0664", " 4x", "+", "9" * 5000])
+def test_integer_environment_variables_take_ascii_digits_only(raw):
+    # was: int() read "1_0" as 10 and Arabic-Indic "٤" as 4
+    with pytest.raises(ValueError, match=r"ATAC_CP_SIZE=.* is not an integer \(ASCII digits"):
+        ATACConfig.from_env({"ATAC_CP_SIZE": raw})
+    assert ATACConfig.from_env({"ATAC_CP_SIZE": " 4 "}).cp_size == 4
+
+
+def test_reduce_loss_refuses_a_number_naming_what_it_takes():
+    # was: AttributeError: 'float' object has no attribute 'detach'
+    from atac_hf import ATACAccelerator
+
+    acc = ATACAccelerator(ATACConfig(cp_size=1, max_tokens=64), cpu=True)
+    with pytest.raises(TypeError, match=r"reduce_loss takes the loss tensor .* got float 1.0; pass the tensor"):
+        acc.reduce_loss(1.0)
+    import torch
+
+    assert acc.reduce_loss(torch.tensor(2.0)).item() == 2.0
+    acc.end_training()
+
+
+def test_simulate_names_the_flags_when_max_tokens_is_below_cp(capsys):
+    # was: "ClusterConfig.max_tokens=1 is smaller than cp_size=2" (names no flag)
+    from atac_hf.cli import main
+
+    assert main(["simulate", "--max-tokens", "1", "--cp", "2"]) == 2
+    assert "--max-tokens=1 is smaller than --cp=2" in capsys.readouterr().err

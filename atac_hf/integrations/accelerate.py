@@ -369,6 +369,9 @@ class ATACAccelerator(Accelerator):
         holds the same loss, scaled by ``num_processes / tp_size``: the world sum over
         ``num_processes`` is the same figure.)
         """
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError(f"reduce_loss takes the loss tensor model(**accelerator.shard(batch)).loss, got "
+                            f"{type(loss).__name__} {loss!r:.40}; pass the tensor, not loss.item()")
         total = loss.detach().clone()
         if self.num_processes > 1:
             dist.all_reduce(total)

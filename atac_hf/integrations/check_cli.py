@@ -193,7 +193,7 @@ def _run_items(items: list[dict], world: int, timeout_s: float, progress: Any) -
                 kind, i, row = queue.get(timeout=1.0)
             except Exception:  # noqa: BLE001 - queue.Empty: check the clock and the workers
                 if time.monotonic() - started > timeout_s:
-                    failed = f"timed out after {timeout_s:.0f} s (probe did not finish)"
+                    failed = f"timed out after {timeout_s:g} s (probe did not finish; raise --timeout)"
                 elif any(p.exitcode not in (None, 0) for p in procs):
                     failed = "a probe worker died (" + ", ".join(str(p.exitcode) for p in procs) + ")"
                 elif all(p.exitcode == 0 for p in procs):

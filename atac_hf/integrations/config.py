@@ -23,6 +23,7 @@ import dataclasses
 import json
 import numbers
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -365,10 +366,14 @@ def _check_keys(data: Any, source: str) -> dict[str, Any]:
 
 
 def _parse_int(name: str, raw: str) -> int:
+    text = raw.strip()
+    # ASCII digits only: int() also reads "1_0" as 10 and other scripts' digits, which a typo should not pass
     try:
-        return int(raw.strip())
+        if not re.fullmatch(r"[+-]?[0-9]+", text):
+            raise ValueError
+        return int(text)  # (over 4300 digits: ValueError too)
     except ValueError:
-        raise ValueError(f"{name}={short_repr(raw)} is not an integer") from None
+        raise ValueError(f"{name}={short_repr(raw)} is not an integer (ASCII digits, e.g. {name}=4)") from None
 
 
 def _env_values(environ: Mapping[str, str]) -> dict[str, Any]:

@@ -38,6 +38,10 @@ def check_doc_lengths(doc_lengths: Any) -> np.ndarray:
         if bad is not None:
             raise ValueError(f"doc_lengths[{bad}] is the bool {doc_lengths[bad]!r}, not a document length: "
                              "doc_lengths must be integers (ints >= 1)")
+    if isinstance(doc_lengths, np.ma.MaskedArray) and np.ma.getmaskarray(doc_lengths).any():
+        # np.asarray would plan the masked entries' raw data as if they were lengths
+        raise ValueError("doc_lengths is a masked array with masked entries: pass the lengths of the documents "
+                         "of the pack only (doc_lengths.compressed())")
     try:
         arr = np.asarray(doc_lengths)
     except (ValueError, TypeError, OverflowError):  # ragged nesting, odd objects

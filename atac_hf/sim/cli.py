@@ -130,6 +130,10 @@ def _check_sim_sizes(args: argparse.Namespace) -> None:
                          "lower one of them")
     if args.seed < 0:
         raise ValueError(f"--seed={shown(args.seed)} must be >= 0")
+    cp = getattr(args, "cp", None)
+    if isinstance(cp, int) and cp >= 1 and args.max_tokens < cp:  # (a bad --cp is ClusterConfig's to name)
+        raise ValueError(f"--max-tokens={args.max_tokens} is smaller than --cp={cp}: every CP rank needs a token of "
+                         f"each pack; raise --max-tokens to at least {cp}")
     cap = getattr(args, "max_tokens_per_rank", None)
     if cap is not None and not 1 <= cap <= MAX_SIM_TOKENS:
         raise ValueError(f"--max-tokens-per-rank={shown(cap)} must be from 1 to {MAX_SIM_TOKENS} (or omit it: "
