@@ -83,6 +83,22 @@ def test_unsupported_settings():
         _call(ctx, sliding_window=0)
 
 
+@pytest.mark.parametrize("name, value, what", [
+    ("is_causal", False, "non-causal attention"),
+    ("position_bias", torch.zeros(1, 4, 8, 8), r"passes position_bias= \(a relative position bias"),
+    ("indices", torch.zeros(1, 8, 2, dtype=torch.long), r"passes indices= \(sparse attention over top-k"),
+    ("block_indices", torch.zeros(1, 2, dtype=torch.long), r"passes block_indices= \(block-sparse"),
+    ("sinks", torch.zeros(4), r"passes sinks= \(attention sinks under a name"),
+])
+def test_score_changing_keywords_are_refused_not_ignored(name, value, what):
+    """Keywords transformers families pass to their attention that change the scores in a way atac_cp does
+    not implement: ignoring them would compute another attention silently (None is fine: not used)."""
+    ctx = _ctx()
+    with pytest.raises(NotImplementedError, match=what):
+        _call(ctx, **{name: value})
+    _call(ctx, **{name: None if name != "is_causal" else True})
+
+
 def test_attention_mask_is_ignored_with_a_warning():
     ctx = _ctx()
     q, k = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16)

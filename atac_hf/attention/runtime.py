@@ -111,8 +111,14 @@ def _check_call(module: Any, ctx: ShardContext, query: torch.Tensor, key: torch.
             f"attention dropout ({dropout}, config.{name}) is not implemented by "
             f"{ATTN_IMPLEMENTATION!r}; set {name}=0.0"
         )
-    if getattr(module, "is_causal", True) is False:
+    if getattr(module, "is_causal", True) is False or kwargs.get("is_causal", True) is False:
         raise NotImplementedError(f"non-causal attention is not implemented by {ATTN_IMPLEMENTATION!r}")
+    for name, what in _UNSUPPORTED_SCORE_KWARGS:
+        if kwargs.get(name) is not None:  # ignoring it would silently compute another attention
+            raise NotImplementedError(
+                f"{type(module).__name__} passes {name}= ({what}) to its attention, which {ATTN_IMPLEMENTATION!r} "
+                "does not implement; train this model without atac-hf context parallelism (cp_size 1, unpacked "
+                "rows or its stock attention)")
     config = getattr(module, "config", None)
     if config is not None and ctx.cache.get("checked_config") is not config:
         _check_config(module, config, ctx.plan.cp_size)
@@ -143,6 +149,16 @@ def _check_call(module: Any, ctx: ShardContext, query: torch.Tensor, key: torch.
                 f"apply; legal values with {what}: {list(SINK_BACKENDS)} (set attention_backend='sdpa' in "
                 "ATACConfig)")
     return None if window is None else int(window)
+
+
+#: Attention-call keywords of transformers families that change the scores in a way ``atac_cp`` does
+#: not implement (read off transformers 5.25's ``attention_interface(...)`` calls): refused, not ignored.
+_UNSUPPORTED_SCORE_KWARGS = (
+    ("position_bias", "a relative position bias added to the scores"),
+    ("indices", "sparse attention over top-k selected keys"),
+    ("block_indices", "block-sparse attention over selected key blocks"),
+    ("sinks", "attention sinks under a name atac_cp does not read; GPT-OSS-like s_aux is supported"),
+)
 
 
 class UncheckedModelWarning(UserWarning):
