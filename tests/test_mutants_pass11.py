@@ -47,3 +47,19 @@ def test_the_two_way_split_keeps_min_chunk_tokens_in_every_chunk():
     assert sum(e - s for _, _, s, e in chunks) == 32 and len(chunks) >= 3
     assert all(e - s >= 2 for _, _, s, e in chunks), chunks
     assert plan.block_time_s == 408.0
+
+
+def test_sub_group_tails_go_where_the_worst_of_the_three_models_stays_lowest():
+    """Kills ``subgroups._place_tails``' third-model load read as ``lb[1] + w2`` (the second model's
+    load) instead of ``lb[2] + w2``. The rule (its docstring): each whole document goes to the bin whose
+    worst load over the units stays lowest, ties to the lower bin. Two lone ranks, no chains; units
+    (estimate, 0.5x, 2x attention price) in rank shares: document 0 is (0.5, 0, 5), document 1 is
+    (1, 0, 2). Document 0: both bins empty, worst 5 either way: the tie goes to rank 0. Document 1:
+    rank 0 would reach max(1.5, 0, 5 + 2) = 7, rank 1 max(1, 0, 2) = 2: rank 1. (With the second
+    model's load under the third model's work, rank 0 reads max(1.5, 0, 0 + 2) = 2, ties rank 1 and
+    takes document 1, its worst model then at 7 against 5: the less level placement.)"""
+    from atac_hf.sharding.subgroups import _place_tails
+
+    unit = np.array([[0.5, 1.0], [0.0, 0.0], [5.0, 2.0]])
+    owner = _place_tails(np.array([0, 1]), unit, np.array([4, 4]), [], [], 2, np.inf)
+    assert owner.tolist() == [0, 1]
