@@ -84,7 +84,7 @@ def test_hostile_arguments_end_in_one_line(capsys, files):
         (["simulate", "--max-tokens", str(2**70), "--steps", "1"], "--max-tokens=1180591620717411303424 must be"),
         (["simulate", "--steps", "1000", "--dp", "64", "--micro-batches", "64"], "packs to simulate, more than"),
         (["simulate", "--workload", "/dev/zero", "--steps", "1"], "not a regular file"),
-        (["simulate", "--cp", str(10**7), "--steps", "1"], "cp_size"),
+        (["simulate", "--cp", str(10**7), "--steps", "1"], r"--max-tokens=131072 is smaller than --cp=10000000: .*lower --cp"),
     ]
     for argv, match in cases:
         _one_error_line(capsys, argv, match)

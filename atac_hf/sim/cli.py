@@ -130,10 +130,6 @@ def _check_sim_sizes(args: argparse.Namespace) -> None:
                          "lower one of them")
     if args.seed < 0:
         raise ValueError(f"--seed={shown(args.seed)} must be >= 0")
-    cp = getattr(args, "cp", None)
-    if isinstance(cp, int) and cp >= 1 and args.max_tokens < cp:  # (a bad --cp is ClusterConfig's to name)
-        raise ValueError(f"--max-tokens={args.max_tokens} is smaller than --cp={cp}: every CP rank needs a token of "
-                         f"each pack; raise --max-tokens to at least {cp}")
     cap = getattr(args, "max_tokens_per_rank", None)
     if cap is not None and not 1 <= cap <= MAX_SIM_TOKENS:
         raise ValueError(f"--max-tokens-per-rank={shown(cap)} must be from 1 to {MAX_SIM_TOKENS} (or omit it: "
@@ -149,11 +145,18 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     combos = parse_combos(args.combos)  # before any work: a bad or duplicated entry costs nothing
     _check_sim_sizes(args)
-    cluster = ClusterConfig(dp_size=args.dp, pp_size=args.pp, cp_size=args.cp, tp_size=args.tp,
-                            num_micro_batches=args.micro_batches, max_tokens=args.max_tokens,
-                            model=model_arg(args.model), hardware=args.hardware, profile=args.profile,
-                            efficiency=args.efficiency, num_gpus=args.num_gpus,
-                            max_tokens_per_rank=getattr(args, "max_tokens_per_rank", None))
+    try:
+        cluster = ClusterConfig(dp_size=args.dp, pp_size=args.pp, cp_size=args.cp, tp_size=args.tp,
+                                num_micro_batches=args.micro_batches, max_tokens=args.max_tokens,
+                                model=model_arg(args.model), hardware=args.hardware, profile=args.profile,
+                                efficiency=args.efficiency, num_gpus=args.num_gpus,
+                                max_tokens_per_rank=getattr(args, "max_tokens_per_rank", None))
+    except ValueError as e:
+        if "is smaller than cp_size" not in str(e):
+            raise
+        # ClusterConfig names its fields; here the user set flags
+        raise ValueError(f"--max-tokens={args.max_tokens} is smaller than --cp={args.cp}: every CP rank needs a token "
+                         f"of each pack; lower --cp or raise --max-tokens to at least {args.cp}") from None
     lengths = load_workload(args.workload, seed=args.seed)
     if not args.json:
         print(workload_line(args.workload, lengths, seed=args.seed), flush=True)
