@@ -52,8 +52,8 @@ class PackedIterableDataset(IterableDataset):
     in it), the packer state, the packs of the current window not yet yielded, and the tokens
     (and labels) of every sample not yet fully yielded. ``load_state_dict`` restores them; the
     next ``iter()`` re-positions the source: ``set_epoch(epoch)`` where it has one, then
-    ``consumed`` samples skipped (``datasets.IterableDataset.skip`` in pass 0 or when not
-    shuffled - ``skip`` drops a later epoch's shuffle order -, else read and discarded), so no
+    ``consumed`` samples skipped (``datasets.IterableDataset.skip`` in pass 0; in a later pass
+    read and discarded: ``skip`` drops that epoch's shuffle order), so no
     sample is lost or repeated, in any pass. Iterate it in the
     process that saves the state (``num_workers=0``; with one worker the state lives in the
     worker; more workers are refused). With Accelerate, ``dispatch_batches=False`` (rows differ in length,
@@ -119,9 +119,9 @@ class PackedIterableDataset(IterableDataset):
     def _open_source(self) -> Iterator[Mapping[str, Any]]:
         n, epoch = self._st["consumed"], self._st["epoch"]
         _set_source_epoch(self.source, epoch)
-        # datasets' skip() keeps epoch 0's shuffle order whatever the epoch: read and discard in a later
-        # epoch of a shuffled stream (an unknown layout counts as shuffled)
-        if n and _is_hf_iterable(self.source) and (epoch == 0 or getattr(self.source, "_shuffling", 0) is None):
+        # datasets' skip() returns a stream at epoch 0 (its shuffle order), and set_epoch on it does not give
+        # the epoch's order back (datasets 5.2): in a later pass the consumed samples are read and discarded
+        if n and _is_hf_iterable(self.source) and epoch == 0:
             return iter(self.source.skip(n))
         return itertools.islice(iter(self.source), n, None)
 
