@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import sys
 import tempfile
 import time
 import traceback
@@ -47,6 +48,12 @@ def _entry(rank: int, fn, world: int, init_file: str, args: tuple) -> None:
         raise
     dist.barrier()  # a teardown abort was seen once without it
     dist.destroy_process_group()
+    # the work is done and reported: end the process without the interpreter's teardown, where gloo's
+    # threads can still abort it ("terminate called without an active exception", SIGABRT, seen once in
+    # a fresh-clone CI run after every collective had finished), as report_and_exit does
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def spawn(fn, world: int, *args, timeout_s: float = 300.0) -> None:
