@@ -10,38 +10,19 @@ from typing import Any, Callable
 import numpy as np
 
 def _list_chunks(dataset: Any, column: str, *, take: bool = True):
-    """Per Arrow chunk of a ``datasets.Dataset`` list column: the flat values (numpy), the row
-    offsets into them and the null rows; in dataset row order (``take``: after ``select`` /
-    ``shuffle``, a copy of the column) or in table order."""
+    """:func:`~atac_hf.packing.data.arrow_source._list_chunks` of a ``datasets.Dataset``'s column."""
     from ..packing.data.arrow_source import _arrow_source
+    from ..packing.data.arrow_source import _list_chunks as list_chunks
 
-    table, rows = _arrow_source(dataset)
-    col = table.column(column)
-    if rows is not None and take:
-        col = col.take(rows)
-    for chunk in col.chunks:
-        null = chunk.is_null().to_numpy(zero_copy_only=False)
-        yield (chunk.values.to_numpy(zero_copy_only=False), chunk.offsets.to_numpy().astype(np.int64), null)
+    return list_chunks(*_arrow_source(dataset), column, take=take)
 
 
 def _first_bad_row(dataset: Any, column: str, is_bad: Callable[[np.ndarray], np.ndarray]):
-    """``(row, bad entries in it, its entries, rows with bad entries in its chunk)`` of the first
-    dataset row of ``column`` with an entry ``is_bad``, else None. A first pass over the table
-    (no copy) settles the common case, all entries fine; only then are the rows taken in order."""
-    if not any(is_bad(vals[off[0]:off[-1]]).any() for vals, off, _ in _list_chunks(dataset, column, take=False)
-               if len(off) > 1):
-        return None
-    base = 0
-    for vals, off, null in _list_chunks(dataset, column):
-        flag = np.concatenate([[0], np.cumsum(is_bad(vals))])
-        count = flag[off[1:]] - flag[off[:-1]]
-        count[null] = 0
-        hit = np.flatnonzero(count)
-        if hit.size:
-            k = int(hit[0])
-            return base + k, int(count[k]), vals[off[k]:off[k + 1]], int(hit.size)
-        base += len(count)
-    return None
+    """:func:`~atac_hf.packing.data.arrow_source._first_bad_row` of a ``datasets.Dataset``'s column."""
+    from ..packing.data.arrow_source import _arrow_source
+    from ..packing.data.arrow_source import _first_bad_row as first_bad_row
+
+    return first_bad_row(*_arrow_source(dataset), column, is_bad)
 
 
 _PADDING_FIX = ("tokenize without padding (padding=False), or strip the padding (keep the tokens where "

@@ -51,11 +51,14 @@ class StreamResumeMixin:
         self._atac_skip_flag: bool | None = None  # args.ignore_data_skip to put back after train()
 
     # ------------------------------------------------------------------ building
-    def _atac_stream_build(self, dataset: Any):
+    def _atac_stream_build(self, dataset: Any, grad_accum: int | None = None):
+        """(DataLoader, its PackedIterableDataset) of a streaming dataset, not yet prepared
+        (``grad_accum``: default the training's)."""
         from .data import build_streaming_dataloader
 
+        ga = self.args.gradient_accumulation_steps if grad_accum is None else grad_accum
         return build_streaming_dataloader(
-            dataset, self.atac_config, num_replicas=self.dp_size, grad_accum=self.args.gradient_accumulation_steps,
+            dataset, self.atac_config, num_replicas=self.dp_size, grad_accum=ga,
             cost_model=self.atac_sharder.cost_model, collate_fn=self.data_collator, **self._atac_loader_kwargs())
 
     def _atac_stream_train_loader(self):

@@ -52,7 +52,7 @@ from .accelerate import as_atac_parallelism_config, build_parallelism_config, by
 from ._hf_compat import track_group_holder
 from .accelerate import cp_coordinates
 from .config import ATACConfig
-from .data import build_packed_dataloader, build_streaming_dataloader, check_collator, check_dataset_columns
+from .data import build_packed_dataloader, check_collator, check_dataset_columns
 from .data import is_streaming_dataset
 from .layout import warn_placement
 from .sharder import BatchSharder, model_kv_bytes_per_token, prepare_model, unwrap_base_model
@@ -279,12 +279,10 @@ class ATACTrainer(StreamResumeMixin, Trainer):
         return extra
 
     def _atac_loader(self, dataset: Any, *, grad_accum: int, shuffle: bool | None):
-        extra = self._atac_loader_kwargs()
         if is_streaming_dataset(dataset):  # resumable streaming packer (training: _atac_stream_train_loader)
-            loader, _packed = build_streaming_dataloader(
-                dataset, self.atac_config, num_replicas=self.dp_size, grad_accum=grad_accum,
-                cost_model=self.atac_sharder.cost_model, collate_fn=self.data_collator, **extra)
+            loader, _packed = self._atac_stream_build(dataset, grad_accum)
             return self.accelerator.prepare(loader), None
+        extra = self._atac_loader_kwargs()
         # Trainer sizes every epoch (and a resume's skip) by the first epoch's len: every epoch gets as many packs
         loader, sampler = build_packed_dataloader(
             dataset, self.atac_config, num_replicas=self.dp_size, grad_accum=grad_accum, seed=self._atac_seed(),

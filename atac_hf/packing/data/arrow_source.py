@@ -115,28 +115,47 @@ def _check_token_values(table: Any, rows: np.ndarray | None, name: str, *, negat
             out |= v > MAX_TOKEN_ID
         return out
 
-    def chunks(c: Any):
-        for chunk in c.chunks:
-            off = chunk.offsets.to_numpy().astype(np.int64)
-            yield chunk.values.to_numpy(zero_copy_only=False), off, chunk.is_null().to_numpy(zero_copy_only=False)
+    found = _first_bad_row(table, rows, name, bad)
+    if found is not None:
+        row, _, seg, hits = found
+        j = int(np.flatnonzero(bad(seg))[0])
+        value = "null" if np.asarray(seg).dtype.kind == "f" and np.isnan(seg[j]) else int(seg[j])
+        legal = "ints (-100 where no loss), never null" if negative_ok else f"ints in [0, {MAX_TOKEN_ID}], never null"
+        raise ValueError(f"pack_dataset: sample {row}: {name}[{j}] is {value}; {name} must hold {legal} "
+                         f"({hits} such samples in its Arrow chunk). Fix or filter these samples")
 
-    if not any(len(off) > 1 and bad(vals[off[0]:off[-1]]).any() for vals, off, _ in chunks(col)):
-        return  # the common case: one pass over the table, no copy
+
+def _list_chunks(table: Any, rows: np.ndarray | None, column: str, *, take: bool = True):
+    """Per Arrow chunk of a list ``column``: the flat values (numpy), the row offsets into them and
+    the null rows; in dataset row order (``take``: with a row selection ``rows``, a copy of the
+    column) or in table order."""
+    col = table.column(column)
+    if rows is not None and take:
+        col = col.take(rows)
+    for chunk in col.chunks:
+        null = chunk.is_null().to_numpy(zero_copy_only=False)
+        yield (chunk.values.to_numpy(zero_copy_only=False), chunk.offsets.to_numpy().astype(np.int64), null)
+
+
+def _first_bad_row(table: Any, rows: np.ndarray | None, column: str, is_bad: Any):
+    """``(row, bad entries in it, its entries, rows with bad entries in its chunk)`` of the first
+    dataset row of ``column`` with an entry ``is_bad`` (values -> bool mask; null rows never
+    count), else None. A first pass over the table (no copy) settles the common case, all entries
+    fine; only then are the rows taken in order."""
+    if not any(is_bad(vals[off[0]:off[-1]]).any() for vals, off, _ in _list_chunks(table, rows, column, take=False)
+               if len(off) > 1):
+        return None
     base = 0
-    for vals, off, null in chunks(col if rows is None else col.take(rows)):
-        flag = np.concatenate([[0], np.cumsum(bad(vals))])
+    for vals, off, null in _list_chunks(table, rows, column):
+        flag = np.concatenate([[0], np.cumsum(is_bad(vals))])
         count = flag[off[1:]] - flag[off[:-1]]
         count[null] = 0
         hit = np.flatnonzero(count)
         if hit.size:
             k = int(hit[0])
-            seg = vals[off[k]:off[k + 1]]
-            j = int(np.flatnonzero(bad(seg))[0])
-            value = "null" if np.asarray(seg).dtype.kind == "f" and np.isnan(seg[j]) else int(seg[j])
-            legal = "ints (-100 where no loss), never null" if negative_ok else f"ints in [0, {MAX_TOKEN_ID}], never null"
-            raise ValueError(f"pack_dataset: sample {base + k}: {name}[{j}] is {value}; {name} must hold {legal} "
-                             f"({hit.size} such samples in its Arrow chunk). Fix or filter these samples")
+            return base + k, int(count[k]), vals[off[k]:off[k + 1]], int(hit.size)
         base += len(count)
+    return None
 
 
 def _refuse_packed_source(dataset: Any, table: Any, rows: np.ndarray | None) -> None:
@@ -150,13 +169,8 @@ def _refuse_packed_source(dataset: Any, table: Any, rows: np.ndarray | None) -> 
                          f"document of the new packs, its documents attending to each other; {fix}")
     if "position_ids" not in names or not _is_list(table.column("position_ids").type):
         return
-    col = table.column("position_ids")
-    if rows is not None:
-        col = col.take(rows)
     base = 0
-    for chunk in col.chunks:
-        vals = chunk.values.to_numpy(zero_copy_only=False)
-        off = chunk.offsets.to_numpy().astype(np.int64)
+    for vals, off, _ in _list_chunks(table, rows, "position_ids"):
         zero = np.concatenate([[0], np.cumsum(vals == 0)])
         inner = zero[off[1:]] - zero[np.minimum(off[:-1] + 1, off[1:])]  # zeros after each row's first token
         hit = np.flatnonzero(inner > 0)
