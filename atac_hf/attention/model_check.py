@@ -5,7 +5,7 @@ Two layers:
 
 - static rules (fast, read off the class and config): encoder-decoder, no ``**kwargs`` in forward, non-attention token mixing (conv, state-space,
   linear-attention, recurrent layers), chunked attention, attention dropout (named by the model's own
-  field), logit soft-capping, position-dependent RoPE, prompt-learning PEFT adapters (virtual tokens
+  field), position-dependent RoPE, prompt-learning PEFT adapters (virtual tokens
   or key/value prefixes); and where ``cp_size > 1`` (:func:`router_loss_refusal`, checked by
   :func:`~atac_hf.integrations.prepare_model` and the attention's first call) MoE router losses;
 - an empirical probe (:mod:`.model_probe`): a tiny fp64 copy of the architecture (same class, the
@@ -44,7 +44,8 @@ __all__ = ["ModelVerdict", "check_architecture", "check_model", "config_refusal"
 _NON_ATTENTION = ("conv", "mamba", "linear", "recurrent", "ssm", "rwkv", "deltanet", "mlstm", "hyena", "lightning",
                   "retention")
 _LAYER_TYPE_KEYS = ("layer_types", "layers_block_type", "block_types", "layer_block_types")
-_INSTEAD = "train it without atac-hf context parallelism (cp_size 1, unpacked rows or its stock attention)"
+_INSTEAD = ("train it without atac-hf: its stock attention on unpacked rows (atac-hf packs several documents "
+            "into each row, so ATACTrainer and ATACAccelerator refuse it at cp_size=1 too)")
 _GUARD_ATTR = "_atac_cp_guard"
 _CACHE: dict[tuple, "ModelVerdict"] = {}
 
@@ -131,7 +132,8 @@ def peft_refusal(model: torch.nn.Module) -> tuple[type, str] | None:
                         f"is wrapped by a PEFT {kind} adapter ({name!r}): its virtual tokens or key/value prefixes "
                         "are attended to by every query, outside the documents of the packed row, which the "
                         "'atac_cp' attention does not shard; use a weight adapter (LoRA, IA3, ...) or train it "
-                        "without atac-hf context parallelism (cp_size 1, unpacked rows or its stock attention)")
+                        "without atac-hf: its stock attention on unpacked rows (ATACTrainer and ATACAccelerator "
+                        "refuse it at cp_size=1 too)")
             return None
         inner = getattr(model, "module", None) if isinstance(getattr(model, "module", None), torch.nn.Module) \
             else getattr(model, "_orig_mod", None)

@@ -66,7 +66,7 @@ def check_model_shardable(model: torch.nn.Module) -> None:
     Raises:
         ValueError, NotImplementedError: naming the model class, the feature that breaks exactness
             (encoder-decoder, attention outside ``AttentionInterface``, no ``**kwargs`` in forward,
-            attention dropout, soft-capping, position-dependent RoPE, chunked or mask-only windowed
+            attention dropout, position-dependent RoPE, chunked or mask-only windowed
             attention, non-attention token mixing, ...) and what to do instead.
     """
     from ..attention.model_check import check_model
