@@ -55,7 +55,10 @@ def probe(name: str) -> dict:
                 local = ~gathered[seg[:, 0]]
                 own = cm.attention_cost(np.zeros(int((~local).sum()), np.int64), (seg[:, 2] - seg[:, 1])[~local])
                 hidden = float(attn[local].sum() + own.sum())
-                ranks.append(float(cost.sum()) - hidden + (max(hidden, plan.comm_s) if gathered.any() else hidden))
+                # a node-routed exchange's second phase (comm_tail_s) overlaps nothing
+                first = plan.comm_s - plan.comm_tail_s
+                ranks.append(float(cost.sum()) - hidden + (max(hidden, first) + plan.comm_tail_s if gathered.any()
+                                                           else hidden))
             what_if += max(ranks)
     return dict(scenario=name, packs=packs, exposed=exposed, overhead=block / mean, compute_only=compute / mean,
                 what_if=what_if / mean)

@@ -45,6 +45,15 @@ def _plans(lengths, world):
         fields = {f: getattr(sub, f) for f in ("doc_lengths", "cp_size", "strategy", "segments", "gathered_docs",
                                                "rank_compute_s", "comm_s", "block_time_s")}
         out.append(("subgroup", ShardPlan(**fields, kv_exchange="all_to_all")))
+        # node-routed (two phases through node proxies; atac_hf.sharding.routing): nodes of 2 ranks,
+        # and at 8 ranks nodes of 3 (the last node smaller)
+        for s in ("per_doc", "atp"):
+            plan = plan_shards(lengths, world, s, kv_exchange="all_to_all")
+            if len(plan.gathered_docs):
+                fields = {f: getattr(plan, f) for f in ("doc_lengths", "cp_size", "strategy", "segments",
+                                                        "gathered_docs", "rank_compute_s", "comm_s", "block_time_s")}
+                out.append((f"routed_{s}", ShardPlan(**fields, kv_exchange="all_to_all",
+                                                     kv_route_node=2 if world == 4 or s == "atp" else 3)))
     return out
 
 
@@ -71,6 +80,7 @@ def equivalence_worker(rank: int, world: int, out_path: str, models: tuple, num_
                         continue
                     assert plan.kv_exchange == "all_to_all", plan_name
                     stats["plans"] += 1
+                    stats["routed_plans"] += plan.kv_route_node is not None
                     owners = [sum(int(d in s[:, 0]) for s in plan.segments) for d in plan.sharded_docs]
                     stats["subgroup_docs"] += sum(1 for n in owners if 2 <= n < world)
                     backends = ["sdpa"] + (["varlen_reference"] if dtype == torch.float64 else [])
@@ -96,6 +106,7 @@ def test_all_to_all_cp_training_equals_single_device(world, models, num_packs, t
     assert stats["cases"] == stats["plans"] * 3 // 2 >= len(models) * num_packs * (2 + (world > 2)) * 3
     if world > 2:
         assert stats["subgroup_docs"] > 0, "no document was split over a sub-group of ranks"
+        assert stats["routed_plans"] >= num_packs * len(models) * 2, "too few node-routed plans"
 
 
 # ============================================================================ faults

@@ -13,6 +13,11 @@ collective first and may be called once; a rank whose chunks use no received row
 ties the buffer into its graph (:func:`~atac_hf.attention.collectives.attach`), so that
 every rank takes part in the backward all-to-all.
 
+A node-routed layout (``layout.route``, :mod:`atac_hf.sharding.routing`) runs two of them: the
+first (to node proxies, and directly inside a node) overlaps the local attention as above; when it
+has landed, the proxies forward inside their node what their peers need (the second); the
+backward runs them in reverse, each the transposed all-to-all of its own.
+
 Works on every backend with ``all_to_all_single`` and uneven splits (gloo, NCCL).
 
 Shape legend: N rows sent, M rows received, X any trailing dims (K heads, Dk + Dv).
@@ -29,7 +34,7 @@ import torch.distributed as dist
 from ..sharding.plan import LocalLayout
 from .collectives import AsyncExchange, peer_failure
 
-__all__ = ["KVAllToAll", "received_rows", "start_all_to_all"]
+__all__ = ["KVAllToAll", "RoutedAllToAll", "received_rows", "start_all_to_all"]
 
 
 class KVAllToAll(AsyncExchange):
@@ -98,12 +103,33 @@ class _AllToAllWait(torch.autograd.Function):
 KVAllToAll._WAIT = _AllToAllWait
 
 
+class RoutedAllToAll:
+    """The node-routed exchange in flight: its first phase started; :meth:`wait` waits for it,
+    runs the second (the proxies forward inside their node what their peers need) and returns
+    both phases' rows. Like :class:`KVAllToAll`, waited for exactly once (``waited``): a rank whose
+    chunks use no received row waits all the same, so every rank joins both phases."""
+
+    def __init__(self, first: KVAllToAll, send2_idx: torch.Tensor, send2_counts, recv2_counts, group: Any):
+        self._first, self._idx, self._group = first, send2_idx, group
+        self._counts = (send2_counts, recv2_counts)
+        self.waited = False
+
+    def wait(self) -> torch.Tensor:
+        if self.waited:
+            raise RuntimeError("RoutedAllToAll.wait() called twice: each exchange is waited for exactly once")
+        self.waited = True
+        got = self._first.wait()
+        second = KVAllToAll(_rows(got, self._idx), *self._counts, self._group).wait()
+        return torch.cat([got, second], dim=0)
+
+
 def _rows(kv_SKX: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return kv_SKX.index_select(0, index)
 
 
 def start_all_to_all(k_KSD: torch.Tensor, v_KSD: torch.Tensor, layout: LocalLayout, cache: dict, group: Any,
-                     collective: bool) -> tuple[KVAllToAll | None, Callable[[], tuple[torch.Tensor, torch.Tensor]]]:
+                     collective: bool) -> tuple[KVAllToAll | RoutedAllToAll | None,
+                                                Callable[[], tuple[torch.Tensor, torch.Tensor]]]:
     """Start the only-needed exchange of one layer's K/V.
 
     Args:
@@ -121,13 +147,16 @@ def start_all_to_all(k_KSD: torch.Tensor, v_KSD: torch.Tensor, layout: LocalLayo
     dev, dk = k_KSD.device, k_KSD.shape[-1]
     key = ("a2a_index", str(dev), layout.window)
     if key not in cache:
-        cache[key] = (torch.as_tensor(layout.send_index, device=dev), torch.as_tensor(layout.self_index, device=dev))
-    send_idx, self_idx = cache[key]
+        cache[key] = (torch.as_tensor(layout.send_index, device=dev), torch.as_tensor(layout.self_index, device=dev),
+                      None if layout.route is None else torch.as_tensor(layout.route["send2"], device=dev))
+    send_idx, self_idx, send2_idx = cache[key]
     kv_SKX = torch.cat([k_KSD.transpose(0, 1), v_KSD.transpose(0, 1)], dim=-1)
     own = _rows(kv_SKX, self_idx)
     if not collective:
         return None, lambda: (own[..., :dk], own[..., dk:])
     handle = KVAllToAll(_rows(kv_SKX, send_idx), layout.send_counts, layout.recv_counts, group)
+    if send2_idx is not None:  # routed: the proxies forward inside their node once the first phase lands
+        handle = RoutedAllToAll(handle, send2_idx, layout.route["send2_counts"], layout.route["recv2_counts"], group)
 
     def wait() -> tuple[torch.Tensor, torch.Tensor]:
         buf = torch.cat([own, handle.wait()], dim=0)
@@ -143,13 +172,17 @@ def received_rows(plan, rank: int, k_KND: torch.Tensor, v_KND: torch.Tensor,
     window ``window``), built from the full row's keys and values without a process group
     (benchmarks, single-process checks)."""
     from ..sharding.exchange import a2a_rows
+    from ..sharding.routing import routed_tables
 
     dev = k_KND.device
     gathered = plan.gathered_mask()
     tok = plan.rank_token_indices(rank)
     lay = plan.local_layout(rank, window)
     parts = [tok[lay.self_index]]
-    for s in range(plan.cp_size):
+    if lay.route is not None:  # both phases' rows, by document position
+        t = routed_tables(plan.segments, gathered, lay.window, plan.kv_route_node, rank)
+        parts.append(plan.doc_offsets[t["recv_docs"]] + t["recv_pos"])
+    for s in range(plan.cp_size) if lay.route is None else ():
         if s != rank:
             rows, _, _ = a2a_rows(plan.segments, gathered, s, rank, lay.window)
             parts.append(plan.rank_token_indices(s)[rows])

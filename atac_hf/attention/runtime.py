@@ -402,15 +402,21 @@ def _emulate_all_to_all(local, layouts, tok, backend, caches, scale, window, per
     kv = [torch.cat([k.transpose(0, 1), v.transpose(0, 1)], dim=-1) for _, k, v in local]
     dk = local[0][1].shape[-1]
     # the rows rank s sends to rank r: s's send buffer, cut by its send counts
-    sent = []
-    for s, lay in enumerate(layouts):
-        rows = kv[s].index_select(0, torch.as_tensor(lay.send_index, device=dev))
-        sent.append(torch.split(rows, [int(x) for x in lay.send_counts]))
+    def exchange(send: list, counts: list) -> list:
+        parts = [torch.split(x, [int(c) for c in n]) for x, n in zip(send, counts)]
+        return [torch.cat([parts[s][r] for s in range(C) if s != r], dim=0) for r in range(C)]
+
+    got = exchange([kv[s].index_select(0, torch.as_tensor(lay.send_index, device=dev))
+                    for s, lay in enumerate(layouts)], [lay.send_counts for lay in layouts])
+    if layouts[0].route is not None:  # node-routed: the proxies forward the first phase's rows
+        second = exchange([got[s].index_select(0, torch.as_tensor(lay.route["send2"], device=dev))
+                           for s, lay in enumerate(layouts)], [lay.route["send2_counts"] for lay in layouts])
+        got = [torch.cat([a, b], dim=0) for a, b in zip(got, second)]
     outs = []
     for r in range(C):
         q, k, v = local[r]
         own = kv[r].index_select(0, torch.as_tensor(layouts[r].self_index, device=dev))
-        buf = torch.cat([own] + [sent[s][r] for s in range(C) if s != r], dim=0)
+        buf = torch.cat([own, got[r]], dim=0)
         wait = lambda buf=buf: (buf[..., :dk], buf[..., dk:])  # noqa: E731
         out = run_backend(backend, q, k, v, layouts[r], caches[r], wait, scaling=scale, window=window, **(extra or {}))
         if per_rank_hook is not None:

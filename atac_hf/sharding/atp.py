@@ -485,5 +485,8 @@ def _block_at(plan: ShardPlan, cm: CostModel) -> float:
     cost, attn = cm.segment_and_attention_cost(allseg[:, 1], allseg[:, 2])
     compute = np.bincount(rank_of, weights=cost, minlength=C)
     local_attn = np.bincount(rank_of[local], weights=attn[local], minlength=C)
-    exposed = np.maximum(local_attn, plan.comm_s) if len(plan.gathered_docs) else local_attn
-    return float(np.max(compute - local_attn + exposed))
+    if not len(plan.gathered_docs):
+        return float(np.max(compute - local_attn + local_attn))
+    # the routed exchange's second phase (comm_tail_s) is hidden behind nothing
+    hidden = plan.comm_s - plan.comm_tail_s
+    return float(np.max(compute - local_attn + np.maximum(local_attn, hidden) + plan.comm_tail_s))

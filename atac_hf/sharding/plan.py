@@ -21,6 +21,7 @@ from functools import cached_property
 import numpy as np
 
 from .exchange import EXCHANGES, a2a_rows, a2a_token_counts, needed_ranges
+from .routing import routed_pair_counts, routed_tables, routes
 
 __all__ = ["ShardPlan", "LocalLayout", "VarlenLayout"]
 
@@ -49,6 +50,11 @@ class ShardPlan:
         kv_window: the sliding window the all-to-all counts (:attr:`kv_recv_tokens`) assume
             (the cost model's; None: whole key prefixes). The runtime exchanges, layer by
             layer, what that layer's own window needs (:meth:`local_layout`).
+        kv_route_node: for an ``all_to_all`` plan, the ranks per node its exchange is routed by
+            (each row crosses a node boundary once, then proxies forward it inside the node;
+            :mod:`atac_hf.sharding.routing`); None: direct.
+        comm_tail_s: the part of ``comm_s`` no local attention hides (the routed exchange's
+            second, intra-node phase; 0 otherwise).
     """
 
     doc_lengths: np.ndarray
@@ -61,11 +67,17 @@ class ShardPlan:
     block_time_s: float = 0.0
     kv_exchange: str = "all_gather"
     kv_window: int | None = None
+    kv_route_node: int | None = None
+    comm_tail_s: float = 0.0
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.kv_exchange not in EXCHANGES:
             raise ValueError(f"ShardPlan.kv_exchange must be one of {list(EXCHANGES)}, got {self.kv_exchange!r}")
+        if self.kv_route_node is not None and (self.kv_exchange != "all_to_all"
+                                               or not routes(self.cp_size, self.kv_route_node)):
+            raise ValueError(f"ShardPlan.kv_route_node={self.kv_route_node!r} needs kv_exchange='all_to_all' and "
+                             f"2 <= kv_route_node < cp_size={self.cp_size} (or None: a direct exchange)")
 
     # ------------------------------------------------------------------ basic views
     @cached_property
@@ -131,6 +143,9 @@ class ShardPlan:
         """(C,) K/V rows each rank receives per layer (forward) in this plan's exchange: of the
         all-gather, every other rank's rows of the gathered documents (padding not counted); of
         the all-to-all, the key prefixes its chunks attend to that other ranks hold."""
+        if self.kv_exchange == "all_to_all" and self.kv_route_node is not None:  # both phases
+            first, second = routed_pair_counts(self.segments, self.gathered_mask(), self.kv_window, self.kv_route_node)
+            return (first.sum(axis=0) + second.sum(axis=0)).astype(np.int64)
         if self.kv_exchange == "all_to_all":
             return self.a2a_token_counts[0]
         return self.kv_tokens - self._gathered_rows_per_rank()
@@ -170,6 +185,8 @@ class ShardPlan:
         h.update(np.ascontiguousarray(self.gathered_docs, dtype=np.int64).tobytes())
         if self.kv_exchange != "all_gather":  # plans digested before the field existed keep their digest
             h.update(self.kv_exchange.encode())
+        if self.kv_route_node is not None:
+            h.update(f"route{int(self.kv_route_node)}".encode())
         return h.hexdigest()[:16]
 
     def _check_rank(self, rank: int) -> None:
@@ -229,6 +246,11 @@ class LocalLayout:
             of ``d`` the local chunks attend to into it (-1 elsewhere).
         window: the sliding window an ``all_to_all`` layout exchanges for (None: whole
             key prefixes).
+        route: for a node-routed ``all_to_all`` (:mod:`atac_hf.sharding.routing`), the second
+            phase: ``send2`` rows of the first phase's receive buffer forwarded, destination by
+            destination, ``send2_counts`` and ``recv2_counts`` (C,); the fields above then
+            describe the first phase, and the key buffer is ``cat([own rows, first-phase rows,
+            second-phase rows])``. None: direct.
     """
 
     rank: int
@@ -247,6 +269,7 @@ class LocalLayout:
     recv_counts: np.ndarray | None = None
     self_index: np.ndarray | None = None
     window: int | None = None
+    route: dict | None = None
 
     @property
     def max_send(self) -> int:
@@ -256,7 +279,8 @@ class LocalLayout:
     def num_key_rows(self) -> int:
         """Rows of the key buffer the exchange delivers (what ``wait()`` returns)."""
         if self.exchange == "all_to_all":
-            return int(len(self.self_index) + self.recv_counts.sum())
+            extra = 0 if self.route is None else int(self.route["recv2_counts"].sum())
+            return int(len(self.self_index) + self.recv_counts.sum()) + extra
         return self.cp_size * self.max_send
 
     def varlen_layout(self, sliding_window: int | None = None) -> "VarlenLayout":
@@ -401,7 +425,14 @@ def _build_a2a_layout(plan: ShardPlan, rank: int, window: int | None) -> LocalLa
     send_parts, send_counts = [], np.zeros(C, dtype=np.int64)
     recv_counts = np.zeros(C, dtype=np.int64)
     recv_docs, recv_pos = [self_docs], [self_pos]
-    for other in range(C):
+    route = None
+    if plan.kv_route_node is not None:  # two phases (see atac_hf.sharding.routing)
+        t = routed_tables(plan.segments, gathered, window, plan.kv_route_node, rank)
+        send_parts, send_counts, recv_counts = [t["send1"]], t["send1_counts"], t["recv1_counts"]
+        recv_docs.append(t["recv_docs"])
+        recv_pos.append(t["recv_pos"])
+        route = {k: t[k] for k in ("send2", "send2_counts", "recv2_counts")}
+    for other in range(C) if route is None else ():
         if other == rank:
             continue
         rows, _, _ = a2a_rows(plan.segments, gathered, rank, other, window)
@@ -437,4 +468,5 @@ def _build_a2a_layout(plan: ShardPlan, rank: int, window: int | None) -> LocalLa
         recv_counts=recv_counts,
         self_index=self_index,
         window=window,
+        route=route,
     )

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..cost import CostModel
 from .exchange import a2a_pair_counts_flat
+from .routing import route_blocks, routed_pair_counts, routes
 from .plan import ShardPlan
 
 __all__ = ["causal_pairs", "check_doc_lengths", "fill_empty_ranks", "finish_plan", "head_tail_bounds", "head_tail_segments",
@@ -214,17 +215,21 @@ def finish_flat(lengths, C, strategy, allseg, rank_of, gathered_docs, cm: CostMo
     # every rank's block time is at least its compute (the margin covers the rounding of the sum)
     if bound is not None and float(compute.max()) > bound * (1 + 1e-9):
         return None
-    kind = "all_gather"
+    kind, route, tail = "all_gather", None, 0.0
     # "auto" takes the all-to-all where its exchange is estimated faster, hidden or not (it then
     # moves fewer bytes over links that other traffic shares)
     deferred = defer_a2a and exchange == "auto" and C > 1 and len(gdocs) and bool(np.all(comm <= local_attn))
-    if exchange != "all_gather" and C > 1 and len(gdocs) and not deferred:
-        a2a = cm.a2a_pair_cost(a2a_pair_counts_flat(allseg, rank_of, C, gathered, cm.sliding_window, segments))
-        if exchange == "all_to_all" or a2a < comm:
-            kind, comm = "all_to_all", a2a
     # while the gather runs, each rank computes attention of its local documents
     exposed = np.maximum(local_attn, comm) if len(gdocs) else local_attn
     block = float(np.max(compute - local_attn + exposed))
+    if exchange != "all_gather" and C > 1 and len(gdocs) and not deferred:
+        a2a = _a2a_options(allseg, rank_of, C, gathered, segments, cm, compute, local_attn)
+        if exchange == "all_to_all":
+            block, comm, tail, route = a2a
+            kind = "all_to_all"
+        elif (a2a[0], a2a[1]) < (block, comm):
+            block, comm, tail, route = a2a
+            kind = "all_to_all"
     plan = ShardPlan(
         doc_lengths=lengths,
         cp_size=C,
@@ -236,6 +241,8 @@ def finish_flat(lengths, C, strategy, allseg, rank_of, gathered_docs, cm: CostMo
         block_time_s=block,
         kv_exchange=kind,
         kv_window=cm.sliding_window if kind == "all_to_all" else None,
+        kv_route_node=route,
+        comm_tail_s=tail,
     )
     if deferred:  # what resolve_exchange needs, kept flat
         plan._cache["a2a_deferred"] = (allseg, rank_of, gathered, segments)
@@ -250,13 +257,34 @@ def resolve_exchange(plan: ShardPlan, cm: CostModel) -> ShardPlan:
     if deferred is None:
         return plan
     allseg, rank_of, gathered, segments = deferred
-    a2a = cm.a2a_pair_cost(a2a_pair_counts_flat(allseg, rank_of, plan.cp_size, gathered, cm.sliding_window, segments))
-    if not a2a < plan.comm_s:
+    C = plan.cp_size
+    local = ~gathered[allseg[:, 0]]
+    _, attn = cm.segment_and_attention_cost(allseg[:, 1], allseg[:, 2])
+    local_attn = np.bincount(rank_of[local], weights=attn[local], minlength=C)
+    block, comm, tail, route = _a2a_options(allseg, rank_of, C, gathered, segments, cm, plan.rank_compute_s,
+                                            local_attn)
+    if not (block, comm) < (plan.block_time_s, plan.comm_s):
         return plan
     return ShardPlan(doc_lengths=plan.doc_lengths, cp_size=plan.cp_size, strategy=plan.strategy,
                      segments=plan.segments, gathered_docs=plan.gathered_docs, rank_compute_s=plan.rank_compute_s,
-                     comm_s=a2a, block_time_s=plan.block_time_s, kv_exchange="all_to_all",
-                     kv_window=cm.sliding_window)
+                     comm_s=comm, block_time_s=block, kv_exchange="all_to_all",
+                     kv_window=cm.sliding_window, kv_route_node=route, comm_tail_s=tail)
+
+
+def _a2a_options(allseg, rank_of, C, gathered, segments, cm: CostModel, compute, local_attn):
+    """``(block, comm, tail, route)`` of the all-to-all: direct, or routed by node
+    (:mod:`~atac_hf.sharding.routing`) where the group spans nodes and that is estimated faster (block
+    time, then exchange time). Where the direct exchange is hidden on every rank, the routed one,
+    whose second phase nothing hides, cannot lower the block time: it is not costed."""
+    comm = cm.a2a_pair_cost(a2a_pair_counts_flat(allseg, rank_of, C, gathered, cm.sliding_window, segments))
+    best = (float(np.max(compute - local_attn + np.maximum(local_attn, comm))), comm, 0.0, None)
+    if routes(C, cm.node_size) and not bool(np.all(comm <= local_attn)):
+        first, second = routed_pair_counts(segments, gathered, cm.sliding_window, int(cm.node_size))
+        t1, t2 = cm.a2a_pair_cost(first), cm.a2a_pair_cost(second)
+        routed = (route_blocks(compute, local_attn, t1, t2), t1 + t2, t2, int(cm.node_size))
+        if routed[:2] < best[:2]:
+            best = routed
+    return best
 
 
 def fill_empty_ranks(plan: ShardPlan, cm: CostModel) -> ShardPlan:
