@@ -125,9 +125,14 @@ def _fault_entry(rank: int, world: int, init_file: str, out_dir: str) -> None:
     model = _dist.tiny_model("llama", torch.float32, attn="atac_cp")
     batch = _dist.make_batch([[150, 30, 1, 2, 20, 1, 7]], seed=0)
     plan = plan_shards(doc_lengths_from_batch(batch), world, "per_doc", kv_exchange="all_to_all")
+    if world > 2:  # node-routed over nodes of 2 ranks: two all-to-alls a layer
+        from atac_hf.sharding import ShardPlan
+        plan = ShardPlan(**{f: getattr(plan, f) for f in ("doc_lengths", "cp_size", "strategy", "segments",
+                                                          "gathered_docs", "rank_compute_s")},
+                         kv_exchange="all_to_all", kv_route_node=2)
     assert plan.kv_exchange == "all_to_all" and plan.kv_recv_tokens.min() > 0
     for scenario in SCENARIOS:
-        group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=FAULT_TIMEOUT_S))
+        group = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=FAULT_TIMEOUT_S))
         res: dict = {"scenario": scenario}
         t0 = time.monotonic()
         try:
@@ -150,14 +155,15 @@ def _fault_entry(rank: int, world: int, init_file: str, out_dir: str) -> None:
     os._exit(0)
 
 
-def test_all_to_all_fails_clearly_within_the_timeout_when_a_peer_fails():
+@pytest.mark.parametrize("world", [2, 4])  # 4: the node-routed exchange
+def test_all_to_all_fails_clearly_within_the_timeout_when_a_peer_fails(world):
     import torch.multiprocessing as mp
 
     out_dir = tempfile.mkdtemp(prefix="atac_a2a_faults_")
     fd, init_file = tempfile.mkstemp(prefix="atac_gloo_")
     os.close(fd)
     os.unlink(init_file)
-    ctx = mp.spawn(_fault_entry, args=(2, init_file, out_dir), nprocs=2, join=False)
+    ctx = mp.spawn(_fault_entry, args=(world, init_file, out_dir), nprocs=world, join=False)
     hung = _dist.join_or_kill(ctx, 120)
     assert not hung, f"workers {hung} still running after 120 s: a CP rank hung"
     for scenario in SCENARIOS:
@@ -165,7 +171,7 @@ def test_all_to_all_fails_clearly_within_the_timeout_when_a_peer_fails():
             res = json.load(f)
         assert "completed" not in res, f"{scenario}: the survivor completed a step its peer never joined"
         what = "backward K/V all-to-all" if scenario == "raise_mid_backward" else "forward K/V all-to-all"
-        assert f"atac_cp: the {what} over the CP group failed on rank 0 of 2" in res["error"], res["error"]
+        assert f"atac_cp: the {what} over the CP group failed on rank 0 of {world}" in res["error"], res["error"]
         assert "another CP rank crashed, raised or is stuck" in res["error"]
         if scenario == "die_before_exchange":  # the connection closes: no need to wait for the timeout
             assert res["elapsed_s"] < FAULT_TIMEOUT_S + 5, res
