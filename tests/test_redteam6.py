@@ -131,3 +131,20 @@ def test_plain_trainer_with_pack_dataset_rows_needs_remove_unused_columns_false(
             assert len(first) > 1 and first in [list(s) for s in packed["seq_lengths"]]
         else:
             assert len(first) == 1  # the pitfall: the whole row one document
+
+
+# ---------------------------------------------------------------------------- overlength warning names the settings
+def test_overlength_warning_names_the_setting_of_each_entry_point():
+    # was: "set overlength='error' ... or 'truncate'" with no word on where: an ATACTrainer user sets it through
+    # ATACConfig(packing_options=...), which the warning now names (and the named setting works)
+    from atac_hf.packing import PackingConfig
+    from atac_hf.packing.stream import StreamPacker
+
+    with pytest.warns(UserWarning, match=r"overlength='split'.*overlength='error'.*'truncate'.*"
+                                         r"ATACConfig\(packing_options=\{'overlength': \.\.\.\}\).*"
+                                         r"pack_dataset\(overlength=\.\.\.\).*atac-hf pack --overlength"):
+        StreamPacker(PackingConfig(max_tokens=16, packs_per_window=2)).add_window([0, 1], [40, 3])
+    cfg = ATACConfig(max_tokens=16, packing_options={"overlength": "truncate"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        StreamPacker(cfg.packing_config(2)).add_window([0, 1], [40, 3])

@@ -273,7 +273,9 @@ class StreamPacker:
                 f"{len(split_here)} sample(s) of this window are longer than max_tokens={C} (the longest has "
                 f"{max(split_here)} tokens) and were split into fragments, each its own document "
                 "(overlength='split'); set overlength='error' to refuse such samples or 'truncate' to cut them "
-                "to max_tokens. Warned once per packer; metrics['num_split'] counts them all",
+                "to max_tokens (ATACTrainer / ATACAccelerator: ATACConfig(packing_options={'overlength': ...}); "
+                "pack_dataset(overlength=...); atac-hf pack --overlength). Warned once per packer; "
+                "metrics['num_split'] counts them all",
                 UserWarning, stacklevel=4,
             )
 
