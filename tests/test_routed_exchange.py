@@ -80,7 +80,7 @@ def test_priced_counts_equal_the_runtime_tables_and_no_row_enters_a_node_twice(w
 @pytest.mark.parametrize("window", [None, 5])
 def test_emulated_routed_cp_attention_equals_full_attention_fwd_bwd(window):
     checked = 0
-    for i, (plan, node) in enumerate(random_cases(24, seed=7)):
+    for i, (plan, node) in enumerate(random_cases(10, seed=7)):
         plan = routed(plan, node)
         lengths = plan.doc_lengths
         g = torch.Generator().manual_seed(i)
@@ -106,7 +106,7 @@ def test_emulated_routed_cp_attention_equals_full_attention_fwd_bwd(window):
                     rows = plan.doc_offsets[d] + np.flatnonzero(idx >= 0)
                     torch.testing.assert_close(buf[idx[idx >= 0], :, :8], k[:, rows].transpose(0, 1))
         checked += 1
-    assert checked >= 15
+    assert checked >= 6
 
 
 def cluster_model():
@@ -159,3 +159,19 @@ def test_a_route_needs_an_all_to_all_over_several_nodes(bad):
         routed(plan, bad)
     with pytest.raises(ValueError, match="needs kv_exchange='all_to_all'"):
         ShardPlan(**{f: getattr(plan, f) for f in FIELDS}, kv_exchange="all_gather", kv_route_node=2)
+
+
+def test_recosting_a_plan_keeps_its_routing():
+    """The simulator re-times a plan under another cost model with the exchange it runs
+    (finish_plan's ``route``): routed stays routed, direct stays direct."""
+    cm = cluster_model()
+    plan = plan_shards([40000, 3000, 2000, 900], 4, "atp", cm)
+    assert plan.kv_route_node == 2
+    args = (plan.doc_lengths, 4, plan.strategy, list(plan.segments), plan.gathered_docs)
+    same = finish_plan(*args, cm, "all_to_all", route=plan.kv_route_node)
+    assert same.kv_route_node == 2 and same.block_time_s == plan.block_time_s and same.comm_s == plan.comm_s
+    direct = finish_plan(*args, cm, "all_to_all", route=None)
+    assert direct.kv_route_node is None and direct.block_time_s > plan.block_time_s
+    cheap_link = cm.replace(link_bandwidth=cm.intra_node_bandwidth)  # routing no longer pays off
+    assert finish_plan(*args, cheap_link, "all_to_all").kv_route_node is None
+    assert finish_plan(*args, cheap_link, "all_to_all", route=2).kv_route_node == 2

@@ -170,7 +170,7 @@ def row_ranges_to_segments(offsets: np.ndarray, ranges: list[tuple[int, int]]) -
 
 
 def finish_plan(lengths, C, strategy, segments, gathered_docs, cm: CostModel, exchange: str = "all_gather", *,
-                bound: float | None = None) -> ShardPlan | None:
+                bound: float | None = None, route: int | None | str = "auto") -> ShardPlan | None:
     """Cost the segments and build the plan (block time = max over ranks of
     gathered-doc compute + max(local-doc attention, K/V exchange) + local linear).
     ``gathered_docs=None`` gathers exactly the documents held by several ranks.
@@ -178,15 +178,18 @@ def finish_plan(lengths, C, strategy, segments, gathered_docs, cm: CostModel, ex
     :meth:`~atac_hf.cost.CostModel.a2a_pair_cost`: the busiest rank's links), or ``"auto"``:
     the all-to-all where its exchange is estimated faster than the all-gather's (whether or not
     either is hidden behind local attention), else the all-gather. ``bound``: return None instead
-    where some rank's compute exceeds it (the block time, never below that, would too)."""
+    where some rank's compute exceeds it (the block time, never below that, would too). ``route``:
+    the all-to-all's node routing (:mod:`~atac_hf.sharding.routing`): ``"auto"`` routes where that is
+    estimated faster, None never, a node size always (re-costing a plan as it runs)."""
     flat = [np.asarray(x, dtype=np.int64).reshape(-1, 3) for x in segments]
     allseg = np.concatenate(flat) if flat else np.zeros((0, 3), np.int64)
     rank_of = np.repeat(np.arange(C), [len(x) for x in flat])
-    return finish_flat(lengths, C, strategy, allseg, rank_of, gathered_docs, cm, exchange, bound=bound)
+    return finish_flat(lengths, C, strategy, allseg, rank_of, gathered_docs, cm, exchange, bound=bound, route=route)
 
 
 def finish_flat(lengths, C, strategy, allseg, rank_of, gathered_docs, cm: CostModel,
-                exchange: str = "all_gather", *, bound: float | None = None, defer_a2a: bool = False) -> ShardPlan | None:
+                exchange: str = "all_gather", *, bound: float | None = None, defer_a2a: bool = False,
+                route: int | None | str = "auto") -> ShardPlan | None:
     """:func:`finish_plan` of the segments ``allseg`` ((S, 3) int64, every rank's in turn) held by
     ranks ``rank_of`` ((S,), non-decreasing): the same plan, without a list of per-rank arrays.
     ``defer_a2a`` (with ``"auto"``): where the all-gather is hidden on every rank, the block time
@@ -215,7 +218,7 @@ def finish_flat(lengths, C, strategy, allseg, rank_of, gathered_docs, cm: CostMo
     # every rank's block time is at least its compute (the margin covers the rounding of the sum)
     if bound is not None and float(compute.max()) > bound * (1 + 1e-9):
         return None
-    kind, route, tail = "all_gather", None, 0.0
+    kind, routed, tail = "all_gather", None, 0.0
     # "auto" takes the all-to-all where its exchange is estimated faster, hidden or not (it then
     # moves fewer bytes over links that other traffic shares)
     deferred = defer_a2a and exchange == "auto" and C > 1 and len(gdocs) and bool(np.all(comm <= local_attn))
@@ -223,12 +226,9 @@ def finish_flat(lengths, C, strategy, allseg, rank_of, gathered_docs, cm: CostMo
     exposed = np.maximum(local_attn, comm) if len(gdocs) else local_attn
     block = float(np.max(compute - local_attn + exposed))
     if exchange != "all_gather" and C > 1 and len(gdocs) and not deferred:
-        a2a = _a2a_options(allseg, rank_of, C, gathered, segments, cm, compute, local_attn)
-        if exchange == "all_to_all":
-            block, comm, tail, route = a2a
-            kind = "all_to_all"
-        elif (a2a[0], a2a[1]) < (block, comm):
-            block, comm, tail, route = a2a
+        a2a = _a2a_options(allseg, rank_of, C, gathered, segments, cm, compute, local_attn, route)
+        if exchange == "all_to_all" or (a2a[0], a2a[1]) < (block, comm):
+            block, comm, tail, routed = a2a
             kind = "all_to_all"
     plan = ShardPlan(
         doc_lengths=lengths,
@@ -241,7 +241,7 @@ def finish_flat(lengths, C, strategy, allseg, rank_of, gathered_docs, cm: CostMo
         block_time_s=block,
         kv_exchange=kind,
         kv_window=cm.sliding_window if kind == "all_to_all" else None,
-        kv_route_node=route,
+        kv_route_node=routed,
         comm_tail_s=tail,
     )
     if deferred:  # what resolve_exchange needs, kept flat
@@ -271,20 +271,24 @@ def resolve_exchange(plan: ShardPlan, cm: CostModel) -> ShardPlan:
                      kv_window=cm.sliding_window, kv_route_node=route, comm_tail_s=tail)
 
 
-def _a2a_options(allseg, rank_of, C, gathered, segments, cm: CostModel, compute, local_attn):
+def _a2a_options(allseg, rank_of, C, gathered, segments, cm: CostModel, compute, local_attn, route="auto"):
     """``(block, comm, tail, route)`` of the all-to-all: direct, or routed by node
     (:mod:`~atac_hf.sharding.routing`) where the group spans nodes and that is estimated faster (block
     time, then exchange time). Where the direct exchange is hidden on every rank, the routed one,
-    whose second phase nothing hides, cannot lower the block time: it is not costed."""
-    comm = cm.a2a_pair_cost(a2a_pair_counts_flat(allseg, rank_of, C, gathered, cm.sliding_window, segments))
-    best = (float(np.max(compute - local_attn + np.maximum(local_attn, comm))), comm, 0.0, None)
-    if routes(C, cm.node_size) and not bool(np.all(comm <= local_attn)):
-        first, second = routed_pair_counts(segments, gathered, cm.sliding_window, int(cm.node_size))
-        t1, t2 = cm.a2a_pair_cost(first), cm.a2a_pair_cost(second)
-        routed = (route_blocks(compute, local_attn, t1, t2), t1 + t2, t2, int(cm.node_size))
-        if routed[:2] < best[:2]:
-            best = routed
-    return best
+    whose second phase nothing hides, cannot lower the block time: it is not costed. ``route``: see
+    :func:`finish_plan`."""
+    if route is None or route == "auto":
+        comm = cm.a2a_pair_cost(a2a_pair_counts_flat(allseg, rank_of, C, gathered, cm.sliding_window, segments))
+        best = (float(np.max(compute - local_attn + np.maximum(local_attn, comm))), comm, 0.0, None)
+        if route is None or not routes(C, cm.node_size) or bool(np.all(comm <= local_attn)):
+            return best
+        node = int(cm.node_size)
+    else:
+        best, node = None, int(route)
+    first, second = routed_pair_counts(segments, gathered, cm.sliding_window, node)
+    t1, t2 = cm.a2a_pair_cost(first), cm.a2a_pair_cost(second)
+    routed = (route_blocks(compute, local_attn, t1, t2), t1 + t2, t2, node)
+    return routed if best is None or routed[:2] < best[:2] else best
 
 
 def fill_empty_ranks(plan: ShardPlan, cm: CostModel) -> ShardPlan:

@@ -85,7 +85,7 @@ class PlanSummary:
 def _summary(plan: Any, cm: CostModel, seconds: float, eval_cm: CostModel | None = None) -> PlanSummary:
     if eval_cm is not None and eval_cm is not cm:  # the same segments and exchange, timed by another cost model
         plan = finish_plan(plan.doc_lengths, plan.cp_size, plan.strategy, list(plan.segments), plan.gathered_docs,
-                           eval_cm, plan.kv_exchange)
+                           eval_cm, plan.kv_exchange, route=plan.kv_route_node)
         cm = eval_cm
     return PlanSummary(float(plan.block_time_s), float(plan.imbalance), float(plan.kv_bytes(cm.kv_bytes_per_token)),
                        int(plan.rank_num_tokens().max()), seconds)
