@@ -25,6 +25,23 @@ def _tiny_llama(**over):
 
 
 # ---------------------------------------------------------------------------- refusal messages
+def test_dynamic_rope_refusal_does_not_send_a_cp1_user_to_cp_size_1(tmp_path):
+    # was: "... or train with cp_size=1 and another attn_implementation", shown to a user already at
+    # cp_size=1, whom ATACTrainer refuses all the same (a packed row's largest position is not each document's)
+    from atac_hf import ATACTrainer
+
+    model = _tiny_llama(rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    ds = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3]] * 4})
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, max_steps=1)
+    with pytest.raises(ValueError) as err:
+        ATACTrainer(model=model, args=args, train_dataset=ds, atac_config=ATACConfig(cp_size=1, max_tokens=32))
+    msg = str(err.value)
+    assert "rope type 'dynamic'" in msg and "(default, linear, llama3, yarn)" in msg
+    assert "train with cp_size=1" not in msg
+    assert "without atac-hf" in msg and "refuses it at cp_size=1 too" in msg
+    assert model.config._attn_implementation != "atac_cp"  # a refused operation changes nothing
+
+
 def test_non_attention_mixing_refusal_says_cp_size_1_is_refused_too():
     # was: "train it without atac-hf context parallelism (cp_size 1, unpacked rows or its stock attention)",
     # read as "set cp_size=1" although check_model (ATACTrainer, ATACAccelerator) refuses it at every cp_size
@@ -148,3 +165,29 @@ def test_overlength_warning_names_the_setting_of_each_entry_point():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         StreamPacker(cfg.packing_config(2)).add_window([0, 1], [40, 3])
+
+
+# ---------------------------------------------------------------------------- generate after training
+def test_generate_after_atac_trainer_names_the_switch_back_and_the_switch_works(tmp_path):
+    # was: model.generate() right after ATACTrainer.train() failed with "call model(**atac_hf.shard_batch(...))",
+    # which sends a user who only wants to sample from the trained model to the sharding API
+    from atac_hf import ATACTrainer
+
+    model = _tiny_llama()
+    ds = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3, 4, 5, 6]] * 6})
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, max_steps=1,
+                                          save_strategy="no", disable_tqdm=True)
+    trainer = ATACTrainer(model=model, args=args, train_dataset=ds, atac_config=ATACConfig(max_tokens=32))
+    trainer.train()
+    prompt = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ValueError, match=r"After training \(ATACTrainer and ATACAccelerator leave the model on "
+                                         r"'atac_cp'\), switch the attention back before generate\(\) or a plain "
+                                         r"forward: model.set_attn_implementation\('sdpa'\)"):
+        trainer.model.generate(input_ids=prompt, max_new_tokens=2, do_sample=False)
+    trainer.model.set_attn_implementation("sdpa")
+    out = trainer.model.generate(input_ids=prompt, max_new_tokens=2, do_sample=False)
+    assert out.shape == (1, 5)
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "INTEGRATION.md").read_text()
+    assert 'switch back: `model.set_attn_implementation("sdpa")`' in text

@@ -69,7 +69,8 @@ def check_model_supported(model_or_config: Any) -> None:
                 raise ValueError(
                     f"rope type {t!r} (config.rope_parameters) depends on the largest position a rank sees and "
                     "gives wrong results under context parallelism; use a static rope type (default, linear, "
-                    "llama3, yarn) or train with cp_size=1 and another attn_implementation"
+                    "llama3, yarn), or train without atac-hf (its stock attention on unpacked rows: a packed row's "
+                    "largest position is not each document's, so atac-hf refuses it at cp_size=1 too)"
                 )
 
 
@@ -94,8 +95,10 @@ def _context(module: Any, kwargs: dict) -> ShardContext:
     if ctx is None:
         raise ValueError(
             f"attn_implementation={ATTN_IMPLEMENTATION!r} needs the per-batch shard context (kwarg {SHARD_KWARG!r} "
-            f"is missing in {type(module).__name__}): call model(**atac_hf.shard_batch(batch, plan, rank, group)); "
-            "if you did, this model does not pass its forward's **kwargs on to its attention layers: call "
+            f"is missing in {type(module).__name__}). After training (ATACTrainer and ATACAccelerator leave the "
+            "model on 'atac_cp'), switch the attention back before generate() or a plain forward: "
+            "model.set_attn_implementation('sdpa'). To train, call model(**atac_hf.shard_batch(batch, plan, rank, "
+            "group)); if you did, this model does not pass its forward's **kwargs on to its attention layers: call "
             "atac_hf.integrations.prepare_model(model) first, which relays the context to them"
         )
     if not isinstance(ctx, ShardContext):
@@ -117,8 +120,8 @@ def _check_call(module: Any, ctx: ShardContext, query: torch.Tensor, key: torch.
         if kwargs.get(name) is not None:  # ignoring it would silently compute another attention
             raise NotImplementedError(
                 f"{type(module).__name__} passes {name}= ({what}) to its attention, which {ATTN_IMPLEMENTATION!r} "
-                "does not implement; train this model without atac-hf context parallelism (cp_size 1, unpacked "
-                "rows or its stock attention)")
+                "does not implement; train this model without atac-hf: its stock attention on unpacked rows "
+                "(atac-hf refuses it at cp_size=1 too)")
     config = getattr(module, "config", None)
     if config is not None and ctx.cache.get("checked_config") is not config:
         _check_config(module, config, ctx.plan.cp_size)
