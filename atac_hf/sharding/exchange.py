@@ -50,25 +50,25 @@ def needed_ranges(seg: np.ndarray, gathered: np.ndarray, window: int | None = No
     return out
 
 
-def _overlaps(src: np.ndarray, ranges: np.ndarray):
+def _overlaps(src: np.ndarray, ranges: np.ndarray, with_range: bool = False):
     """Pairs (segment i of ``src``, range of the same document) that overlap, in ``src`` order
-    then range order: (i, a, b) with ``[a, b)`` the overlap in document coordinates."""
+    then range order: (i, a, b) with ``[a, b)`` the overlap in document coordinates; with
+    ``with_range``, (i, j, a, b) with ``j`` the range's row. ``ranges`` sorted by document."""
+    z = np.zeros(0, np.int64)
     if not len(src) or not len(ranges):
-        z = np.zeros(0, np.int64)
-        return z, z, z
+        return (z, z, z, z) if with_range else (z, z, z)
     lo_i = np.searchsorted(ranges[:, 0], src[:, 0], side="left")
     hi_i = np.searchsorted(ranges[:, 0], src[:, 0], side="right")
     cnt = hi_i - lo_i
     i = np.repeat(np.arange(len(src)), cnt)
     if not len(i):
-        z = np.zeros(0, np.int64)
-        return z, z, z
+        return (z, z, z, z) if with_range else (z, z, z)
     first = np.concatenate([[0], np.cumsum(cnt)[:-1]])
     j = lo_i[i] + (np.arange(len(i)) - np.repeat(first, cnt))
     a = np.maximum(src[i, 1], ranges[j, 1])
     b = np.minimum(src[i, 2], ranges[j, 2])
     keep = b > a
-    return i[keep], a[keep], b[keep]
+    return (i[keep], j[keep], a[keep], b[keep]) if with_range else (i[keep], a[keep], b[keep])
 
 
 def a2a_pair_counts(segments, gathered: np.ndarray, window: int | None = None) -> np.ndarray:

@@ -61,15 +61,21 @@ def routed_pair_counts(segments, gathered: np.ndarray, window: int | None, node:
                                  ).astype(np.int64)
     keep = gathered[allseg[:, 0]] & (ln > 0)
     allseg, src, local_start = allseg[keep], src[keep], local_start[keep]
-    # every (source, destination) interval of rows: one overlap call per destination
-    S, R, LO, HI = [], [], [], []
-    for r in range(C):
-        i, a, b = _overlaps(allseg, _ranges(segs[r], gathered, window))
-        mine = src[i] != r
-        i, a, b = i[mine], a[mine], b[mine]
-        lo = local_start[i] + a - allseg[i, 1]
-        S.append(src[i]), R.append(np.full(len(i), r)), LO.append(lo), HI.append(lo + (b - a))
-    s_, r_, lo, hi = (np.concatenate(x).astype(np.int64) for x in (S, R, LO, HI))
+    # every destination's key ranges at once (exchange._ranges keyed by (rank, document)), then every
+    # (source segment, destination range) overlap in one call
+    D = len(gathered)
+    dest = np.repeat(np.arange(C), [len(x) for x in segs])[keep]
+    keyed = np.stack([dest * D + allseg[:, 0], allseg[:, 1], allseg[:, 2]], axis=1)
+    ranges = _ranges(keyed, np.ones(C * D, dtype=bool), window)
+    ranges = ranges[np.argsort(ranges[:, 0] % D, kind="stable")]
+    owner = ranges[:, 0] // D
+    ranges[:, 0] %= D
+    i, j, a, b = _overlaps(allseg, ranges, with_range=True)
+    mine = src[i] != owner[j]
+    i, j, a, b = i[mine], j[mine], a[mine], b[mine]
+    s_, r_ = src[i], owner[j]
+    lo = local_start[i] + a - allseg[i, 1]
+    hi = lo + (b - a)
     if not len(s_):
         return first, second
     k = int(node)
