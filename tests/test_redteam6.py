@@ -69,6 +69,24 @@ def test_docs_no_longer_list_soft_capping_among_the_refused_features():
     assert "logit soft-capping runs\n  exactly on the `sdpa` backend" in text
 
 
+
+def test_launch_config_cp_size_mismatch_says_atacconfig_defaults_to_cp_size_1():
+    # a user launched with configs/cpu_cp2.yaml and built ATACConfig(max_tokens=...) in code, reading INTEGRATION.md's
+    # "Unset cp_size falls back to PARALLELISM_CONFIG_CP_SIZE": the error said "cp_size=1 (ATAC config)", a value
+    # they never wrote. It now names ATACConfig's default and both fixes; the docs say where the fallback applies.
+    from pathlib import Path
+
+    from atac_hf.integrations.accelerate import build_parallelism_config
+
+    launch = {"ACCELERATE_USE_PARALLELISM_CONFIG": "true", "PARALLELISM_CONFIG_CP_SIZE": "2"}
+    with pytest.raises(ValueError, match=r"cp_size=1 \(ATAC config\) disagrees with parallelism_config_cp_size=2 .*"
+                                         r"ATACConfig\(cp_size=2, \.\.\.\) \(an ATACConfig built in code without "
+                                         r"cp_size has cp_size=1; ATACConfig.from_sources\(overrides="):
+        build_parallelism_config(ATACConfig(max_tokens=64), 2, environ=launch)
+    assert build_parallelism_config(ATACConfig(cp_size=2, max_tokens=64), 2, environ=launch).cp_size == 2
+    text = (Path(__file__).resolve().parents[1] / "docs" / "INTEGRATION.md").read_text()
+    assert "`ATACConfig(...)` built in code has\n`cp_size=1` unless passed" in text
+
 # ---------------------------------------------------------------------------- pack_dataset on a small dataset
 def _short_samples(n: int, seed: int = 0):
     import numpy as np

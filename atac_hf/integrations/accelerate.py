@@ -140,7 +140,9 @@ def build_parallelism_config(config: ATACConfig, world_size: int, *, fsdp: bool 
         launch_cp = _env_int(env, "PARALLELISM_CONFIG_CP_SIZE")
         if launch_cp != cp:
             raise ValueError(f"cp_size={cp} (ATAC config) disagrees with parallelism_config_cp_size={launch_cp} "
-                             "(accelerate launch config): set them to the same value")
+                             f"(accelerate launch config): set them to the same value, e.g. ATACConfig(cp_size="
+                             f"{launch_cp}, ...) (an ATACConfig built in code without cp_size has cp_size=1; "
+                             "ATACConfig.from_sources(overrides={...}) takes the launch config's)")
         rep = _env_int(env, "PARALLELISM_CONFIG_DP_REPLICATE_SIZE")
         shard = _env_int(env, "PARALLELISM_CONFIG_DP_SHARD_SIZE")
         if rep * shard == 1 and dp > 1:
