@@ -142,74 +142,71 @@ def routed_tables(segments, gathered: np.ndarray, window: int | None, node: int,
     ranks_of = _nodes(C, node)
     mine = ranks_of[rank // node]
     cache: dict = {}
+    part_cache: dict = {}
 
     def rows(s: int, r: int):
+        """(local rows of s, docs, positions) s sends r in the direct exchange, in s's local order."""
         if (s, r) not in cache:
             cache[s, r] = a2a_rows(segments, gathered, s, r, window)
         return cache[s, r]
 
-    def parts(s: int, ranks: list[int]):
-        """(proxy, local rows of s, docs, positions) of each part of s's union for node ``ranks``."""
-        got = [rows(s, r) for r in ranks]
-        loc = np.concatenate([g[0] for g in got])
-        doc = np.concatenate([g[1] for g in got])
-        pos = np.concatenate([g[2] for g in got])
-        loc, first = np.unique(loc, return_index=True)
-        doc, pos = doc[first], pos[first]
-        cuts = _cuts(len(loc), len(ranks))
-        return [(ranks[(i + s) % len(ranks)], loc[cuts[i]:cuts[i + 1]], doc[cuts[i]:cuts[i + 1]],
-                 pos[cuts[i]:cuts[i + 1]]) for i in range(len(ranks))]
+    def parts(s: int, ranks: list[int]) -> dict:
+        """proxy -> (local rows of s, docs, positions) of its part of s's union for node ``ranks``."""
+        if (s, ranks[0]) not in part_cache:
+            got = [rows(s, r) for r in ranks if r != s]
+            loc, first = np.unique(np.concatenate([g[0] for g in got]), return_index=True)
+            doc = np.concatenate([g[1] for g in got])[first]
+            pos = np.concatenate([g[2] for g in got])[first]
+            cuts = _cuts(len(loc), len(ranks))
+            part_cache[s, ranks[0]] = {ranks[(i + s) % len(ranks)]: (loc[cuts[i]:cuts[i + 1]], doc[cuts[i]:cuts[i + 1]],
+                                                                     pos[cuts[i]:cuts[i + 1]]) for i in range(len(ranks))}
+        return part_cache[s, ranks[0]]
+
+    def needed(loc: np.ndarray, s: int, r: int) -> np.ndarray:
+        """Which of ``loc`` (sorted local rows of s) r needs (bool)."""
+        want = rows(s, r)[0]
+        i = np.minimum(np.searchsorted(want, loc), max(len(want) - 1, 0))
+        return (want[i] == loc) if len(want) else np.zeros(len(loc), dtype=bool)
 
     empty = np.zeros(0, np.int64)
     send1, send1_counts = [], np.zeros(C, np.int64)
     for ranks in ranks_of:
         if rank in ranks:
-            for r in ranks:
-                if r != rank:
-                    send1.append((r, rows(rank, r)[0]))
+            send1.extend((r, rows(rank, r)[0]) for r in ranks if r != rank)
         else:
-            send1.extend((p, loc) for p, loc, _, _ in parts(rank, ranks))
-    send1.sort(key=lambda x: x[0])  # destination by destination (a rank proxies at most one part of a source)
+            send1.extend((p, x[0]) for p, x in parts(rank, ranks).items())
+    send1.sort(key=lambda x: x[0])  # destination by destination (a rank proxies one part of a source)
     for r, loc in send1:
         send1_counts[r] += len(loc)
+    remote = [s for s in range(C) if s not in mine]
     # first phase, received: from each source in rank order (its rows to this rank, or the part it proxies)
     recv1_counts = np.zeros(C, np.int64)
     docs1, pos1 = [], []
-    proxied: dict[int, tuple] = {}  # remote source -> (docs, positions) of the part this rank proxies
     for s in range(C):
         if s == rank:
             continue
-        if s in mine:
-            _, d, p = rows(s, rank)
-        else:
-            _, _, d, p = next(x for x in parts(s, mine) if x[0] == rank)
-            proxied[s] = (d, p)
+        _, d, p = rows(s, rank) if s in mine else parts(s, mine)[rank]
         recv1_counts[s] = len(d)
         docs1.append(d)
         pos1.append(p)
-    # second phase: forward to each node peer the rows of the proxied parts it needs
+    # second phase: forward to each node peer the rows of the proxied parts it needs (sources in rank order)
     start = np.concatenate([[0], np.cumsum(recv1_counts)[:-1]])
     send2, send2_counts = [], np.zeros(C, np.int64)
     for r in mine:
         if r == rank:
             continue
-        for s, (d, p) in proxied.items():
-            _, nd, npos = rows(s, r)
-            # the proxied rows (doc, pos) r needs: both lists are in s's local order
-            want = np.isin(d * (1 << 32) + p, nd * (1 << 32) + npos)
-            send2.append(start[s] + np.flatnonzero(want))
-            send2_counts[r] += int(want.sum())
+        for s in remote:
+            want = np.flatnonzero(needed(parts(s, mine)[rank][0], s, r))
+            send2.append(start[s] + want)
+            send2_counts[r] += len(want)
     recv2_counts = np.zeros(C, np.int64)
     docs2, pos2 = [], []
     for q in mine:
         if q == rank:
             continue
-        for s in range(C):
-            if s in mine:
-                continue
-            _, loc_p, d, p = next(x for x in parts(s, mine) if x[0] == q)
-            _, nd, npos = rows(s, rank)
-            want = np.isin(d * (1 << 32) + p, nd * (1 << 32) + npos)
+        for s in remote:
+            loc, d, p = parts(s, mine)[q]
+            want = needed(loc, s, rank)
             docs2.append(d[want])
             pos2.append(p[want])
             recv2_counts[q] += int(want.sum())
