@@ -197,6 +197,41 @@ def sync_cp_gradients(model: torch.nn.Module, group: Any = None) -> None:
             offset += n
 
 
+_PAD_VALUES = {"input_ids": 0, "labels": IGNORE_INDEX, "shift_labels": IGNORE_INDEX, "position_ids": 0,
+               "attention_mask": 1}
+
+
+def pad_tiny_pack(batch: Mapping[str, Any], cp_size: int) -> Mapping[str, Any]:
+    """A one-row pack of fewer tokens than ``cp_size`` (a lone short sample at the end of a pass: every CP
+    rank needs a token) with one-token documents appended until each rank can hold one: token 0 at
+    position 0 with label -100, each its own document, so no real token attends to it and it adds no
+    target (the loss, its count and every gradient are unchanged). Other batches, and packs holding
+    per-token columns this cannot pad, are returned as they are (``plan`` then names the problem)."""
+    ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
+    if cp_size <= 1 or not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[0] != 1 \
+            or not 0 < ids.shape[1] < cp_size:
+        return batch
+    S, k = int(ids.shape[1]), cp_size - int(ids.shape[1])
+    per_token = [key for key, v in batch.items() if isinstance(v, torch.Tensor) and v.dim() == 2
+                 and tuple(v.shape) == (1, S)]
+    if any(key not in _PAD_VALUES for key in per_token) or "position_ids" not in per_token:
+        return batch
+    out = dict(batch)
+    for key in per_token:
+        v = batch[key]
+        out[key] = torch.cat([v, torch.full((1, k), _PAD_VALUES[key], dtype=v.dtype, device=v.device)], dim=1)
+    seq = batch.get("seq_lengths")
+    if seq is not None:
+        seq = torch.as_tensor(seq).reshape(-1)
+        out["seq_lengths"] = torch.cat([seq, torch.ones(k, dtype=seq.dtype, device=seq.device)])
+    for key in ("cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k"):
+        cu = batch.get(key)
+        if cu is not None:
+            cu = torch.as_tensor(cu).reshape(-1)
+            out[key] = torch.cat([cu, cu[-1] + torch.arange(1, k + 1, dtype=cu.dtype, device=cu.device)])
+    return out
+
+
 # ---------------------------------------------------------------------------- sharder
 @dataclass(frozen=True)
 class ShardStats:
@@ -293,6 +328,7 @@ class BatchSharder:
         if "input_ids" not in batch:
             raise ValueError(f"a packed batch needs 'input_ids' (and 'position_ids' or 'seq_lengths'); "
                              f"keys found: {sorted(batch)}")
+        batch = pad_tiny_pack(batch, self.cp_size)
         plan, stats = self.plan(batch)
         if num_items_in_batch is not None:
             batch = {**batch, "num_items_in_batch": num_items_in_batch}
