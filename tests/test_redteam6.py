@@ -293,3 +293,38 @@ def test_packs_of_fewer_tokens_than_cp_size_train_exactly_on_3_gloo_ranks(tmp_pa
     loss, ref_loss, grad_err = res["pair"]
     assert abs(loss - ref_loss) <= 1e-12 * abs(ref_loss) and grad_err <= 1e-10
     assert all(x != x for x in res["single"])  # NaN on both sides (0 targets), no error
+
+
+# ---------------------------------------------------------------------------- learned absolute positions
+def _tiny_gpt2(n_positions: int = 16):
+    cfg = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=n_positions,
+                                  attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(cfg)
+
+
+def test_gpt2_samples_longer_than_its_position_table_are_refused_before_training(tmp_path):
+    # was: GPT-2 (learned positions, n_positions=128) with max_tokens=256 kept a 254-token sample whole in a pack
+    # and failed mid-training with a bare "IndexError: index out of range in self" from the position embedding
+    from atac_hf import ATACTrainer
+    from atac_hf.integrations.sharder import BatchSharder, learned_position_limit
+
+    ds = datasets.Dataset.from_dict({"input_ids": [list(range(1, 11)), [7] * 100, list(range(1, 6))]})
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, max_steps=2,
+                                          save_strategy="no", disable_tqdm=True)
+    model = _tiny_gpt2(64)
+    with pytest.raises(ValueError, match=r"train_dataset row 1 has 100 tokens, but GPT2LMHeadModel looks positions up "
+                                         r"in a learned table of 64 rows \(transformer.wpe, config.max_position_"
+                                         r"embeddings\): positions 64..99 .* Set max_tokens <= 64 \(now 128"):
+        ATACTrainer(model=model, args=args, train_dataset=ds, atac_config=ATACConfig(max_tokens=128))
+    assert model.config._attn_implementation != "atac_cp"  # refused before anything changed
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the overlength split warning
+        ATACTrainer(model=model, args=args, train_dataset=ds, atac_config=ATACConfig(max_tokens=64)).train()
+    # rotary models extrapolate: no limit; the per-pack check covers streams and pre-packed rows
+    assert learned_position_limit(_tiny_llama()) is None
+    sharder = BatchSharder(ATACConfig(max_tokens=128))
+    sharder.position_limit = learned_position_limit(model)
+    assert sharder.plan(_collated([[5] * 64, [3, 4]]))[0].num_tokens == 66
+    with pytest.raises(ValueError, match=r"a document of this pack has 65 tokens, but GPT2LMHeadModel"):
+        sharder.plan(_collated([[5] * 65]))

@@ -46,7 +46,8 @@ from accelerate.utils import DistributedType, InitProcessGroupKwargs
 from ._hf_compat import bypass_torch_cp_hooks, track_group_holder, validate_parallelism_on_cpu
 from .config import ATACConfig
 from .layout import warn_placement
-from .sharder import BatchSharder, count_targets, model_kv_bytes_per_token, prepare_model, unwrap_base_model
+from .sharder import (BatchSharder, count_targets, learned_position_limit, model_kv_bytes_per_token,
+                      prepare_model, unwrap_base_model)
 from .tensor_parallel import apply_tensor_parallel, dp_cp_group, remap_optimizer_params, sync_tp_gradients
 
 __all__ = [
@@ -298,6 +299,7 @@ class ATACAccelerator(Accelerator):
             kv_bytes_per_token=model_kv_bytes_per_token(model) / self.tp_size, device_type=self.device.type,
             tp_group=self.torch_device_mesh["tp"].get_group() if self.tp_size > 1 else None,
         )
+        self.sharder.position_limit = learned_position_limit(model)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``Accelerator.backward``; with ``tp_size > 1``, at a gradient-sync step the gradients are then

@@ -32,6 +32,8 @@ __all__ = [
     "prepare_model",
     "sync_cp_gradients",
     "unwrap_base_model",
+    "learned_position_limit",
+    "check_position_limit",
 ]
 
 IGNORE_INDEX = -100
@@ -197,6 +199,52 @@ def sync_cp_gradients(model: torch.nn.Module, group: Any = None) -> None:
             offset += n
 
 
+def learned_position_limit(model: torch.nn.Module) -> tuple[int, str] | None:
+    """``(positions, description)`` when ``model`` looks its positions up in a learned table of
+    ``config.max_position_embeddings`` rows (GPT-2's ``wpe``, OPT's ``embed_positions``, ...): a document
+    longer than that indexes past it. None for rotary and other computed positions (which extrapolate)."""
+    base = unwrap_base_model(model)
+    n = getattr(getattr(base, "config", None), "max_position_embeddings", None)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        return None
+    inputs = base.get_input_embeddings() if hasattr(base, "get_input_embeddings") else None
+    for name, module in base.named_modules():
+        last = name.rsplit(".", 1)[-1].lower()
+        if isinstance(module, torch.nn.Embedding) and module is not inputs and ("pos" in last or last == "wpe") \
+                and n <= module.num_embeddings <= n + 2:
+            return n, (f"{type(base).__name__} looks positions up in a learned table of {n} rows ({name}, "
+                       "config.max_position_embeddings)")
+    return None
+
+
+def _position_message(limit: tuple[int, str], length: int, where: str, max_tokens: int) -> str:
+    n, what = limit
+    return (f"{where} has {length} tokens, but {what}: positions {n}..{length - 1} are outside it (the model would "
+            f"fail with 'index out of range'). Set max_tokens <= {n} (now {max_tokens}; longer samples are then "
+            f"split into documents of at most max_tokens, overlength='split'), or truncate the samples to {n} tokens")
+
+
+def check_position_limit(model: torch.nn.Module, dataset: Any, config: ATACConfig, name: str = "train_dataset"):
+    """Refuse, before training, a ``datasets.Dataset`` whose longest sample, as packed (at most
+    ``max_tokens``), is longer than ``model``'s learned position table (:func:`learned_position_limit`).
+    Returns the limit (None: no learned table), for :attr:`BatchSharder.position_limit`."""
+    limit = learned_position_limit(model)
+    if limit is None or config.max_tokens <= limit[0] or dataset is None:
+        return limit
+    from ..packing.data.arrow_source import _is_hf_dataset
+    from ..packing.data.dataset import dataset_lengths
+
+    names = getattr(dataset, "column_names", None) or ()
+    if not _is_hf_dataset(dataset) or "input_ids" not in names or {"seq_lengths", "position_ids"} & set(names) \
+            or len(dataset) == 0:
+        return limit  # pre-packed rows or other datasets: checked pack by pack (BatchSharder.plan)
+    lengths = np.minimum(dataset_lengths(dataset), config.max_tokens)
+    if int(lengths.max()) > limit[0]:
+        row = int(np.argmax(lengths))
+        raise ValueError(_position_message(limit, int(lengths[row]), f"{name} row {row}", config.max_tokens))
+    return limit
+
+
 _PAD_VALUES = {"input_ids": 0, "labels": IGNORE_INDEX, "shift_labels": IGNORE_INDEX, "position_ids": 0,
                "attention_mask": 1}
 
@@ -288,6 +336,9 @@ class BatchSharder:
         self.history: list[ShardStats] = []
         self.last_plan = None
         self.last_stats: ShardStats | None = None
+        #: ``(positions, what)`` of a model with a learned absolute position table (see
+        #: :func:`learned_position_limit`): a longer document is refused before the model indexes past it
+        self.position_limit: tuple[int, str] | None = None
 
     def plan(self, batch: Mapping[str, Any]):
         """The :class:`~atac_hf.sharding.ShardPlan` of a full packed batch, and its :class:`ShardStats`."""
@@ -296,6 +347,9 @@ class BatchSharder:
 
         t0 = time.perf_counter()
         lengths = doc_lengths_from_batch(batch)
+        if self.position_limit is not None and lengths.size and int(lengths.max()) > self.position_limit[0]:
+            raise ValueError(_position_message(self.position_limit, int(lengths.max()), "a document of this pack",
+                                               self.config.max_tokens))
         plan = plan_shards(lengths, self.cp_size, self.strategy, self.cost_model,
                            max_tokens_per_rank=self.config.max_tokens_per_rank, min_chunk=self.min_chunk,
                            kv_exchange=self.config.kv_exchange)

@@ -55,7 +55,8 @@ from .config import ATACConfig
 from .data import build_packed_dataloader, check_collator, check_dataset_columns
 from .data import is_streaming_dataset
 from .layout import warn_placement
-from .sharder import BatchSharder, model_kv_bytes_per_token, prepare_model, unwrap_base_model
+from .sharder import (BatchSharder, check_position_limit, model_kv_bytes_per_token, prepare_model,
+                      unwrap_base_model)
 from .stream_state import STREAM_STATE_NAME, StreamResumeMixin
 from .tensor_parallel import apply_tensor_parallel, dp_cp_group, full_state_dict, remap_optimizer_params
 from .tensor_parallel import sync_tp_gradients
@@ -223,6 +224,7 @@ class ATACTrainer(StreamResumeMixin, Trainer):
             probe = next((d for d in [train_dataset, *evals.values()] if d is not None), None)
             if probe is not None and hasattr(probe, "__getitem__") and hasattr(probe, "__len__"):
                 check_collator(data_collator, probe, max_tokens=config.max_tokens)
+        position_limit = check_position_limit(model, train_dataset, config)  # a learned position table too short
         args.parallelism_config = pc
         warn_placement(pc, fsdp=fsdp)
         prepare_model(model, config)
@@ -260,6 +262,7 @@ class ATACTrainer(StreamResumeMixin, Trainer):
             device_type=self.args.device.type,
             tp_group=self.accelerator.torch_device_mesh["tp"].get_group() if self.atac_tp_size > 1 else None,
         )
+        self.atac_sharder.position_limit = position_limit
         self.atac_sampler = None
         self._atac_resume_dir: str | None = None
         self._atac_warned_logits = False
