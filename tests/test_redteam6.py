@@ -328,3 +328,11 @@ def test_gpt2_samples_longer_than_its_position_table_are_refused_before_training
     assert sharder.plan(_collated([[5] * 64, [3, 4]]))[0].num_tokens == 66
     with pytest.raises(ValueError, match=r"a document of this pack has 65 tokens, but GPT2LMHeadModel"):
         sharder.plan(_collated([[5] * 65]))
+
+
+def test_check_model_probes_a_position_table_shorter_than_its_documents():
+    # was: GPT-2 with n_positions=16 (a tiny test model) refused as "could not be probed: ... IndexError: index
+    # out of range in self": the probe's 41-token document indexed past the table; its documents now fit it
+    for n_positions in (8, 16):
+        verdict = atac_hf.check_model(_tiny_gpt2(n_positions))
+        assert verdict.exact and "equals per-document" in verdict.reason

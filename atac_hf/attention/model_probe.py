@@ -337,6 +337,9 @@ def run_probe(model_cls: type, tiny: Any, *, rank: int = 0, world: int = 1, grou
         tiny = text  # a text-only class mapped from its composite config (Emu3ForCausalLM for Emu3Config)
     stock = "sdpa" if getattr(model_cls, "_supports_sdpa", False) else "eager"
     lengths = list(PROBE_DOC_LENGTHS)
+    limit = getattr(_text_config(tiny), "max_position_embeddings", None)
+    if isinstance(limit, int) and not isinstance(limit, bool) and 2 <= limit < max(lengths):
+        lengths = [min(length, limit) for length in lengths]  # a learned position table of fewer rows (GPT-2 n_positions)
     n = sum(lengths)
     g = torch.Generator().manual_seed(1)
     vocab = int(getattr(_text_config(tiny), "vocab_size", 128) or 128)
