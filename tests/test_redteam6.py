@@ -336,3 +336,21 @@ def test_check_model_probes_a_position_table_shorter_than_its_documents():
     for n_positions in (8, 16):
         verdict = atac_hf.check_model(_tiny_gpt2(n_positions))
         assert verdict.exact and "equals per-document" in verdict.reason
+
+
+def test_find_unused_parameters_is_left_to_trainer_for_a_composite_model(tmp_path):
+    # was: ATACTrainer set ddp_find_unused_parameters=False for every non-MoE model, so a text-only run of
+    # Gemma3ForConditionalGeneration at CP 2 failed on its second step ("Expected to have finished reduction in
+    # the prior iteration": the vision tower gets no gradient); red-team 6 trained it at CP 2 equal to CP 1 since
+    from atac_hf.integrations.trainer import _default_device_args
+
+    cfg = transformers.Gemma3Config(
+        text_config=dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=16, patch_size=8), mm_tokens_per_image=4)
+    composite = transformers.AutoModelForCausalLM.from_config(cfg)
+    for model, want in ((composite, None), (_tiny_llama(), False)):
+        args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+        _default_device_args(args, model)
+        assert args.ddp_find_unused_parameters is want

@@ -75,7 +75,9 @@ def _default_device_args(args: TrainingArguments, model: torch.nn.Module) -> Non
       up again), else TrainingArguments sees one process;
     * ``ddp_find_unused_parameters=False`` (Trainer's default True for a model without gradient
       checkpointing makes DDP warn on every run; every parameter of a dense causal LM gets a
-      gradient). Left unset for mixture-of-experts models, whose unrouted experts may get none.
+      gradient). Left unset for mixture-of-experts models, whose unrouted experts may get none, and
+      composite models (a text config inside, e.g. Gemma3ForConditionalGeneration: the vision tower
+      gets none from text rows; DDP failed on the second step there).
     """
     launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
     if not args.use_cpu and launched > 1 and not torch.cuda.is_available():
@@ -90,7 +92,8 @@ def _default_device_args(args: TrainingArguments, model: torch.nn.Module) -> Non
     if args.ddp_find_unused_parameters is None:
         cfg = getattr(unwrap_base_model(model), "config", None)
         texts = [cfg] + ([cfg.get_text_config()] if hasattr(cfg, "get_text_config") else [])
-        if not any(getattr(c, f, None) for c in texts if c is not None for f in _MOE_FIELDS):
+        composite = len(texts) > 1 and texts[1] is not cfg  # e.g. a vision tower that text rows never use
+        if not composite and not any(getattr(c, f, None) for c in texts if c is not None for f in _MOE_FIELDS):
             args.ddp_find_unused_parameters = False
 
 
