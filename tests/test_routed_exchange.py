@@ -152,10 +152,10 @@ def test_no_routing_where_the_direct_exchange_is_hidden():
     assert plan.kv_route_node is None and plan.comm_tail_s == 0.0
 
 
-@pytest.mark.parametrize("bad", [1, 4, 7, 0])
+@pytest.mark.parametrize("bad", [1, 4, 7, 0, 2.0, True, "2"])
 def test_a_route_needs_an_all_to_all_over_several_nodes(bad):
     plan = plan_shards([50, 30, 20], 4, "per_doc", kv_exchange="all_to_all")
-    with pytest.raises(ValueError, match=rf"kv_route_node={bad}.*2 <= kv_route_node < cp_size=4"):
+    with pytest.raises(ValueError, match=rf"kv_route_node={bad!r}.*2 <= kv_route_node < cp_size=4"):
         routed(plan, bad)
     with pytest.raises(ValueError, match="needs kv_exchange='all_to_all'"):
         ShardPlan(**{f: getattr(plan, f) for f in FIELDS}, kv_exchange="all_gather", kv_route_node=2)

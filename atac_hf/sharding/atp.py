@@ -485,7 +485,7 @@ def _block_at(plan: ShardPlan, cm: CostModel) -> float:
     cost, attn = cm.segment_and_attention_cost(allseg[:, 1], allseg[:, 2])
     compute = np.bincount(rank_of, weights=cost, minlength=C)
     local_attn = np.bincount(rank_of[local], weights=attn[local], minlength=C)
-    if not len(plan.gathered_docs):
+    if not len(plan.gathered_docs):  # (compute - attention + attention: finish_flat's rounding)
         return float(np.max(compute - local_attn + local_attn))
     # the routed exchange's second phase (comm_tail_s) is hidden behind nothing
     hidden = plan.comm_s - plan.comm_tail_s

@@ -74,8 +74,9 @@ class ShardPlan:
     def __post_init__(self) -> None:
         if self.kv_exchange not in EXCHANGES:
             raise ValueError(f"ShardPlan.kv_exchange must be one of {list(EXCHANGES)}, got {self.kv_exchange!r}")
-        if self.kv_route_node is not None and (self.kv_exchange != "all_to_all"
-                                               or not routes(self.cp_size, self.kv_route_node)):
+        node = self.kv_route_node
+        if node is not None and (self.kv_exchange != "all_to_all" or isinstance(node, bool)
+                                 or not isinstance(node, (int, np.integer)) or not routes(self.cp_size, node)):
             raise ValueError(f"ShardPlan.kv_route_node={self.kv_route_node!r} needs kv_exchange='all_to_all' and "
                              f"2 <= kv_route_node < cp_size={self.cp_size} (or None: a direct exchange)")
 
