@@ -354,3 +354,40 @@ def test_find_unused_parameters_is_left_to_trainer_for_a_composite_model(tmp_pat
         args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
         _default_device_args(args, model)
         assert args.ddp_find_unused_parameters is want
+
+
+# ---------------------------------------------------------------------------- bf16 autocast with attention sinks
+def test_gpt_oss_trains_under_bf16_autocast(tmp_path):
+    # was: GPT-OSS (attention sinks) with TrainingArguments(bf16=True) failed at its first step on CPU with
+    # "expected scalar type Float but found BFloat16": its rotary leaves q/k in fp32 under autocast while v is
+    # bf16, and the CPU flash kernel takes one dtype. q/k/v now share autocast's dtype, as the stock matmuls do.
+    from atac_hf import ATACTrainer
+    from atac_hf.attention.runtime import _common_dtype
+
+    cfg = transformers.GptOssConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=2,
+                                    num_experts_per_tok=1, sliding_window=4,
+                                    layer_types=["sliding_attention", "full_attention"])
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    ref = copy.deepcopy(model)
+    ref.set_attn_implementation("eager")
+    docs = [list(range(1, 20)), list(range(5, 17)), [3, 9, 4]]
+    ds = datasets.Dataset.from_dict({"input_ids": docs})
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, max_steps=1,
+                                          save_strategy="no", disable_tqdm=True, bf16=True, logging_steps=1,
+                                          learning_rate=0.0)
+    trainer = ATACTrainer(model=model, args=args, train_dataset=ds, atac_config=ATACConfig(max_tokens=64))
+    trainer.train()
+    loss = next(h["loss"] for h in trainer.state.log_history if "loss" in h)
+    total, count = 0.0, 0
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for d in docs:  # the pack holds all three (34 tokens under the 64-token cap)
+            ids = torch.tensor([d])
+            total += ref(input_ids=ids, labels=ids, use_cache=False).loss.float().item() * (len(d) - 1)
+            count += len(d) - 1
+    assert abs(loss - total / count) <= 1e-2 * abs(total / count)
+    q, k, v = torch.ones(1, 2, 3, 4), torch.ones(1, 1, 3, 4), torch.ones(1, 1, 3, 4, dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert {t.dtype for t in _common_dtype(q, k, v)} == {torch.bfloat16}
+    assert {t.dtype for t in _common_dtype(q, k, v)} == {torch.float32}

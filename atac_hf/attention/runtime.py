@@ -261,6 +261,7 @@ def atac_cp_attention(
         warnings.warn(f"{ATTN_IMPLEMENTATION!r} ignores attention_mask: the document mask comes from the shard plan",
                       stacklevel=2)
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    query, key, value = _common_dtype(query, key, value)
     q_HSD, k_KSD, v_KSD = query[0], key[0], value[0]
     layout, dk = ctx.layout, key.shape[-1]
     if layout.exchange == "all_to_all" and window is not None:  # exchange only the keys in the window
@@ -289,6 +290,21 @@ def atac_cp_attention(
         # reduce-scatter in the graph (the other ranks take part in it)
         out_SHD = attach(out_SHD, gather.wait())
     return out_SHD.unsqueeze(0).contiguous(), None
+
+
+def _common_dtype(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
+    """q, k, v in one dtype: some models rotate q/k in fp32 under autocast while v stays in the autocast dtype
+    (GPT-OSS with bf16=True: the CPU flash kernel refused "expected scalar type Float but found BFloat16"), and
+    the kernels and the K/V exchange take one. Autocast's dtype when it is on (what the stock attention's
+    matmuls run in), else the promoted one."""
+    if query.dtype == key.dtype == value.dtype:
+        return query, key, value
+    dev = query.device.type
+    if torch.is_autocast_enabled(dev):
+        dt = torch.get_autocast_dtype(dev)
+    else:
+        dt = torch.promote_types(torch.promote_types(query.dtype, key.dtype), value.dtype)
+    return query.to(dt), key.to(dt), value.to(dt)
 
 
 def _check_softcap(softcap: Any) -> None:
