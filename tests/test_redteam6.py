@@ -318,6 +318,9 @@ def test_gpt2_samples_longer_than_its_position_table_are_refused_before_training
                                          r"embeddings\): positions 64..99 .* Set max_tokens <= 64 \(now 128"):
         ATACTrainer(model=model, args=args, train_dataset=ds, atac_config=ATACConfig(max_tokens=128))
     assert model.config._attn_implementation != "atac_cp"  # refused before anything changed
+    with pytest.raises(ValueError, match=r"eval_dataset row 1 has 100 tokens, but GPT2LMHeadModel"):
+        ATACTrainer(model=model, args=args, train_dataset=ds.select([0, 2]), eval_dataset=ds,
+                    atac_config=ATACConfig(max_tokens=128))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the overlength split warning
         ATACTrainer(model=model, args=args, train_dataset=ds, atac_config=ATACConfig(max_tokens=64)).train()

@@ -228,6 +228,8 @@ class ATACTrainer(StreamResumeMixin, Trainer):
             if probe is not None and hasattr(probe, "__getitem__") and hasattr(probe, "__len__"):
                 check_collator(data_collator, probe, max_tokens=config.max_tokens)
         position_limit = check_position_limit(model, train_dataset, config)  # a learned position table too short
+        for key, ds in evals.items():
+            check_position_limit(model, ds, config, f"eval_dataset[{key!r}]" if key else "eval_dataset")
         args.parallelism_config = pc
         warn_placement(pc, fsdp=fsdp)
         prepare_model(model, config)
