@@ -359,6 +359,14 @@ def test_find_unused_parameters_is_left_to_trainer_for_a_composite_model(tmp_pat
         args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
         _default_device_args(args, model)
         assert args.ddp_find_unused_parameters is want
+    # Phi-4-multimodal: a text config whose vision and audio towers are sub-configs of it
+    from types import SimpleNamespace
+
+    phi4 = SimpleNamespace(config=transformers.Phi4MultimodalConfig())
+    assert phi4.config.get_text_config() is phi4.config and phi4.config.sub_configs
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    _default_device_args(args, phi4)
+    assert args.ddp_find_unused_parameters is None
 
 
 # ---------------------------------------------------------------------------- bf16 autocast with attention sinks

@@ -92,7 +92,8 @@ def _default_device_args(args: TrainingArguments, model: torch.nn.Module) -> Non
     if args.ddp_find_unused_parameters is None:
         cfg = getattr(unwrap_base_model(model), "config", None)
         texts = [cfg] + ([cfg.get_text_config()] if hasattr(cfg, "get_text_config") else [])
-        composite = len(texts) > 1 and texts[1] is not cfg  # e.g. a vision tower that text rows never use
+        # e.g. a vision or audio tower that text rows never use (a text config inside, or sub-configs: Phi-4-mm)
+        composite = (len(texts) > 1 and texts[1] is not cfg) or bool(getattr(cfg, "sub_configs", None))
         if not composite and not any(getattr(c, f, None) for c in texts if c is not None for f in _MOE_FIELDS):
             args.ddp_find_unused_parameters = False
 
