@@ -404,3 +404,15 @@ def test_gpt_oss_trains_under_bf16_autocast(tmp_path):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert {t.dtype for t in _common_dtype(q, k, v)} == {torch.bfloat16}
     assert {t.dtype for t in _common_dtype(q, k, v)} == {torch.float32}
+
+
+def test_neftune_is_refused_under_cp():
+    # found accepted: NEFTune's noise is alpha / sqrt(seq_len x hidden) with the seq_len a rank sees (its shard),
+    # so at CP 2 the noise was about sqrt(2) times one device's, silently
+    from atac_hf.integrations.trainer import _check_args
+
+    args = transformers.TrainingArguments(output_dir="unused", report_to=[], use_cpu=True, neftune_noise_alpha=5.0)
+    with pytest.raises(ValueError, match=r"neftune_noise_alpha=5.0 with cp_size=2: .*sqrt\(2\) times one device's; "
+                                         r"unset neftune_noise_alpha or train with cp_size=1"):
+        _check_args(args, ATACConfig(cp_size=2))
+    _check_args(args, ATACConfig(cp_size=1))  # one device's noise scale per packed row: accepted

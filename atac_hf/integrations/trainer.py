@@ -106,6 +106,11 @@ def _check_args(args: TrainingArguments, config: ATACConfig) -> None:
     if args.label_smoothing_factor:
         raise ValueError(f"label_smoothing_factor={args.label_smoothing_factor}: Trainer's label smoother shifts "
                          "labels on each rank's shard, which is wrong under ATP-CP; set it to 0")
+    if getattr(args, "neftune_noise_alpha", None) and config.cp_size > 1:
+        raise ValueError(f"neftune_noise_alpha={args.neftune_noise_alpha} with cp_size={config.cp_size}: NEFTune scales "
+                         "its embedding noise by 1/sqrt(sequence length x hidden size) and each rank sees only its "
+                         f"shard of the pack, so the noise would be about sqrt({config.cp_size}) times one device's; "
+                         "unset neftune_noise_alpha or train with cp_size=1")
     if args.world_size > 1 and not args.average_tokens_across_devices:
         raise ValueError("average_tokens_across_devices=False: each rank would normalise its loss by its own "
                          "token count; ATP-CP needs the global count (set it to True, the default)")
