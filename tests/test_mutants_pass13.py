@@ -210,3 +210,15 @@ def test_an_extra_anchor_exactly_two_percent_slower_is_taken():
                           [[2, 0, 7], [3, 0, 7], [4, 0, 1], [5, 2, 7]]]
     assert plan.rank_compute_s.tolist() == [97.0, 102.0]
     assert plan.block_time_s == 102.0
+
+
+def test_plan_subgroups_plan_is_named_atp_by_default():
+    """``plan_subgroups``' ``strategy`` ("the name the plan carries") defaults to ``"atp"``: the
+    0.25-share plan of ``[10, 20, 30]`` at cp 4 under PAIRS (the sub-group plan ATP takes above,
+    191 s) carries it. Kills the default as ``"XXatpXX"`` or ``"ATP"`` and the call passing None
+    (subgroups.py mutants of ``plan_subgroups``, run in the same pass)."""
+    from atac_hf.sharding.subgroups import plan_subgroups
+
+    plan = plan_subgroups(np.array([10, 20, 30]), 4, PAIRS, anchor_share=0.25)
+    assert plan.strategy == "atp"
+    assert plan.block_time_s == 191.0
