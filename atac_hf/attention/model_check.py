@@ -131,9 +131,7 @@ def peft_refusal(model: torch.nn.Module) -> tuple[type, str] | None:
                     return NotImplementedError, (
                         f"is wrapped by a PEFT {kind} adapter ({name!r}): its virtual tokens or key/value prefixes "
                         "are attended to by every query, outside the documents of the packed row, which the "
-                        "'atac_cp' attention does not shard; use a weight adapter (LoRA, IA3, ...) or train it "
-                        "without atac-hf: its stock attention on unpacked rows (ATACTrainer and ATACAccelerator "
-                        "refuse it at cp_size=1 too)")
+                        "'atac_cp' attention does not shard; use a weight adapter (LoRA, IA3, ...) or " + _INSTEAD)
             return None
         inner = getattr(model, "module", None) if isinstance(getattr(model, "module", None), torch.nn.Module) \
             else getattr(model, "_orig_mod", None)

@@ -245,7 +245,7 @@ def finish_flat(lengths, C, strategy, allseg, rank_of, gathered_docs, cm: CostMo
         comm_tail_s=tail,
     )
     if deferred:  # what resolve_exchange needs, kept flat
-        plan._cache["a2a_deferred"] = (allseg, rank_of, gathered, segments)
+        plan._cache["a2a_deferred"] = (allseg, rank_of, gathered, segments, local_attn)
     return plan
 
 
@@ -256,13 +256,9 @@ def resolve_exchange(plan: ShardPlan, cm: CostModel) -> ShardPlan:
     deferred = plan._cache.pop("a2a_deferred", None)
     if deferred is None:
         return plan
-    allseg, rank_of, gathered, segments = deferred
-    C = plan.cp_size
-    local = ~gathered[allseg[:, 0]]
-    _, attn = cm.segment_and_attention_cost(allseg[:, 1], allseg[:, 2])
-    local_attn = np.bincount(rank_of[local], weights=attn[local], minlength=C)
-    block, comm, tail, route = _a2a_options(allseg, rank_of, C, gathered, segments, cm, plan.rank_compute_s,
-                                            local_attn)
+    allseg, rank_of, gathered, segments, local_attn = deferred
+    block, comm, tail, route = _a2a_options(allseg, rank_of, plan.cp_size, gathered, segments, cm,
+                                            plan.rank_compute_s, local_attn)
     if not (block, comm) < (plan.block_time_s, plan.comm_s):
         return plan
     return ShardPlan(doc_lengths=plan.doc_lengths, cp_size=plan.cp_size, strategy=plan.strategy,
