@@ -374,10 +374,13 @@ def _split_by_share(cm: CostModel, lengths: np.ndarray, frac: np.ndarray, room: 
     total = int(lengths.sum())
     if total > room.sum():
         return None
-    # clip shares at the cap, handing the excess to ranks with room (a few rounds at most)
+    # clip shares at the cap, handing the excess to ranks with room (a few rounds at most). A
+    # share a rounding error over its room is not over: the floors below keep each rank's whole
+    # tokens within it (refusing there turned away anchors that fit exactly, issue 20).
     want_tot = frac * total
+    tol = min(0.5, 1e-9 * total)
     for _ in range(C):
-        over = want_tot > room
+        over = want_tot > room + tol
         if not over.any():
             break
         excess = float((want_tot[over] - room[over]).sum())
