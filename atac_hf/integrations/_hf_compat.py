@@ -46,6 +46,13 @@ Each says why and when it can go. Checked against accelerate 1.15 and transforme
    process group is destroyed it sets the state's ``device_mesh`` and ``parallelism_config`` and
    the add-on's group attributes to None. Can go when Accelerate drops the mesh in
    ``destroy_process_group`` and gloo's shutdown joins its threads.
+7. :func:`loss_honours_num_items` - several composite models of transformers 5.25 (Gemma 4,
+   Qwen2.5-VL, Qwen3-VL, GLM-4V, ...) declare ``accepts_loss_kwargs = False`` (once they filtered
+   labels themselves, transformers #37208), so Trainer would not pass ``num_items_in_batch``,
+   although their forward now hands ``**kwargs`` to ``self.loss_function``, which honours it.
+   ``ATACTrainer`` checks the model's loss on a 4-token row (no grad, eval mode) before it changes
+   anything and, when the loss is the target sum over ``num_items_in_batch``, lets Trainer pass it.
+   Can go when transformers drops the stale attribute.
 """
 
 from __future__ import annotations
@@ -56,7 +63,7 @@ import types
 import weakref
 from typing import Any
 
-__all__ = ["bypass_torch_cp_hooks", "release_groups_after_shutdown", "track_group_holder", "validate_parallelism_on_cpu"]
+__all__ = ["bypass_torch_cp_hooks", "loss_honours_num_items", "release_groups_after_shutdown", "track_group_holder", "validate_parallelism_on_cpu"]
 
 
 def validate_parallelism_on_cpu(config: Any, accelerator: Any) -> None:
@@ -135,3 +142,24 @@ def track_group_holder(holder: Any) -> None:
     if not _REGISTERED:
         atexit.register(release_groups_after_shutdown)
         _REGISTERED = True
+
+
+def loss_honours_num_items(model: Any) -> bool:
+    """Whether ``model(input_ids, labels=..., num_items_in_batch=n).loss`` is the target sum over ``n``
+    (workaround 7): the 3 targets of a 4-token row with ``n`` = 1 and 3, against the plain mean.
+    Runs under ``no_grad`` in eval mode (the mode is restored); any failure answers False."""
+    import torch
+
+    training = model.training
+    try:
+        param = next(model.parameters())
+        ids = torch.arange(1, 5, device=param.device).unsqueeze(0)
+        model.eval()
+        with torch.no_grad():
+            mean, one, three = (model(input_ids=ids, labels=ids, use_cache=False, **kw).loss.double()
+                                for kw in ({}, {"num_items_in_batch": 1}, {"num_items_in_batch": 3}))
+        return bool(torch.isfinite(mean)) and torch.allclose(one, 3 * mean) and torch.allclose(three, mean)
+    except Exception:  # noqa: BLE001 - a model that cannot run the check keeps Trainer's own answer
+        return False
+    finally:
+        model.train(training)

@@ -129,18 +129,26 @@ def _check_score_features(base: torch.nn.Module, backend: str) -> None:
 
 
 def model_kv_bytes_per_token(model: torch.nn.Module) -> float:
-    """Bytes of K and V of one token over all layers (``2 x layers x kv_heads x head_dim x dtype``)."""
+    """Bytes of K and V of one token over all layers (``2 x layers x kv_heads x head_dim x dtype``).
+
+    A heterogeneous config (transformers' ``per_layer_config``, e.g. Gemma 4's wider global
+    layers) is summed layer by layer: reading a per-layer attribute off the whole config raises."""
     base = unwrap_base_model(model)
     cfg = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
-    heads = int(getattr(cfg, "num_attention_heads", 1) or 1)
-    kv = int(getattr(cfg, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-    layers = int(getattr(cfg, "num_hidden_layers", 1) or 1)
+    if getattr(cfg, "is_heterogeneous", False):
+        per_layer = list(cfg.per_layer_config)
+    else:
+        per_layer = [cfg] * int(getattr(cfg, "num_hidden_layers", 1) or 1)
+    values = 0
+    for c in per_layer:
+        heads = int(getattr(c, "num_attention_heads", 1) or 1)
+        kv = int(getattr(c, "num_key_value_heads", None) or heads)
+        values += kv * int(getattr(c, "head_dim", None) or c.hidden_size // heads)
     try:
         dtype_bytes = next(base.parameters()).element_size()
     except StopIteration:
         dtype_bytes = 2
-    return 2.0 * layers * kv * head_dim * dtype_bytes
+    return 2.0 * values * dtype_bytes
 
 
 # ---------------------------------------------------------------------------- counting and gradients

@@ -49,7 +49,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, get_
 from transformers.utils import logging as hf_logging
 
 from .accelerate import as_atac_parallelism_config, build_parallelism_config, bypass_torch_cp_hooks, check_tp_layout
-from ._hf_compat import track_group_holder
+from ._hf_compat import loss_honours_num_items, track_group_holder
 from .accelerate import cp_coordinates
 from .config import ATACConfig
 from .data import build_packed_dataloader, check_collator, check_dataset_columns
@@ -236,6 +236,10 @@ class ATACTrainer(StreamResumeMixin, Trainer):
         position_limit = check_position_limit(model, train_dataset, config)  # a learned position table too short
         for key, ds in evals.items():
             check_position_limit(model, ds, config, f"eval_dataset[{key!r}]" if key else "eval_dataset")
+        stale = getattr(unwrap_base_model(model), "accepts_loss_kwargs", None) is False  # _hf_compat 7
+        if stale and not loss_honours_num_items(model):  # checked before any change
+            raise ValueError(f"{type(unwrap_base_model(model)).__name__} declares accepts_loss_kwargs=False and its loss "
+                             "ignores num_items_in_batch (a per-rank mean); ATP-CP needs the target sum over it")
         args.parallelism_config = pc
         warn_placement(pc, fsdp=fsdp)
         prepare_model(model, config)
@@ -245,6 +249,7 @@ class ATACTrainer(StreamResumeMixin, Trainer):
         # every CP rank's loss is a share of the same batch: gather them all (gather_for_metrics
         # would drop "duplicates" at the end of the loader)
         self.gather_function = self.accelerator.gather
+        self.model_accepts_loss_kwargs = self.model_accepts_loss_kwargs or stale
         if not self.model_accepts_loss_kwargs:
             raise ValueError(f"{type(unwrap_base_model(self.model)).__name__} does not accept loss kwargs, so Trainer "
                              "cannot pass num_items_in_batch and the loss would be a per-rank mean; ATP-CP needs it")

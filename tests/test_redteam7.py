@@ -1,0 +1,113 @@
+"""Red-team 7: hostile inputs and model families a new user tries first (docs/RELIABILITY.md, "Red-team 7").
+
+Each test is the minimal repro of one finding of that pass, fixed in the package."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+datasets = pytest.importorskip("datasets")
+transformers = pytest.importorskip("transformers")
+
+import atac_hf  # noqa: E402
+from atac_hf import ATACConfig  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tiny(family: str, cls_name: str):
+    from atac_hf.attention.model_probe import shrink_config
+
+    tiny = shrink_config(transformers.AutoConfig.for_model(family))
+    torch.manual_seed(0)
+    return getattr(transformers, cls_name)._from_config(copy.deepcopy(tiny)).float()
+
+
+def _args(tmp_path, **over):
+    return transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, max_steps=1,
+                                          save_strategy="no", disable_tqdm=True, **over)
+
+
+# ---------------------------------------------------------------------------- Gemma 4 (MODELS.md: exact)
+def test_heterogeneous_config_dims_are_read_layer_by_layer():
+    # was: AmbiguousGlobalPerLayerAttributeError ('head_dim' is a per-layer attribute) from ModelDims.from_hf_config
+    # and model_kv_bytes_per_token, so ATACTrainer and ATACAccelerator failed on every Gemma 4 model (after switching
+    # the model to atac_cp)
+    from atac_hf import CostModel, ModelDims
+    from atac_hf.integrations.sharder import model_kv_bytes_per_token
+
+    model = _tiny("gemma4_text", "Gemma4ForCausalLM")
+    cfg = model.config
+    layers = list(cfg.per_layer_config)
+    assert len({c.head_dim for c in layers}) == 2  # the case: wider global layers
+    dims = ModelDims.from_hf_config(cfg)
+    assert dims.head_dim == round(sum(c.head_dim for c in layers) / len(layers))
+    assert dims.num_layers == cfg.num_hidden_layers and dims.num_kv_heads == cfg.num_key_value_heads
+    assert CostModel.from_model(cfg).linear_s_per_token > 0
+    want = 2 * sum(c.num_key_value_heads * c.head_dim for c in layers) * 4  # fp32
+    assert model_kv_bytes_per_token(model) == want
+
+
+@pytest.mark.parametrize("family,cls_name", [("gemma4_text", "Gemma4ForCausalLM"),
+                                             ("gemma4", "Gemma4ForConditionalGeneration")])
+def test_gemma4_trains_with_atac_trainer(tmp_path, family, cls_name):
+    # was: Gemma4ForConditionalGeneration refused ("does not accept loss kwargs"), after the model had been switched
+    # to atac_cp: transformers 5.25 declares accepts_loss_kwargs=False on it (a stale opt-out from #37208) although
+    # its forward hands num_items_in_batch to self.loss_function; both classes then failed on their per-layer head_dim
+    from atac_hf import ATACTrainer
+
+    model = _tiny(family, cls_name)
+    ds = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12]] * 2})
+    trainer = ATACTrainer(model=model, args=_args(tmp_path, logging_steps=1), train_dataset=ds,
+                          atac_config=ATACConfig(cp_size=1, max_tokens=16))
+    assert trainer.model_accepts_loss_kwargs  # Trainer passes num_items_in_batch
+    trainer.train()
+    assert torch.isfinite(torch.tensor(trainer.state.log_history[0]["loss"]))
+
+
+class _MeanLossLlama(transformers.LlamaForCausalLM):
+    """A model that declares accepts_loss_kwargs=False and means it: its loss ignores num_items_in_batch."""
+
+    accepts_loss_kwargs = False
+
+    def forward(self, *args, num_items_in_batch=None, **kwargs):
+        return super().forward(*args, **kwargs)
+
+
+def test_a_loss_that_ignores_num_items_is_refused_before_any_change(tmp_path):
+    from atac_hf import ATACTrainer
+    from atac_hf.integrations._hf_compat import loss_honours_num_items
+
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = _MeanLossLlama(cfg)
+    model.train()
+    assert not loss_honours_num_items(model) and model.training  # the mode is restored
+    assert loss_honours_num_items(transformers.LlamaForCausalLM(cfg))
+    ds = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3]] * 4})
+    with pytest.raises(ValueError, match=r"_MeanLossLlama declares accepts_loss_kwargs=False and its loss ignores "
+                                         r"num_items_in_batch"):
+        ATACTrainer(model=model, args=_args(tmp_path), train_dataset=ds, atac_config=ATACConfig(cp_size=1, max_tokens=32))
+    assert model.config._attn_implementation != "atac_cp"  # a refused operation changes nothing
+
+
+@pytest.mark.slow
+def test_gemma4_cp2_equals_cp1_step_by_step(tmp_path):
+    sys.path.insert(0, os.path.dirname(__file__))
+    from _launch import accelerate_launch, clean_env, run
+
+    script = ROOT / "tests" / "_redteam7_trainer.py"
+    run([sys.executable, script, 1, tmp_path / "cp1.json"], timeout=300, env=clean_env())
+    accelerate_launch("configs/cpu_cp2.yaml", script, 2, tmp_path / "cp2.json", timeout=600)
+    one, two = (json.loads((tmp_path / f"cp{c}.json").read_text()) for c in (1, 2))
+    assert len(one) == len(two) == 4
+    for (loss1, norm1), (loss2, norm2) in zip(one, two):
+        assert abs(loss1 - loss2) <= 1e-5 * abs(loss1) and abs(norm1 - norm2) <= 1e-5 * abs(norm1)
