@@ -147,9 +147,19 @@ def test_plan_atp_labels_its_two_way_plan_atp():
     # the best j by block time, not by anchor count (mutant: best[1] for best[0])
     ([6, 1, 15], 3, "default", 9, [[[0, 0, 6], [2, 0, 1]], [[1, 0, 1], [2, 1, 4], [2, 13, 15]], [[2, 4, 13]]],
      8.1860073e-05),
-    # three anchor counts in a row without a better block end the loop (the stale count)
-    ([6, 28, 28, 39, 11], 2, "pairs", 56, [[[1, 0, 28], [3, 0, 7], [3, 29, 39], [4, 0, 11]],
-                                           [[0, 0, 6], [2, 0, 28], [3, 7, 29]]], 98.25),
+    # three anchor counts in a row without a better block end the loop (the stale count; stale >= 4 or
+    # > 3 go on and split two more documents here; the case before the level-count search, 6, 28, 28,
+    # 39, 11 at cap 56, now finds a level count after the loop ends)
+    ([11, 11, 10, 9, 35], 2, "pairs", 38, [[[0, 0, 11], [2, 0, 10], [4, 0, 8], [4, 26, 35]],
+                                           [[1, 0, 11], [3, 0, 9], [4, 8, 26]]], 59.8),
+    # ... and not two (stale >= 2 ends it a count sooner: another plan, 76.5 s, where later stages differ)
+    ([36, 12, 11, 30, 24, 23], 3, "pairs", 46,
+     [[[0, 11, 23], [1, 0, 3], [1, 11, 12], [2, 2, 4], [2, 8, 10], [3, 0, 5], [3, 25, 30], [4, 5, 9], [4, 17, 21],
+       [5, 8, 16]],
+      [[0, 0, 5], [0, 30, 36], [1, 3, 5], [1, 9, 11], [2, 4, 8], [3, 11, 21], [4, 0, 5], [4, 21, 24], [5, 0, 4],
+       [5, 19, 23]],
+      [[0, 5, 11], [0, 23, 30], [1, 5, 9], [2, 0, 2], [2, 10, 11], [3, 5, 11], [3, 21, 25], [4, 9, 17], [5, 4, 8],
+       [5, 16, 19]]], 76.85004),
     # the loop goes on while the loads are over 0.5% from level (j = 1 leaves them 2x apart here)
     ([30, 4], 2, "pairs", None, [[[0, 0, 8], [0, 23, 30], [1, 2, 4]], [[0, 8, 23], [1, 0, 2]]], 29.15002),
 ])

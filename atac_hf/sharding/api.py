@@ -81,7 +81,8 @@ def plan_shards(
         kv_exchange: how gathered K/V travel: ``"all_gather"``, ``"all_to_all"`` (each rank
             receives only the key prefixes its chunks attend to), ``"auto"`` (the one the
             cost model estimates faster), or None: the strategy's own (``atp``: ``auto``;
-            the baselines, modelled on all-gather CP systems: ``all_gather``).
+            the baselines, modelled on all-gather CP systems: ``all_gather``). ``atp`` plans
+            for the exchange given: its candidates are costed with it.
 
     Returns:
         The :class:`ShardPlan`. Every rank holds at least one token when the pack has at
@@ -128,13 +129,14 @@ def plan_shards(
     cm.check_prices_compute("cost_model / cost_profile / --profile")
     plan = fn(lengths, int(cp_size), cm, max_tokens_per_rank=None if max_tokens_per_rank is None
               else int(max_tokens_per_rank), min_chunk=int(min_chunk),
-              max_anchors=None if max_anchors is None else min(int(max_anchors), len(lengths)))
+              max_anchors=None if max_anchors is None else min(int(max_anchors), len(lengths)),
+              kv_exchange=kv_exchange)
     filled = fill_empty_ranks(plan, cm)  # >= 1 token per rank whenever the pack has >= cp_size tokens
     if filled is not plan and strategy == "atp":
         # atp chose a layout with an idle rank, costed before the fill; its per_doc candidate,
         # filled the same way, may now be faster (atp is never worse than per_doc)
         even = fill_empty_ranks(finish_plan(lengths, int(cp_size), "atp", per_doc_segments(lengths, int(cp_size)),
-                                            None, cm, "auto"), cm)
+                                            None, cm, kv_exchange or "auto"), cm)
         fits = max_tokens_per_rank is None or int(even.rank_num_tokens().max()) <= max_tokens_per_rank
         if fits and even.block_time_s < filled.block_time_s:
             filled = even

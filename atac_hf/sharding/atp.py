@@ -22,7 +22,7 @@ from .bounds import _per_doc_a2a_floor, _per_doc_lower_bound, _per_doc_may_win, 
 from .segments import (_doc_work_lower_bounds, _exact_pairs, finish_flat, finish_plan, per_doc_flat,
                        resolve_exchange, row_offsets)
 
-__all__ = ["ROBUST_EXTRA_ANCHORS", "SUBGROUP_MARGIN", "SUBGROUP_SKIP_LEVEL", "TWO_WAY_TOLERANCE", "plan_atp"]
+__all__ = ["PRICE_ERROR_BAND", "ROBUST_EXTRA_ANCHORS", "SUBGROUP_MARGIN", "SUBGROUP_SKIP_LEVEL", "TWO_WAY_TOLERANCE", "plan_atp"]
 
 #: ATP takes the plan whose ranks are level in tokens and in attention pairs separately
 #: (robust to the cost model's error in their relative price) over the one level in
@@ -40,9 +40,15 @@ SUBGROUP_SKIP_LEVEL = 0.005
 #: Where ATP's best plan is not level in tokens and pairs separately (whole documents only, or
 #: anchors that cannot level both), it tries up to this many more anchors split two-way.
 ROBUST_EXTRA_ANCHORS = 2
+#: Attention price factors of the cost model's error that ATP guards against where no plan of
+#: those extra anchors is level two-way: if its plan's ranks are more than TWO_WAY_TOLERANCE from
+#: level at one of these prices, the cost-level plan of the extra anchors (within TWO_WAY_TOLERANCE
+#: by the estimate) that is most level at them is taken.
+PRICE_ERROR_BAND = (0.5, 2.0)
 
 
-def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1, max_anchors=None, **_) -> ShardPlan:
+def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1, max_anchors=None, kv_exchange=None,
+             **_) -> ShardPlan:
     """Anchor-tail placement.
 
     For a candidate anchor count j (the j most expensive documents): the other
@@ -61,7 +67,11 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
     approximately. It replaces the cost-level split unless its estimated block time is
     more than :data:`TWO_WAY_TOLERANCE` higher. Last, head-tail inside every document
     (the ``per_doc`` layout) competes on estimated block time.
+
+    Every candidate is costed with the K/V exchange ``kv_exchange`` (None: ``"auto"``, the faster of
+    the all-gather and the all-to-all by the estimate), so a plan for a given exchange is chosen for it.
     """
+    exchange = "auto" if kv_exchange is None else kv_exchange
     D = len(lengths)
     offsets = row_offsets(lengths)
     if C == 1:
@@ -132,7 +142,7 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
         """The plan of ``attempt(j)``, its anchors re-split two-way where that is within
         TWO_WAY_TOLERANCE; and whether it is (level in tokens and pairs separately).
         ``two_way``: the two-way split of the anchors, given by a caller that wants no other
-        plan: (None, False) instead of one that is not two-way."""
+        plan: (None, False) instead of one that is not two-way; False: the cost-level split."""
         two_way_only = two_way is not None
         anchors = cand[:j]
         tails = (owner >= 0).nonzero()[0]
@@ -150,7 +160,8 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
             returns, where it cannot move the block time)."""
             seg, rank = _head_tail_flat(anchors, bounds, C) if j else (np.zeros((0, 3), np.int64),
                                                                        np.zeros(0, np.int64))
-            return finish_flat(lengths, C, "atp", *with_tails(seg, rank), np.sort(anchors), cm, "auto", defer_a2a=True)
+            return finish_flat(lengths, C, "atp", *with_tails(seg, rank), np.sort(anchors), cm, exchange,
+                               defer_a2a=True)
 
         # The same anchors and tails with every rank level in tokens and in attention pairs
         # separately: balanced whatever the true price ratio of the two (the cost model's is
@@ -159,9 +170,9 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
         # already says it cannot.
         if not two_way_only:
             two_way = _two_way_flat(lengths, C, anchors, owner, cap, min_chunk) if j else None
-        if two_way is None:
+        if two_way is None or two_way is False:
             return cost_level(), False
-        robust = finish_flat(lengths, C, "atp", *with_tails(*two_way), np.sort(anchors), cm, "auto", defer_a2a=True)
+        robust = finish_flat(lengths, C, "atp", *with_tails(*two_way), np.sort(anchors), cm, exchange, defer_a2a=True)
         if robust.block_time_s <= level_bound[j] * (1 + TWO_WAY_TOLERANCE):
             return robust, True
         plan = cost_level()
@@ -191,10 +202,22 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
     anchor_plan = None
     if best is not None:
         anchor_plan, level_two_ways = build(*best[1:])
+        # The counts above price the exchange as the all-gather; the all-to-all (routed across nodes)
+        # can move far less. Where it may be taken and the ranks are off level, the fewest anchors
+        # that level them compete too, built with their exchange.
+        if exchange != "all_gather" and anchor_plan.imbalance > 1.005:
+            for j in range(best[1] + 1, jmax + 1):
+                got = attempt(j)
+                if got is not None and float(got[3].max()) <= float(got[3].sum()) / C * 1.005:
+                    level, level_two_ways_j = build(j, got[1], got[2])
+                    if level.block_time_s < anchor_plan.block_time_s:
+                        anchor_plan, level_two_ways, best = level, level_two_ways_j, (got[0], j, got[1], got[2])
+                    break
         # A plan of whole documents (or whose anchors cannot level tokens and pairs) is level in
         # estimated cost only: one or two more anchors, split two-way, make it level whatever the
         # price ratio; taken where that costs at most TWO_WAY_TOLERANCE more by the estimate.
-        for j in range(best[1] + 1, min(jmax, best[1] + ROBUST_EXTRA_ANCHORS) + 1) if not level_two_ways else ():
+        extras = range(best[1] + 1, min(jmax, best[1] + ROBUST_EXTRA_ANCHORS) + 1) if not level_two_ways else ()
+        for j in extras:
             # the plan is taken only where its anchors split two-way, which the tails alone decide: where
             # they cannot, the anchors are not water-filled
             placed = place(j)
@@ -206,11 +229,15 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
             if ok and plan.block_time_s <= anchor_plan.block_time_s * (1 + TWO_WAY_TOLERANCE):
                 anchor_plan = plan
                 break
+        else:  # none level two-way: where the plan is fragile to the price error, the extras' cost-level plans
+            if extras and _price_error_imbalance(anchor_plan, cm) > 1 + TWO_WAY_TOLERANCE:
+                others = [build(j, *attempt(j)[1:3], False)[0] for j in extras if attempt(j) is not None]
+                anchor_plan = _least_price_error(anchor_plan, others, cm)
     # Head-tail inside every document, moving only the K/V of documents it splits,
     # is a candidate too (ATP is never worse than per_doc); its block time is costed
     # without building it first, and the plan is built only if it can win.
     if anchor_plan is None or _per_doc_may_win(lengths, C, cm, work_bound, anchor_plan.block_time_s * (1 + 1e-6)):
-        even = finish_flat(lengths, C, "atp", *per_doc_flat(lengths, C), None, cm, "auto")
+        even = finish_flat(lengths, C, "atp", *per_doc_flat(lengths, C), None, cm, exchange)
         if even.rank_num_tokens().max() <= cap and (anchor_plan is None
                                                       or even.block_time_s < anchor_plan.block_time_s):
             anchor_plan = even
@@ -236,7 +263,7 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
             tried.append(anchors)
             # a candidate whose slowest rank computes more than the incumbent's block time loses: not finished
             sub = _plan_subgroups(lengths, C, cm, share, max_tokens_per_rank, min_chunk, "atp", True,
-                                  np.inf if anchor_plan is None else anchor_plan.block_time_s, doc_costs)
+                                  np.inf if anchor_plan is None else anchor_plan.block_time_s, doc_costs, exchange)
             if sub is not None and (anchor_plan is None or sub.block_time_s <= anchor_plan.block_time_s
                                     and _robustly_no_worse(sub, anchor_plan, cm, alt_blocks)):
                 anchor_plan, alt_blocks = sub, {}
@@ -246,8 +273,32 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
         # respect (plan_shards reports the overflow otherwise). It gathers only the
         # documents it cuts.
         plan = plan_contiguous(lengths, C, cm)
-        return finish_plan(lengths, C, "atp", list(plan.segments), None, cm, "auto")
+        return finish_plan(lengths, C, "atp", list(plan.segments), None, cm, exchange)
     return anchor_plan
+
+
+def _price_error_imbalance(plan: ShardPlan, cm: CostModel) -> float:
+    """The plan's worst max / mean per-rank compute with attention priced at each factor of
+    :data:`PRICE_ERROR_BAND` (:attr:`ShardPlan.imbalance` under those models)."""
+    C = plan.cp_size
+    allseg = np.concatenate(plan.segments)
+    rank_of = np.repeat(np.arange(C), [len(x) for x in plan.segments])
+    worst = 1.0
+    for k in PRICE_ERROR_BAND:
+        compute = np.bincount(rank_of, weights=_scaled(cm, k).segment_cost(allseg[:, 1], allseg[:, 2]), minlength=C)
+        mean = float(np.mean(compute))
+        worst = max(worst, float(np.max(compute)) / mean if mean > 0 else 1.0)
+    return worst
+
+
+def _least_price_error(plan: ShardPlan, others: list, cm: CostModel) -> ShardPlan:
+    """``plan``, or the first of ``others`` within :data:`TWO_WAY_TOLERANCE` of its estimated block
+    time that is more level than all before it at the prices of :data:`PRICE_ERROR_BAND`."""
+    limit, worst = plan.block_time_s * (1 + TWO_WAY_TOLERANCE), _price_error_imbalance(plan, cm)
+    for other in others:
+        if other.block_time_s <= limit and (got := _price_error_imbalance(other, cm)) < worst:
+            plan, worst = other, got
+    return plan
 
 
 def _head_tail_flat(docs: np.ndarray, bounds: np.ndarray, C: int) -> tuple[np.ndarray, np.ndarray]:

@@ -83,10 +83,10 @@ def plan_subgroups(lengths, C: int, cm: CostModel, *, anchor_share: float = 1.0,
 
 
 def _plan_subgroups(lengths, C, cm, anchor_share, max_tokens_per_rank, min_chunk, strategy, two_way,
-                    bound: float = np.inf, doc_costs: dict | None = None) -> ShardPlan | None:
-    """:func:`plan_subgroups`, or None too where the plan's slowest rank computes more than
-    ``bound`` (its block time, at least that, would be higher: it is not finished). ``doc_costs``:
-    a cache of the pack's document costs and bounds for calls on the same pack (see :func:`_layouts`)."""
+                    bound: float = np.inf, doc_costs: dict | None = None, exchange="auto") -> ShardPlan | None:
+    """:func:`plan_subgroups`, or None too where the plan's slowest rank computes more than ``bound`` (its
+    block time, at least that, would be higher: not finished). ``doc_costs``: a cache of the pack's document
+    costs and bounds for calls on one pack (see :func:`_layouts`); ``exchange``: :func:`finish_flat`'s."""
     layouts = _layouts(lengths, C, cm, anchor_share, max_tokens_per_rank, min_chunk, two_way, doc_costs)
     if layouts is None:
         return None
@@ -95,7 +95,7 @@ def _plan_subgroups(lengths, C, cm, anchor_share, max_tokens_per_rank, min_chunk
     for mode, seg, rank, slowest in found:
         if best is None or (mode == "two_way" and slowest <= best[0] * (1 + TWO_WAY_TOLERANCE)):
             best = (slowest, seg, rank)
-    return None if best is None else finish_flat(L, C, strategy, best[1], best[2], None, cm, "auto", bound=bound)
+    return None if best is None else finish_flat(L, C, strategy, best[1], best[2], None, cm, exchange, bound=bound)
 
 
 def _cached(cache: dict | None, key, compute):
