@@ -55,9 +55,23 @@ def test_heterogeneous_config_dims_are_read_layer_by_layer():
     assert model_kv_bytes_per_token(model) == want
 
 
+def test_list_valued_config_fields_are_read_as_their_layers_mean():
+    # was: "TypeError: int() argument must be ... not 'list'" from ModelDims.from_hf_config on Gemma 3n's text config
+    # (intermediate_size has one entry per layer), so ATACTrainer failed on Gemma3nForCausalLM (MODELS.md: exact)
+    from atac_hf import ModelDims
+
+    dims = ModelDims.from_hf_config({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 3,
+                                     "intermediate_size": [100, 200, 300], "num_key_value_heads": [2, 2, 4]})
+    assert dims.intermediate_size == 200 and dims.num_kv_heads == 2  # the mean; the most common head count
+    cfg = _tiny("gemma3n_text", "Gemma3nForCausalLM").config
+    assert isinstance(cfg.intermediate_size, list)
+    assert ModelDims.from_hf_config(cfg).intermediate_size == round(sum(cfg.intermediate_size) / len(cfg.intermediate_size))
+
+
 @pytest.mark.parametrize("family,cls_name", [("gemma4_text", "Gemma4ForCausalLM"),
-                                             ("gemma4", "Gemma4ForConditionalGeneration")])
-def test_gemma4_trains_with_atac_trainer(tmp_path, family, cls_name):
+                                             ("gemma4", "Gemma4ForConditionalGeneration"),
+                                             ("gemma3n_text", "Gemma3nForCausalLM")])
+def test_gemma4_and_gemma3n_train_with_atac_trainer(tmp_path, family, cls_name):
     # was: Gemma4ForConditionalGeneration refused ("does not accept loss kwargs"), after the model had been switched
     # to atac_cp: transformers 5.25 declares accepts_loss_kwargs=False on it (a stale opt-out from #37208) although
     # its forward hands num_items_in_batch to self.loss_function; both classes then failed on their per-layer head_dim

@@ -109,23 +109,23 @@ class ModelDims:
     def from_hf_config(cls, config: Any) -> "ModelDims":
         """Read dimensions from a transformers ``PretrainedConfig`` (or a dict of its fields).
 
-        A heterogeneous config (``per_layer_config``: Gemma 4's global layers have a wider
-        ``head_dim``) gives each per-layer field as its mean over the layers (``head_dim``,
-        ``intermediate_size``: the cost model prices an average layer) or, for head counts and
-        the window, its most common value."""
-        get = config.get if isinstance(config, Mapping) else lambda k, d=None: getattr(config, k, d)
+        A field that differs by layer (a list, as Gemma 3n's ``intermediate_size``, or a
+        heterogeneous config's ``per_layer_config``, as Gemma 4's wider global ``head_dim``) is
+        read as its mean over the layers for ``head_dim`` and ``intermediate_size`` (the cost
+        model prices an average layer) and as its most common value otherwise."""
+        whole = config.get if isinstance(config, Mapping) else lambda k, d=None: getattr(config, k, d)
         per_layer = (not isinstance(config, Mapping) and getattr(config, "is_heterogeneous", False)
                      and set(config.per_layer_attributes or ()))
-        if per_layer:
-            layers, whole = list(config.per_layer_config), get
+        layers = list(config.per_layer_config) if per_layer else []
 
-            def get(k: str, d: Any = None) -> Any:
-                if k not in per_layer:
-                    return whole(k, d)
-                values = [getattr(c, k, d) for c in layers]
-                if k in ("head_dim", "intermediate_size") and all(isinstance(v, (int, np.integer)) for v in values):
-                    return max(1, round(sum(values) / len(values)))
-                return max(values, key=values.count)
+        def get(k: str, d: Any = None) -> Any:
+            values = [getattr(c, k, d) for c in layers] if per_layer and k in per_layer else whole(k, d)
+            if not isinstance(values, (list, tuple)) or not values:
+                return values
+            if k in ("head_dim", "intermediate_size") and all(isinstance(v, (int, np.integer)) for v in values):
+                return max(1, round(sum(values) / len(values)))
+            return max(values, key=values.count)
+
         hidden = get("hidden_size")
         heads = get("num_attention_heads")
         if hidden is None or heads is None:
