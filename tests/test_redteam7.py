@@ -125,3 +125,27 @@ def test_gemma4_cp2_equals_cp1_step_by_step(tmp_path):
     assert len(one) == len(two) == 4
     for (loss1, norm1), (loss2, norm2) in zip(one, two):
         assert abs(loss1 - loss2) <= 1e-5 * abs(loss1) and abs(norm1 - norm2) <= 1e-5 * abs(norm1)
+
+
+# ---------------------------------------------------------------------------- labels
+@pytest.mark.parametrize("bad", [-1, -101])
+def test_negative_labels_other_than_minus_100_are_refused_before_the_loss(tmp_path, bad):
+    # was: labels -1 (another library's ignore index) were packed and collated, then failed at the loss with a bare
+    # "IndexError: Target -1 is out of bounds" (on CUDA a device-side assert); count_targets counted them as targets
+    from atac_hf import ATACTrainer, pack_dataset
+
+    ds = datasets.Dataset.from_dict({"input_ids": [[1, 2], [3, 4, 5]], "labels": [[-100, 2], [3, 4, bad]]})
+    with pytest.raises(ValueError, match=rf"sample 1: labels\[2\] is {bad}; labels must hold ints \(-100 where no loss\), "
+                                         r"never null, no other negative"):
+        pack_dataset(ds, max_tokens=8, progress=False)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    trainer = ATACTrainer(model=transformers.LlamaForCausalLM(cfg), args=_args(tmp_path), train_dataset=ds,
+                          atac_config=ATACConfig(cp_size=1, max_tokens=8))
+    with pytest.raises(ValueError, match=rf"labels holds {bad}: labels must be token ids >= 0, or -100 where a token "
+                                         r"gets no loss .* replace the other negative labels with -100"):
+        trainer.train()
+    # -100 anywhere stays legal
+    assert pack_dataset(datasets.Dataset.from_dict({"input_ids": [[1, 2]], "labels": [[-100, -100]]}), max_tokens=8,
+                        progress=False)["labels"] == [[-100, -100]]

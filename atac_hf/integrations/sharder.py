@@ -382,14 +382,21 @@ class BatchSharder:
             record: add this pack's :class:`ShardStats` to :attr:`history` (training batches).
 
         Raises:
-            ValueError: a batch without ``input_ids`` (lists its keys) or whose documents cannot be
-                found; see :func:`~atac_hf.attention.shard_batch`.
+            ValueError: a batch without ``input_ids`` (lists its keys), negative labels other than
+                -100, or documents that cannot be found; see :func:`~atac_hf.attention.shard_batch`.
         """
         from ..attention import shard_batch
 
         if "input_ids" not in batch:
             raise ValueError(f"a packed batch needs 'input_ids' (and 'position_ids' or 'seq_lengths'); "
                              f"keys found: {sorted(batch)}")
+        for key in ("labels", "shift_labels"):  # the loss ignores -100 only: -1 fails there (CUDA: device assert)
+            labels = batch.get(key)
+            bad = labels[(labels < 0) & (labels != IGNORE_INDEX)] if isinstance(labels, torch.Tensor) else ()
+            if len(bad):
+                raise ValueError(f"{key} holds {int(bad[0])}: labels must be token ids >= 0, or {IGNORE_INDEX} where "
+                                 f"a token gets no loss (the only index the loss ignores); replace the other negative "
+                                 f"labels with {IGNORE_INDEX} in the dataset")
         batch = pad_tiny_pack(batch, self.cp_size)
         plan, stats = self.plan(batch)
         if num_items_in_batch is not None:

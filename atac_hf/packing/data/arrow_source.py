@@ -90,9 +90,9 @@ def _token_columns(table: Any, rows: np.ndarray | None, lengths: np.ndarray) -> 
 
 def _check_token_values(table: Any, rows: np.ndarray | None, name: str, *, negative_ok: bool) -> None:
     """Refuse a list column ``name`` whose entries are not int token ids: another value type (bool,
-    float, string, nested lists; TypeError), or a null entry or (``negative_ok=False``) a negative
-    one inside a sample (ValueError naming the sample). A null sample is fine (empty for
-    ``input_ids``; for ``labels``, the sample's ``input_ids``)."""
+    float, string, nested lists; TypeError), or a null entry or a negative one (``negative_ok``: one
+    other than -100, the loss's only ignore index) inside a sample (ValueError naming the sample). A
+    null sample is fine (empty for ``input_ids``; for ``labels``, the sample's ``input_ids``)."""
     import pyarrow as pa
 
     from ..validate import MAX_TOKEN_ID, InputTypeError
@@ -109,8 +109,7 @@ def _check_token_values(table: Any, rows: np.ndarray | None, name: str, *, negat
     def bad(v: np.ndarray) -> np.ndarray:  # ints with nulls come out as floats with NaN
         v = np.asarray(v)
         out = np.isnan(v) if v.dtype.kind == "f" else np.zeros(v.shape, dtype=bool)
-        if not negative_ok:
-            out |= v < 0
+        out |= (v < 0) & (v != -100) if negative_ok else v < 0  # the loss ignores -100 only
         if v.dtype.kind == "u":
             out |= v > MAX_TOKEN_ID
         return out
@@ -120,9 +119,10 @@ def _check_token_values(table: Any, rows: np.ndarray | None, name: str, *, negat
         row, _, seg, hits = found
         j = int(np.flatnonzero(bad(seg))[0])
         value = "null" if np.asarray(seg).dtype.kind == "f" and np.isnan(seg[j]) else int(seg[j])
-        legal = "ints (-100 where no loss), never null" if negative_ok else f"ints in [0, {MAX_TOKEN_ID}], never null"
+        legal = "ints (-100 where no loss), never null, no other negative" if negative_ok else f"ints in [0, {MAX_TOKEN_ID}], never null"
         raise ValueError(f"pack_dataset: sample {row}: {name}[{j}] is {value}; {name} must hold {legal} "
-                         f"({hits} such samples in its Arrow chunk). Fix or filter these samples")
+                         f"({hits} such samples in its Arrow chunk). Fix or filter these samples"
+                         + (" (the loss ignores -100 only)" if negative_ok else ""))
 
 
 def _list_chunks(table: Any, rows: np.ndarray | None, column: str, *, take: bool = True):
