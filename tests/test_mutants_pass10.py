@@ -28,10 +28,10 @@ PAIRS = CostModel(linear_s_per_token=0.0, attn_s_per_pair=1.0, tile=1)
 L2P1 = CostModel(linear_s_per_token=2.0, attn_s_per_pair=1.0, tile=1)
 
 
-def _ctx(cm: CostModel, window: int, final: bool = False, **kw) -> WindowContext:
+def _ctx(cm: CostModel, window: int, final: bool = False, pack_multiple: int = 1, **kw) -> WindowContext:
     cfg = PackingConfig(**kw)
     return WindowContext(config=cfg, cost_model=cm, window=window, final=final,
-                         ref_cost_per_token=ref_cost_per_token(cfg, cm))
+                         ref_cost_per_token=ref_cost_per_token(cfg, cm), pack_multiple=pack_multiple)
 
 
 def _items(lengths, arrivals):
@@ -239,18 +239,23 @@ def _flush(items, cm, window, **kw):
 def test_end_plan_searches_the_emitted_window():
     """``plan_end`` step 3: the plan's first window is emitted "after local search within it".
     LINEAR, cap 3, 2 packs, ``max_defer`` 1, window 1, final: 1-token samples 0, 1 from window 0
-    (overdue: they must go now) and 2-token samples 2, 3, 4 from window 1: 8 tokens, 2 windows.
+    (overdue: they must go now) and 2-token samples 2, 3, 4 from window 1: 8 tokens, 2 windows
+    (the 3 packs they need, a multiple of 2 replicas: 4).
     Deal: 0 and 1 open packs 0 and 1 (due now: never moved across windows), 2 and 3 packs 2 and
     3, 4 joins pack 0 (3 s); packs 0, 1 (3 s, 1 s) are window 0, packs 2, 3 (2 s, 2 s) window 1:
     3 + 2 = 5 s (the windows plan is the same 5 s, the deal kept). Within window 0, moving sample 0
     to pack 1 gives 2 s and 2 s: steps 2 + 2 = 4 s. Kills no local search in the emitted window
-    (3 + 2 = 5 s). The ninth pass saw it slower on 16 of 17 differing streams."""
-    kw = {"max_tokens": 3, "packs_per_window": 2, "max_defer": 1}
+    (3 + 2 = 5 s). The ninth pass saw it slower on 16 of 17 differing streams. (With one replica,
+    ``pack_multiple`` 1, the end takes the 3 packs: 0 + 3 and 1 + 4 now, 2 in a last window of one
+    pack.)"""
+    kw = {"max_tokens": 3, "packs_per_window": 2, "max_defer": 1, "pack_multiple": 2}
     items = _items([1, 1, 2, 2, 2], [0, 0, 1, 1, 1])
     packs, carry, split = plan_wfap(items, _ctx(LINEAR, 1, final=True, **kw))
     assert _ids(packs) == [[4], [1, 0]] and _ids([carry]) == [[2, 3]] and split == []
     wins = _flush(items, LINEAR, 1, **kw)
     assert sum(max(_cost(LINEAR, p) for p in w) for w in wins) == 4.0
+    kw["pack_multiple"] = 1
+    assert [_ids([p for p in w if p]) for w in _flush(items, LINEAR, 1, **kw)] == [[[0, 3], [1, 4]], [[2]]]
 
 
 def test_end_plan_deals_packs_round_robin_when_that_is_better():

@@ -39,7 +39,8 @@ class PackingConfig:
     Attributes:
         max_tokens: token cap of one pack (memory), > 0.
         packs_per_window: packs produced per window (>= 1), e.g. DP replicas x
-            gradient-accumulation micro-batches of one optimizer step.
+            gradient-accumulation micro-batches of one optimizer step. ``wfap`` gives the
+            last window of a stream only the packs its samples need (planners/wfap_end.py).
         strategy: ``"wfap"`` (cost-balanced, deferral of heavy samples), ``"sequential"``
             (next-fit in data order), ``"bfd"`` (best-fit decreasing on tokens, TRL's
             default) or ``"wlb"`` (WLB-LLM variable-length packing with outlier delay).

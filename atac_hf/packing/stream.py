@@ -19,7 +19,7 @@ from .planners.window import ARRIVAL, END, FRAG, SEQ, SID, START, Item, Planner,
 from .planners.window import overlength_pieces, place_overdue, ref_cost_per_token
 from .planners.baselines import plan_bfd, plan_sequential, plan_wlb, wlb_held
 from .config import PackingConfig
-from .validate import check_lengths, check_overlength, check_packer_pool, check_window, state_int
+from .validate import _is_int, check_lengths, check_overlength, check_packer_pool, check_window, state_int
 from .metrics import MetricsAccumulator, pack_costs
 from .planners.wfap import HELD_LIMIT, heavy_lengths, plan_wfap, wfap_held
 from .planners.wfap_end import rest_fits_window
@@ -49,27 +49,30 @@ class StreamPacker:
     ``packs_per_window`` packs. A pack is a list of spans ``(sample_id, start, end)``: a
     whole sample is ``(i, 0, len_i)``; a split sample appears as several fragments, each
     its own document in its row. :meth:`flush` ends the stream: everything left is packed,
-    nothing is lost.
+    nothing is lost. At the end (``last=True``, flush) ``wfap`` gives the last window only
+    the packs its samples need (planners/wfap_end.py), a multiple of ``pack_multiple``.
 
     Args:
         config: the packing configuration.
         cost_model: costs documents (default: :func:`~atac_hf.cost.default_cost_model`).
+        pack_multiple: DP replicas the packs are dealt to (an int >= 1; the feeders pass theirs).
 
     Attributes:
-        config, cost_model: as given.
+        config, cost_model, pack_multiple: as given.
     """
 
-    def __init__(self, config: PackingConfig, cost_model: CostModel | None = None) -> None:
+    def __init__(self, config: PackingConfig, cost_model: CostModel | None = None, *, pack_multiple: int = 1) -> None:
         if not isinstance(config, PackingConfig):
             raise TypeError(f"config must be a PackingConfig, got {type(config).__name__}")
         if cost_model is not None and not isinstance(cost_model, CostModel):
             raise TypeError(f"cost_model must be a CostModel or None, got {type(cost_model).__name__}")
-        self.config = config
+        if not _is_int(pack_multiple) or pack_multiple < 1:
+            raise ValueError(f"pack_multiple={pack_multiple!r:.40} must be an int >= 1 (the DP replicas; set pack_multiple)")
+        self.config, self.pack_multiple = config, int(pack_multiple)
         self.cost_model = cost_model if cost_model is not None else default_cost_model()
         self._ref = ref_cost_per_token(config, self.cost_model)
         self._planner = PLANNERS[config.strategy]
-        self._window = 0
-        self._seq = 0
+        self._window = self._seq = 0
         self._pool: list[Item] = []
         # split samples with more fragments than packs_per_window: the rest wait here, in
         # start order, and join the pool as earlier ones leave it (a window places at most
@@ -156,8 +159,7 @@ class StreamPacker:
 
         Returns:
             a count in ``[0, len(lengths)]``; ``len(lengths)`` when even all of them do not
-            fill the window (take them and look further). 0 when the carried samples
-            already fill it.
+            fill the window (take them and look further). 0 when the carried samples already fill it.
         """
         lens = lengths if _is_checked(lengths) else check_lengths(lengths, "lengths")
         held_tokens, held_items = self._held()
@@ -197,8 +199,8 @@ class StreamPacker:
                 after it for whatever did not fit.
 
         Returns:
-            up to ``packs_per_window`` packs (exactly that many unless too few samples are
-            available), each a list of ``(sample_id, start, end)``.
+            up to ``packs_per_window`` packs (that many unless too few samples are available
+            or, ``last``, the samples need fewer), each a list of ``(sample_id, start, end)``.
 
         Raises:
             ValueError / TypeError: bad ids or lengths (nothing is changed then), a
@@ -236,18 +238,16 @@ class StreamPacker:
         return out
 
     def _context(self, final: bool) -> WindowContext:
-        return WindowContext(self.config, self.cost_model, self._window, final, self._ref)
+        return WindowContext(self.config, self.cost_model, self._window, final, self._ref, self.pack_multiple)
 
     def _ingest(self, ids: list[int], lens: list[int]) -> None:
         cfg, C, w = self.config, int(self.config.max_tokens), self._window
-        m = self._metrics
-        split_here: list[int] = []
+        m, split_here = self._metrics, []
         for sid, L in zip(ids, lens):
             if L == 0:
                 m.zero_length_skipped += 1
                 continue
-            seq = self._seq
-            self._seq += 1
+            seq, self._seq = self._seq, self._seq + 1
             if L <= C:
                 self._pool.append((sid, 0, L, w, seq, 0))
             elif cfg.overlength == "truncate":

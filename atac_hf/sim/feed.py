@@ -57,7 +57,7 @@ def run_packer(strategy: str, stream: np.ndarray, cluster: ClusterConfig, cm: Co
 
     config = PackingConfig(max_tokens=cluster.max_tokens, packs_per_window=cluster.packs_per_step,
                            strategy=strategy, **options)
-    packer = StreamPacker(config, cm)
+    packer = StreamPacker(config, cm, pack_multiple=cluster.dp_size)  # as the real feeder: a multiple of DP
     # the packers warn once that they split samples over the cap; splitting them is the
     # simulated policy here, and the metrics count it (fragmentation)
     with warnings.catch_warnings():

@@ -38,7 +38,6 @@ SFTTrainer does).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import warnings
@@ -102,10 +101,10 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
             by split, same settings).
         max_tokens: token cap of one pack.
         packs_per_window: packs planned together (one window); the packer balances cost
-            within a window. A dataset of few tokens (``2 x ceil(tokens / max_tokens)``
-            under ``packs_per_window`` and its sample count) is planned (``wfap``) as a window
-            of ``ceil(tokens / max_tokens)`` packs: a full window would spread its samples
-            over ``packs_per_window`` packs, about one each.
+            within a window. The last window (``wfap``; the only one of a dataset of few
+            tokens) gets the packs its samples need, about ``ceil(tokens / max_tokens)``
+            rounded up to a multiple of ``num_replicas``, not ``packs_per_window`` packs of
+            about one sample each (planners/wfap_end.py).
         strategy: ``wfap`` | ``sequential`` | ``bfd`` | ``wlb``.
         overlength: policy for samples longer than ``max_tokens``: ``split`` (full-cap
             fragments, then the rest) | ``truncate`` | ``error``.
@@ -146,8 +145,8 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
         ``padding``, ``num_split`` (samples cut), ``num_fragments`` and
         ``fragment_lengths`` (min / p10 / median / p90 / max of the fragments' lengths),
         ``imbalance_mean`` / ``imbalance_worst`` (max / mean pack cost over each window of
-        ``packs_per_window`` consecutive packs; for a dataset of few tokens, as above, of
-        ``ceil(tokens / max_tokens)`` packs). They are logged at INFO level too.
+        ``packs_per_window`` consecutive packs, the last run possibly shorter). They are
+        logged at INFO level too.
 
     Raises:
         TypeError: ``dataset`` is not a ``datasets.Dataset``/``DatasetDict``, or
@@ -211,7 +210,6 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
     _check_token_values(table, rows, "input_ids", negative_ok=False)
     lengths = _list_lengths(ids_col, rows)
     num_empty = int((lengths == 0).sum())
-    num_nonempty = lengths.size - num_empty
     if num_empty == lengths.size:
         raise ValueError(f"every one of the {lengths.size} samples of the dataset is empty (0 input_ids)")
     if num_empty:
@@ -223,7 +221,6 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
 
     from datasets.fingerprint import Hasher
 
-    small = _one_window_config(lengths, config, num_replicas)
     fingerprint = Hasher.hash([dataset._fingerprint, config.to_dict(), token_cols, window_size, num_replicas,
                                shuffle, seed, None if cost_model is None else repr(cost_model), split_fill,
                                code_digest()])
@@ -240,13 +237,7 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
         with tqdm(total=lengths.size, desc=f"{desc}: planning", disable=not progress, unit="samples") as bar:
             plan = dict(order=order, cost_model=cost_model, window_size=window_size, num_replicas=num_replicas,
                         split_fill=split_fill)
-            spans, offsets = plan_packs(lengths, small or config, progress=bar, **plan)
-        # the full window would spread the samples over min(P, samples) packs (less at most num_replicas - 1 to
-        # even them); planned too only where the small window's plan (up to 2 windows of its packs) made more
-        if small is not None and len(offsets) - 1 > _full_window_packs(config, num_nonempty, num_replicas):
-            full = plan_packs(lengths, config, **plan)
-            if len(full[1]) < len(offsets):
-                spans, offsets = full
+            spans, offsets = plan_packs(lengths, config, progress=bar, **plan)
         features = _features(datasets, dataset, token_cols)
         schema = features.arrow_schema
 
@@ -271,36 +262,12 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
             result = datasets.Dataset(InMemoryTable(pa.Table.from_batches(list(batches()), schema=schema)),
                                       info=datasets.DatasetInfo(features=features), fingerprint=fingerprint)
     result = _with_source_format(result, dataset)
-    metrics = _metrics(lengths, spans, offsets, small or config, cost_model or default_cost_model())
+    metrics = _metrics(lengths, spans, offsets, config, cost_model or default_cost_model())
     logger.info("pack_dataset: %d samples -> %d packs (%.4fx the lower bound ceil(tokens / max_tokens)), "
                 "%d samples split into %d fragments (lengths %s), %d empty samples skipped",
                 metrics["num_samples"], metrics["num_packs"], metrics["packs_vs_lower_bound"],
                 metrics["num_split"], metrics["num_fragments"], metrics["fragment_lengths"], num_empty)
     return (result, metrics) if return_metrics else result
-
-
-def _full_window_packs(config: PackingConfig, num_nonempty: int, num_replicas: int) -> int:
-    """The fewest packs one full ``wfap`` window makes of ``num_nonempty`` samples: one each up to
-    ``packs_per_window``, less what evening the count for ``num_replicas`` may merge."""
-    return min(int(config.packs_per_window), int(num_nonempty)) - (int(num_replicas) - 1)
-
-
-def _one_window_config(lengths: np.ndarray, config: PackingConfig, num_replicas: int) -> PackingConfig | None:
-    """``config`` with ``packs_per_window`` lowered to ``ceil(tokens / max_tokens)`` when the whole
-    dataset holds so few tokens that twice that many packs are fewer than one full window makes
-    (``wfap`` only), else None. WFAP makes every window exactly ``packs_per_window`` packs (one
-    optimizer step's micro-batches in the samplers), so a small dataset would be spread over that
-    many packs, nearly one sample each (60 samples of 1,472 tokens at a 256-token cap: 60 packs,
-    where 6 hold them); red-team 6. Twice: WFAP's end plan takes a second window of packs when
-    the samples do not fit the first (their costs keep packs under the cap)."""
-    if config.strategy != "wfap":
-        return None
-    cap = int(config.max_tokens)
-    kept = np.minimum(lengths, cap) if config.overlength == "truncate" else lengths
-    need = max(1, -(-int(kept.sum()) // cap))
-    if 2 * need > _full_window_packs(config, int((lengths > 0).sum()), num_replicas):
-        return None
-    return dataclasses.replace(config, packs_per_window=need)
 
 
 # ---------------------------------------------------------------------------- building rows

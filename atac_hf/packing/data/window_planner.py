@@ -21,7 +21,8 @@ tiny last window can be evened out too: every pass of ``T >= num_replicas`` toke
 dealt exactly once (with ``max_tokens=1``: when ``T`` is a multiple of ``num_replicas``),
 and any other pass raises ``ValueError``. Set ``packs_per_window`` to a multiple of
 ``num_replicas`` (e.g. DP replicas x gradient-accumulation steps: one window per optimizer
-step).
+step). A pass's last window (``wfap``) gets the packs its samples need, a multiple of
+``num_replicas`` (the packer's ``pack_multiple``), so it needs no re-cut either.
 
 **Determinism.** Everything is a pure function of (lengths, config, order): every rank
 computes the same packs without talking.
@@ -124,7 +125,7 @@ class WindowPlanner:
                  num_replicas: int, even_batches: bool) -> None:
         self.config = config
         self.cost_model = cost_model if cost_model is not None else default_cost_model()
-        self.packer = StreamPacker(config, cost_model)
+        self.packer = StreamPacker(config, cost_model, pack_multiple=int(num_replicas))  # the end's short window
         self.window_size = window_size
         self.num_replicas = int(num_replicas)
         self.even_batches = bool(even_batches)

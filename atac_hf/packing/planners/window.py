@@ -41,6 +41,9 @@ class WindowContext:
         final: end of stream: nothing may be held back.
         ref_cost_per_token: cost per token of a full pack of short documents
             (``reference_doc_tokens`` long): the cheapest way to fill a pack.
+        pack_multiple: the short last window of the end of a stream (``wfap``) gets a
+            multiple of this many packs (the feeders' DP replicas, so every replica gets
+            as many; see :mod:`~atac_hf.packing.planners.wfap_end`).
     """
 
     config: PackingConfig
@@ -48,6 +51,7 @@ class WindowContext:
     window: int
     final: bool
     ref_cost_per_token: float
+    pack_multiple: int = 1
 
     @property
     def max_tokens(self) -> int:
