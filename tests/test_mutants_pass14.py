@@ -81,6 +81,23 @@ def test_without_two_way_only_the_cost_level_re_split_is_laid():
     assert plan.block_time_s == 11.0625
 
 
+def test_a_two_way_re_split_over_the_cap_leaves_the_cost_level_one_to_try():
+    """``[2, 6, 2]`` on 4 ranks under FAST, at most 3 tokens a rank (costs 5, 27, 5 s). Document 1 is
+    the anchor, 2 + 2 + 2 tokens on ranks 0, 1 and 3 (one chain of all 4 ranks); under the cap the
+    tails do not fit (rank 2 takes document 0, then every rank holds 2 tokens), so the uncapped
+    placement is tried: document 0 to rank 2, document 2 to rank 0. Its two-way re-split levels
+    tokens at 2.5 a rank: rooms 0.5, 2.5, 0.5, 2.5, 1 + 3 + 2 tokens, rank 0's 1 merged into rank 1:
+    4 tokens, over the cap, refused. The cost-level re-split fits: rank 1 rows 0-1 and 5 of document
+    1 (3 + 1 + 2 + 6 = 12 s), rank 3 rows 2-4 (3 + 3 + 4 + 5 = 15 s), the whole documents 5 s each;
+    the all-to-all sends rank 1 keys 2-4 (2 x 3 / 64 = 0.09375 s), exposed on rank 3: 15.09375 s.
+    Kills ``_resplit``'s ``continue`` past a refused layout turned into ``break`` (mutant 116: the
+    cost-level re-split is never laid, no plan)."""
+    plan = plan_subgroups(np.array([2, 6, 2]), 4, FAST, max_tokens_per_rank=3)
+    assert _seg(plan) == [[[2, 0, 2]], [[1, 0, 2], [1, 5, 6]], [[0, 0, 2]], [[1, 2, 5]]]
+    assert plan.rank_compute_s.tolist() == [5.0, 12.0, 5.0, 15.0]
+    assert plan.block_time_s == 15.09375
+
+
 # ---------------------------------------------------------------------------- _pieces
 
 
@@ -193,3 +210,15 @@ def test_place_tails_keeps_every_rank_within_the_cap():
     assigned (``toks[r] = n``, 182: rank 0 reads 3) or subtracted (``toks[r] -= n``, 183: rank 0
     reads -2): each puts tail 2 on rank 0, 5 tokens over the cap."""
     assert _tails([1, 2], [[1.0, 0.25, 0.125]], [4, 3, 1], [(0, [(0, 1), (1, 3)])], cap=4) == [0, 1]
+
+
+def test_place_tails_ties_between_bins_go_to_the_lower_bin():
+    """Ranks 0 and 1 form a chain holding document 0 (1.0 rank share, 2 + 2 tokens); rank 2 is a bin
+    alone. The tail (1.0) would load the chain (1.0 + 1.0) / 2 = 1.0 a rank and rank 2 1.0: a tie,
+    "ties to the lower bin": the chain, and in it rank 0 (0.5 against 0.5, the lower rank). Kills the
+    one-model loop's bin test as ``v <= best`` (``_place_tails`` mutant 135: the last of equal bins,
+    rank 2; in a plan, ``[1, 5, 3]`` at cp 3 under NODES2 with ``two_way=False`` puts document 0 on
+    rank 2 instead of rank 1, the same 11.5 s)."""
+    planned = [(0, [(0, 2), (1, 2)])]
+    got = _place_tails(np.array([1]), np.array([[1.0, 1.0]]), np.array([4, 1]), planned, [(0, 1, planned)], 3, np.inf)
+    assert got.tolist() == [0]
