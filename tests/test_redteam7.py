@@ -97,18 +97,21 @@ class _MeanLossLlama(transformers.LlamaForCausalLM):
 
 def test_a_loss_that_ignores_num_items_is_refused_before_any_change(tmp_path):
     from atac_hf import ATACTrainer
-    from atac_hf.integrations._hf_compat import loss_honours_num_items
+    from atac_hf.integrations._hf_compat import loss_num_items_refusal
 
     cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                    num_attention_heads=4, num_key_value_heads=2)
     torch.manual_seed(0)
     model = _MeanLossLlama(cfg)
     model.train()
-    assert not loss_honours_num_items(model) and model.training  # the mode is restored
-    assert loss_honours_num_items(transformers.LlamaForCausalLM(cfg))
+    assert "its loss ignores num_items_in_batch" in loss_num_items_refusal(model) and model.training  # mode restored
+    assert loss_num_items_refusal(transformers.LlamaForCausalLM(cfg)) is None
+    broken = _MeanLossLlama(cfg)
+    broken.lm_head = None  # a model the check cannot run: said so, not "ignores"
+    assert loss_num_items_refusal(broken).startswith("the check of its loss on a 4-token row failed (TypeError")
     ds = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3]] * 4})
     with pytest.raises(ValueError, match=r"_MeanLossLlama declares accepts_loss_kwargs=False and its loss ignores "
-                                         r"num_items_in_batch"):
+                                         r"num_items_in_batch .*ATP-CP needs the loss as the target sum"):
         ATACTrainer(model=model, args=_args(tmp_path), train_dataset=ds, atac_config=ATACConfig(cp_size=1, max_tokens=32))
     assert model.config._attn_implementation != "atac_cp"  # a refused operation changes nothing
 

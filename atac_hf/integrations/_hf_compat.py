@@ -46,7 +46,7 @@ Each says why and when it can go. Checked against accelerate 1.15 and transforme
    process group is destroyed it sets the state's ``device_mesh`` and ``parallelism_config`` and
    the add-on's group attributes to None. Can go when Accelerate drops the mesh in
    ``destroy_process_group`` and gloo's shutdown joins its threads.
-7. :func:`loss_honours_num_items` - several composite models of transformers 5.25 (Gemma 4,
+7. :func:`loss_num_items_refusal` - several composite models of transformers 5.25 (Gemma 4,
    Qwen2.5-VL, Qwen3-VL, GLM-4V, ...) declare ``accepts_loss_kwargs = False`` (once they filtered
    labels themselves, transformers #37208), so Trainer would not pass ``num_items_in_batch``,
    although their forward now hands ``**kwargs`` to ``self.loss_function``, which honours it.
@@ -63,7 +63,7 @@ import types
 import weakref
 from typing import Any
 
-__all__ = ["bypass_torch_cp_hooks", "loss_honours_num_items", "release_groups_after_shutdown", "track_group_holder", "validate_parallelism_on_cpu"]
+__all__ = ["bypass_torch_cp_hooks", "loss_num_items_refusal", "release_groups_after_shutdown", "track_group_holder", "validate_parallelism_on_cpu"]
 
 
 def validate_parallelism_on_cpu(config: Any, accelerator: Any) -> None:
@@ -144,10 +144,10 @@ def track_group_holder(holder: Any) -> None:
         _REGISTERED = True
 
 
-def loss_honours_num_items(model: Any) -> bool:
-    """Whether ``model(input_ids, labels=..., num_items_in_batch=n).loss`` is the target sum over ``n``
-    (workaround 7): the 3 targets of a 4-token row with ``n`` = 1 and 3, against the plain mean.
-    Runs under ``no_grad`` in eval mode (the mode is restored); any failure answers False."""
+def loss_num_items_refusal(model: Any) -> str | None:
+    """None when ``model(input_ids, labels=..., num_items_in_batch=n).loss`` is the target sum over ``n``
+    (workaround 7: the 3 targets of a 4-token row with ``n`` = 1 and 3, against the plain mean), else why
+    not. Runs under ``no_grad`` in eval mode (the mode is restored)."""
     import torch
 
     training = model.training
@@ -158,8 +158,11 @@ def loss_honours_num_items(model: Any) -> bool:
         with torch.no_grad():
             mean, one, three = (model(input_ids=ids, labels=ids, use_cache=False, **kw).loss.double()
                                 for kw in ({}, {"num_items_in_batch": 1}, {"num_items_in_batch": 3}))
-        return bool(torch.isfinite(mean)) and torch.allclose(one, 3 * mean) and torch.allclose(three, mean)
-    except Exception:  # noqa: BLE001 - a model that cannot run the check keeps Trainer's own answer
-        return False
+    except Exception as e:  # noqa: BLE001 - reported: a model that cannot run the check is not shown to honour it
+        return f"the check of its loss on a 4-token row failed ({type(e).__name__}: {str(e)[:200]})"
     finally:
         model.train(training)
+    if bool(torch.isfinite(mean)) and torch.allclose(one, 3 * mean) and torch.allclose(three, mean):
+        return None
+    return (f"its loss ignores num_items_in_batch (a 4-token row: {float(one):.4g} with 1 item, {float(three):.4g} "
+            f"with 3, mean {float(mean):.4g})")

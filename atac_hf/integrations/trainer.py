@@ -49,7 +49,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, get_
 from transformers.utils import logging as hf_logging
 
 from .accelerate import as_atac_parallelism_config, build_parallelism_config, bypass_torch_cp_hooks, check_tp_layout
-from ._hf_compat import loss_honours_num_items, track_group_holder
+from ._hf_compat import loss_num_items_refusal, track_group_holder
 from .accelerate import cp_coordinates
 from .config import ATACConfig
 from .data import build_packed_dataloader, check_collator, check_dataset_columns
@@ -237,9 +237,9 @@ class ATACTrainer(StreamResumeMixin, Trainer):
         for key, ds in evals.items():
             check_position_limit(model, ds, config, f"eval_dataset[{key!r}]" if key else "eval_dataset")
         stale = getattr(unwrap_base_model(model), "accepts_loss_kwargs", None) is False  # _hf_compat 7
-        if stale and not loss_honours_num_items(model):  # checked before any change
-            raise ValueError(f"{type(unwrap_base_model(model)).__name__} declares accepts_loss_kwargs=False and its loss "
-                             "ignores num_items_in_batch (a per-rank mean); ATP-CP needs the target sum over it")
+        if why := loss_num_items_refusal(model) if stale else None:  # checked before any change
+            raise ValueError(f"{type(unwrap_base_model(model)).__name__} declares accepts_loss_kwargs=False and {why}; "
+                             "ATP-CP needs the loss as the target sum over num_items_in_batch (not a per-rank mean)")
         args.parallelism_config = pc
         warn_placement(pc, fsdp=fsdp)
         prepare_model(model, config)
