@@ -152,3 +152,14 @@ def test_negative_labels_other_than_minus_100_are_refused_before_the_loss(tmp_pa
     # -100 anywhere stays legal
     assert pack_dataset(datasets.Dataset.from_dict({"input_ids": [[1, 2]], "labels": [[-100, -100]]}), max_tokens=8,
                         progress=False)["labels"] == [[-100, -100]]
+
+
+def test_cost_model_from_a_vision_language_config_reads_its_text_config():
+    # was: CostModel.from_model(model.config) of a VLM (Gemma 3, Qwen3-VL, LLaVA) raised "cannot read model
+    # dimensions: the config has no hidden_size/num_attention_heads", its text config inside
+    from atac_hf import CostModel, ModelDims
+
+    for family in ("gemma3", "qwen3_vl", "llava"):
+        cfg = transformers.AutoConfig.for_model(family)
+        assert ModelDims.from_hf_config(cfg) == ModelDims.from_hf_config(cfg.get_text_config())
+        assert CostModel.from_model(cfg).replace(name="-") == CostModel.from_model(cfg.get_text_config()).replace(name="-")

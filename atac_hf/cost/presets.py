@@ -112,7 +112,10 @@ class ModelDims:
         A field that differs by layer (a list, as Gemma 3n's ``intermediate_size``, or a
         heterogeneous config's ``per_layer_config``, as Gemma 4's wider global ``head_dim``) is
         read as its mean over the layers for ``head_dim`` and ``intermediate_size`` (the cost
-        model prices an average layer) and as its most common value otherwise."""
+        model prices an average layer) and as its most common value otherwise. A composite config
+        (a vision-language model's) is read through its text config (``get_text_config()``)."""
+        if not isinstance(config, Mapping) and callable(getattr(config, "get_text_config", None)):
+            config = config.get_text_config() or config
         whole = config.get if isinstance(config, Mapping) else lambda k, d=None: getattr(config, k, d)
         per_layer = (not isinstance(config, Mapping) and getattr(config, "is_heterogeneous", False)
                      and set(config.per_layer_attributes or ()))
