@@ -163,3 +163,6 @@ def test_cost_model_from_a_vision_language_config_reads_its_text_config():
         cfg = transformers.AutoConfig.for_model(family)
         assert ModelDims.from_hf_config(cfg) == ModelDims.from_hf_config(cfg.get_text_config())
         assert CostModel.from_model(cfg).replace(name="-") == CostModel.from_model(cfg.get_text_config()).replace(name="-")
+    # and a config without an int layer count (a detection model's) is that ValueError, not int(None)'s TypeError
+    with pytest.raises(ValueError, match=r"cannot read model dimensions: .*num_hidden_layers ints \(got 64/4/None"):
+        ModelDims.from_hf_config({"hidden_size": 64, "num_attention_heads": 4})

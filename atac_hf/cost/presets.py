@@ -129,18 +129,17 @@ class ModelDims:
                 return max(1, round(sum(values) / len(values)))
             return max(values, key=values.count)
 
-        hidden = get("hidden_size")
-        heads = get("num_attention_heads")
-        if hidden is None or heads is None:
+        hidden, heads, depth = get("hidden_size"), get("num_attention_heads"), get("num_hidden_layers")
+        if not all(isinstance(v, (int, np.integer)) for v in (hidden, heads, depth)):
             raise ValueError(
-                "cannot read model dimensions: the config has no hidden_size/num_attention_heads "
-                "(pass ModelDims(...) explicitly)"
+                "cannot read model dimensions: the config has no hidden_size/num_attention_heads/num_hidden_layers "
+                f"ints (got {hidden!r}/{heads!r}/{depth!r}; pass ModelDims(...) explicitly)"
             )
         head_dim = get("head_dim") or hidden // heads
         window = get("sliding_window") if get("use_sliding_window", True) else None
         return cls(
             hidden_size=int(hidden),
-            num_layers=int(get("num_hidden_layers")),
+            num_layers=int(depth),
             num_heads=int(heads),
             num_kv_heads=int(get("num_key_value_heads") or heads),
             head_dim=int(head_dim),
