@@ -68,9 +68,9 @@ def test_list_valued_config_fields_are_read_as_their_layers_mean():
     assert ModelDims.from_hf_config(cfg).intermediate_size == round(sum(cfg.intermediate_size) / len(cfg.intermediate_size))
 
 
-@pytest.mark.parametrize("family,cls_name", [("gemma4_text", "Gemma4ForCausalLM"),
+@pytest.mark.parametrize("family,cls_name", [pytest.param("gemma4_text", "Gemma4ForCausalLM", marks=pytest.mark.slow),
                                              ("gemma4", "Gemma4ForConditionalGeneration"),
-                                             ("gemma3n_text", "Gemma3nForCausalLM")])
+                                             pytest.param("gemma3n_text", "Gemma3nForCausalLM", marks=pytest.mark.slow)])
 def test_gemma4_and_gemma3n_train_with_atac_trainer(tmp_path, family, cls_name):
     # was: Gemma4ForConditionalGeneration refused ("does not accept loss kwargs"), after the model had been switched
     # to atac_cp: transformers 5.25 declares accepts_loss_kwargs=False on it (a stale opt-out from #37208) although
