@@ -59,6 +59,41 @@ def test_without_two_way_tails_go_to_the_chain_rank_of_least_estimated_cost():
     assert plan.block_time_s == 6.0
 
 
+def test_without_two_way_tails_go_to_the_bin_of_least_estimated_load():
+    """``[3, 7, 2, 2]`` on 3 ranks under NODES2 (nodes: ranks 0-1 and rank 2), ``two_way=False``. Costs
+    9, 35, 5, 5 s (54, 18 a rank): document 1 is the anchor, laid in node 0 (4 + 3 tokens on ranks 0
+    and 1, one chain); rank 2 is a bin alone. Tails go to the bin whose load per rank stays lowest "in
+    the estimate only" without ``two_way`` (module docstring, step 3): document 0 to rank 2 (9 / 18
+    against the chain's 44 / 36), then document 2 (14 / 18 against 40 / 36) and document 3 (19 / 18
+    against 40 / 36) too. Rank 0 holds rows 0-1 and 5-6 (4 + 16 = 20 s), rank 1 rows 2-4 (3 + 12 =
+    15 s), rank 2 the tails (19 s); the all-to-all in node 0 (3 keys at 8 bytes/s, 0.75 s) is exposed
+    on rank 0: 20.75 s. Kills the costs at 0.5x and 2x attention built whatever ``two_way``
+    (``_layouts`` mutant 113): by the worst of three models rank 2 with document 3 reads 13 x 3 / 34
+    = 1.147 at 0.5x, over the chain's worst, 71 x 3 / 188 = 1.133 at 2x, so document 3 goes to rank 1
+    (the same 20.75 s here, but not the placement the estimate asks for)."""
+    plan = plan_subgroups(np.array([3, 7, 2, 2]), 3, NODES2, two_way=False)
+    assert _seg(plan) == [[[1, 0, 2], [1, 5, 7]], [[1, 2, 5]], [[0, 0, 3], [2, 0, 2], [3, 0, 2]]]
+    assert plan.rank_compute_s.tolist() == [20.0, 15.0, 19.0]
+    assert plan.block_time_s == 20.75
+
+
+def test_two_way_tails_are_placed_by_the_2x_attention_price():
+    """``[2, 11, 7, 2]`` on 3 ranks under NODES2 (nodes: ranks 0-1 and rank 2), ``two_way`` on: tails go
+    to the bin whose worst load per rank over three models, attention at 1x, 0.5x and 2x the
+    estimate, stays lowest. Costs 5, 77, 35, 5 s at 1x (122 in all), 3.5, 44, 21, 3.5 at 0.5x (72),
+    8, 143, 63, 8 at 2x (222), rank shares 3 x cost / total. Document 1 is the anchor of node 0
+    (chain of ranks 0-1); document 2 goes to rank 2. Document 0: the chain would read (143 + 8) x 3
+    / 444 = 1.0203 a rank at 2x, its worst; rank 2 (24.5 x 3 / 72 = 1.0208 at 0.5x) is worse: the
+    chain, rank 1. Document 3 then goes to rank 2. Ranks compute 42, 40, 40 s, the all-to-all in node
+    0 (5 keys, 1.25 s) is exposed on rank 0: 43.25 s. Kills the third model priced at 3x attention
+    (``_layouts`` mutant 127, ``(0.5, 3.0)``): the chain reads 220 x 3 / 644 = 1.0248 for document 0,
+    which goes to rank 2, and document 3 to rank 1 (the same 43.25 s, not the documented placement)."""
+    plan = plan_subgroups(np.array([2, 11, 7, 2]), 3, NODES2)
+    assert _seg(plan) == [[[1, 0, 3], [1, 8, 11]], [[0, 0, 2], [1, 3, 8]], [[2, 0, 7], [3, 0, 2]]]
+    assert plan.rank_compute_s.tolist() == [42.0, 40.0, 40.0]
+    assert plan.block_time_s == 43.25
+
+
 # ---------------------------------------------------------------------------- _resplit
 
 
@@ -222,3 +257,21 @@ def test_place_tails_ties_between_bins_go_to_the_lower_bin():
     planned = [(0, [(0, 2), (1, 2)])]
     got = _place_tails(np.array([1]), np.array([[1.0, 1.0]]), np.array([4, 1]), planned, [(0, 1, planned)], 3, np.inf)
     assert got.tolist() == [0]
+
+
+def test_a_forced_all_gather_holds_for_the_sub_group_candidate():
+    """``plan_atp(..., kv_exchange="all_gather")`` costs every candidate with the all-gather ("so a
+    plan for a given exchange is chosen for it"). ``[10, 20, 30]`` on 4 ranks under PAIRS: the 0.25
+    share's sub-group plan wins again (document 2 over ranks 0-2, document 1 over ranks 2-3, compute
+    186, 186, 177, 181 s), now with the all-gather of documents 1 and 2: 50 tokens, 2 x (50 x 3 / 4)
+    / 8 = 9.375 s, exposed on rank 0: 195.375 s. Kills ``_plan_subgroups`` passing None for its
+    ``exchange`` to ``finish_flat`` (mutant 44 of the current file: ``finish_flat`` reads None as
+    "auto" and the plan comes back with the all-to-all, 191 s, the exchange the caller ruled out)."""
+    from atac_hf.sharding.atp import plan_atp
+
+    plan = plan_atp(np.array([10, 20, 30]), 4, PAIRS, kv_exchange="all_gather")
+    assert _seg(plan) == [[[2, 0, 6], [2, 24, 30]], [[2, 6, 12], [2, 18, 24]], [[1, 6, 14], [2, 12, 18]],
+                          [[0, 0, 10], [1, 0, 6], [1, 14, 20]]]
+    assert plan.kv_exchange == "all_gather"
+    assert plan.comm_s == 9.375
+    assert plan.block_time_s == 195.375
