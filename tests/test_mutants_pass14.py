@@ -275,3 +275,19 @@ def test_a_forced_all_gather_holds_for_the_sub_group_candidate():
     assert plan.kv_exchange == "all_gather"
     assert plan.comm_s == 9.375
     assert plan.block_time_s == 195.375
+
+
+def test_place_tails_worst_of_three_adds_each_models_own_work():
+    """Three models (rank shares at 1x, 0.5x and 2x attention): ranks 0 and 1 form a chain holding
+    document 0 (1.25, 1.625, 1.0: token-heavy, its share falls as attention costs more) split 2 + 2;
+    rank 2 is a bin alone. The tail (1.0, 0.75, 1.25: attention-heavy) would load the chain, per
+    model, (1.25 + 1.0, 1.625 + 0.75, 1.0 + 1.25) / 2 = 1.125, 1.1875, 1.125 a rank, worst 1.1875,
+    and rank 2 1.0, 0.75, 1.25, worst 1.25: the chain, rank 0 (0.625 against 0.625, the lower rank).
+    Kills the three-model loop's first load read from the second model (``lb[1] + w0``,
+    ``_place_tails`` mutant 111): the chain reads (1.625 + 1.0) / 2 = 1.3125, over 1.25, and the tail
+    goes to rank 2. (Not found in plans: the 1x load of a set lies between its 0.5x and 2x loads, and
+    packs where 0.5x's bin load plus 1x's tail work decides a bin are rare.)"""
+    planned = [(0, [(0, 2), (1, 2)])]
+    unit = np.array([[1.25, 1.0], [1.625, 0.75], [1.0, 1.25]])
+    got = _place_tails(np.array([1]), unit, np.array([4, 1]), planned, [(0, 1, planned)], 3, np.inf)
+    assert got.tolist() == [0]
