@@ -66,3 +66,73 @@ def test_holders_are_not_kept_alive():
     assert ref() is None
     assert all(h is not None for h in _hf_compat._GROUP_HOLDERS.values())
 
+
+
+def test_drain_gives_other_threads_the_gil():
+    """_hf_compat (8): while ``drain_gloo_workers`` runs, a thread that needs the GIL (as a gloo worker
+    freeing a collective's tensors does) gets it; the drain lasts about its seconds."""
+    import threading
+    import time
+
+    from atac_hf.integrations._hf_compat import drain_gloo_workers
+
+    ran = threading.Event()
+    t = threading.Thread(target=ran.set)
+    t0 = time.monotonic()
+    t.start()
+    drain_gloo_workers(0.05)
+    assert ran.is_set()
+    t.join()
+    assert time.monotonic() - t0 >= 0.05
+
+
+def test_release_train_and_end_training_drain_first(monkeypatch):
+    """The drain runs in release_groups_after_shutdown before any reference is dropped, at the end of
+    ATACTrainer.train (even when training raises) and around ATACAccelerator.end_training."""
+    from atac_hf.integrations import accelerate as acc_mod
+    from atac_hf.integrations import trainer as trainer_mod
+
+    calls = []
+    holder = _Holder()
+    track_group_holder(holder)
+    monkeypatch.setattr(_hf_compat, "drain_gloo_workers", lambda *a: calls.append(holder.cp_group is not None))
+    assert release_groups_after_shutdown() is True
+    assert calls == [True]  # drained while the groups were still held
+
+    calls.clear()
+    monkeypatch.setattr(trainer_mod, "drain_gloo_workers", lambda *a: calls.append("train"))
+
+    def boom(self, *a, **k):
+        raise RuntimeError("training failed")
+
+    monkeypatch.setattr(trainer_mod.Trainer, "train", boom)
+    fake = object.__new__(trainer_mod.ATACTrainer)  # no model: only train's own steps run
+    fake.train_dataset, fake._atac_stream_end_train = [], lambda: None
+    try:
+        trainer_mod.ATACTrainer.train(fake)
+    except RuntimeError:
+        pass
+    assert calls == ["train"]
+
+    calls.clear()
+    monkeypatch.setattr(acc_mod, "drain_gloo_workers", lambda *a: calls.append("drain"))
+    monkeypatch.setattr(acc_mod.Accelerator, "end_training", lambda self: calls.append("end"))
+    acc_mod.ATACAccelerator.end_training(object.__new__(acc_mod.ATACAccelerator))
+    assert calls == ["drain", "end", "drain"]
+
+
+def test_a_trainers_accelerator_drains_around_end_training(monkeypatch):
+    """ATACTrainer's Accelerator is Accelerate's own: track_group_holder(trainer, accelerator) wraps its
+    end_training (drain, end, drain), once however often it is tracked."""
+    calls = []
+
+    class _Acc:
+        def end_training(self):
+            calls.append("end")
+
+    acc = _Acc()
+    monkeypatch.setattr(_hf_compat, "drain_gloo_workers", lambda *a: calls.append("drain"))
+    track_group_holder(_Holder(), acc)
+    track_group_holder(_Holder(), acc)
+    acc.end_training()
+    assert calls == ["drain", "end", "drain"]

@@ -53,17 +53,27 @@ Each says why and when it can go. Checked against accelerate 1.15 and transforme
    ``ATACTrainer`` checks the model's loss on a 4-token row (no grad, eval mode) before it changes
    anything and, when the loss is the target sum over ``num_items_in_batch``, lets Trainer pass it.
    Can go when transformers drops the stale attribute.
+8. :func:`drain_gloo_workers` - a gloo worker thread frees a finished collective's tensors while it
+   holds its group's work mutex, and freeing a tensor whose Python object the collective held last
+   takes the GIL. A group destroyed from Python meanwhile (``del trainer`` drops the DDP reducer's
+   group, end of ``main()``, ``gc``) waits for that mutex while it holds the GIL: both wait forever
+   (gdb: ``~ProcessGroupGloo`` in the main thread, ``~AsyncAllgatherWork`` -> ``take_gil`` in
+   ``pt_gloo_runloop``; about 1 run in 9 of the README's Trainer snippet under load). Releasing the
+   GIL for a moment after the last collective lets the workers finish: at the end of
+   ``ATACTrainer.train``, around ``ATACAccelerator.end_training`` and in
+   :func:`release_groups_after_shutdown`. Can go when gloo frees work outside its mutex.
 """
 
 from __future__ import annotations
 
 import atexit
 import gc
+import time
 import types
 import weakref
 from typing import Any
 
-__all__ = ["bypass_torch_cp_hooks", "loss_num_items_refusal", "release_groups_after_shutdown", "track_group_holder", "validate_parallelism_on_cpu"]
+__all__ = ["bypass_torch_cp_hooks", "drain_gloo_workers", "loss_num_items_refusal", "release_groups_after_shutdown", "track_group_holder", "validate_parallelism_on_cpu"]
 
 
 def validate_parallelism_on_cpu(config: Any, accelerator: Any) -> None:
@@ -112,6 +122,7 @@ def release_groups_after_shutdown() -> bool:
 
     if dist.is_available() and dist.is_initialized():
         return False
+    drain_gloo_workers()  # before any group can be freed here: item 8
     released = False
     for state in (AcceleratorState, PartialState):
         for key in ("device_mesh", "parallelism_config"):
@@ -128,20 +139,42 @@ def release_groups_after_shutdown() -> bool:
     return released
 
 
+#: seconds :func:`drain_gloo_workers` releases the GIL for, in 10 ms sleeps
+DRAIN_S = 0.2
+
+
+def drain_gloo_workers(seconds: float | None = None) -> None:
+    """Release the GIL for ``seconds`` (default :data:`DRAIN_S`) so that gloo's worker threads
+    finish freeing the collectives they ran, before a process group can be destroyed (item 8)."""
+    end = time.monotonic() + (DRAIN_S if seconds is None else seconds)
+    while time.monotonic() < end:
+        time.sleep(0.01)
+
+
 _GROUP_ATTRS = ("cp_group", "tp_group", "_atac_tp_group", "device_mesh")
 _GROUP_HOLDERS: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()  # by id: dataclasses do not hash
 _REGISTERED = False
 
 
-def track_group_holder(holder: Any) -> None:
+def track_group_holder(holder: Any, accelerator: Any = None) -> None:
     """Let :func:`release_groups_after_shutdown` (run at exit) drop ``holder``'s process-group
     attributes (``cp_group``, ``tp_group``, ``_atac_tp_group``, ``device_mesh``) once the process
-    group is destroyed."""
+    group is destroyed. ``accelerator``: an Accelerator whose ``end_training`` (not ours) is to
+    drain gloo's workers before and after it (item 8)."""
     global _REGISTERED
     _GROUP_HOLDERS[id(holder)] = holder
     if not _REGISTERED:
         atexit.register(release_groups_after_shutdown)
         _REGISTERED = True
+    end = getattr(accelerator, "end_training", None)
+    if end is not None and not getattr(end, "_atac_drains", False):
+        def end_training() -> None:
+            drain_gloo_workers()
+            end()
+            drain_gloo_workers()
+
+        end_training._atac_drains = True
+        accelerator.end_training = end_training
 
 
 def loss_num_items_refusal(model: Any) -> str | None:

@@ -43,7 +43,7 @@ from accelerate import Accelerator, PartialState
 from accelerate.parallelism_config import ParallelismConfig
 from accelerate.utils import DistributedType, InitProcessGroupKwargs
 
-from ._hf_compat import bypass_torch_cp_hooks, track_group_holder, validate_parallelism_on_cpu
+from ._hf_compat import bypass_torch_cp_hooks, drain_gloo_workers, track_group_holder, validate_parallelism_on_cpu
 from .config import ATACConfig
 from .layout import warn_placement
 from .sharder import (BatchSharder, count_targets, learned_position_limit, model_kv_bytes_per_token,
@@ -263,6 +263,13 @@ class ATACAccelerator(Accelerator):
         self.tp_size = int(parallelism_config.tp_size)
         self.dp_size = self.num_processes // (config.cp_size * self.tp_size)
         self.sharder: BatchSharder | None = None
+
+    def end_training(self) -> None:
+        """Accelerate's ``end_training`` (trackers finished, the process group destroyed), with gloo's
+        worker threads given the GIL before and after (``_hf_compat`` item 8)."""
+        drain_gloo_workers()
+        super().end_training()
+        drain_gloo_workers()
 
     def _prepare_cp(self, *args: Any) -> tuple:
         # Accelerate's torch-CP hooks (forced is_causal, no sliding windows) stay off: _hf_compat (2)

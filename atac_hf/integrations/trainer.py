@@ -49,11 +49,10 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, get_
 from transformers.utils import logging as hf_logging
 
 from .accelerate import as_atac_parallelism_config, build_parallelism_config, bypass_torch_cp_hooks, check_tp_layout
-from ._hf_compat import loss_num_items_refusal, track_group_holder
+from ._hf_compat import drain_gloo_workers, loss_num_items_refusal, track_group_holder
 from .accelerate import cp_coordinates
 from .config import ATACConfig
-from .data import build_packed_dataloader, check_collator, check_dataset_columns
-from .data import is_streaming_dataset
+from .data import build_packed_dataloader, check_collator, check_dataset_columns, is_streaming_dataset
 from .layout import warn_placement
 from .sharder import (BatchSharder, check_position_limit, model_kv_bytes_per_token, prepare_model,
                       unwrap_base_model)
@@ -256,7 +255,7 @@ class ATACTrainer(StreamResumeMixin, Trainer):
         self.atac_config = config
         self.cp_rank, self.cp_group = cp_coordinates(self.accelerator, config.cp_size,
                                                      timeout_s=config.collective_timeout_s)
-        track_group_holder(self)  # Accelerate's state and cp_group outlive end_training: _hf_compat (6)
+        track_group_holder(self, self.accelerator)  # state and cp_group outlive end_training: _hf_compat (6, 8)
         self.atac_tp_size = int(args.parallelism_config.tp_size)
         self.atac_tp_rank = 0
         if self.atac_tp_size > 1:  # the model's own tp_plan on the mesh's "tp" axis (after the checks above)
@@ -455,6 +454,7 @@ class ATACTrainer(StreamResumeMixin, Trainer):
         finally:
             self._atac_resume_dir = None
             self._atac_stream_end_train()
+            drain_gloo_workers()  # before a group can be freed: _hf_compat (8)
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         # with TP every rank takes part in save_pretrained's gather of the shards (DTensor.full_tensor
