@@ -1,10 +1,10 @@
 """Worker for the resume-across-an-epoch-boundary test (tests/test_mutation_survivors.py).
 
 Run under ``torchrun --nproc_per_node 2 tests/_resume_worker.py OUT``: DP 2 (CP 1), gradient
-accumulation 2, two epochs. Per scenario (even: WFAP, an epoch of 12 packs = 6 per replica =
-3 optimizer steps; uneven: bfd, an epoch of 6 packs = 3 per replica, so Trainer makes 2 steps,
-the last of one micro-batch. WFAP fills every window of its epoch, DP x GA packs each, since it
-plans the end of the pass over its last windows, so it makes no uneven epoch here):
+accumulation 2, two epochs. Per scenario (even: WFAP, 68 documents, an epoch of 12 packs = 6 per
+replica = 3 optimizer steps; uneven: bfd, an epoch of 6 packs = 3 per replica, so Trainer makes 2
+steps, the last of one micro-batch. WFAP's last window holds the packs its samples need, a multiple
+of DP: 60 documents made 10 packs, an uneven epoch, since the short last window):
 
 1. an uninterrupted run (seed 0) that checkpoints every step;
 2. a fresh trainer with another data seed (5) resumed from a checkpoint one step into epoch 1.
@@ -27,7 +27,7 @@ from _integration_worker import dataset, end_processes, model  # noqa: E402
 
 torch.set_num_threads(1)
 GA = 2
-SCENARIOS = {"uneven": (40, "bfd"), "even": (60, "wfap")}  # documents, packing: 6 and 12 packs per epoch
+SCENARIOS = {"uneven": (40, "bfd"), "even": (68, "wfap")}  # documents, packing: 6 and 12 packs per epoch
 
 
 def make_trainer(out_dir: str, num_docs: int, packing: str, *, data_seed: int | None):
