@@ -166,3 +166,17 @@ def test_cost_model_from_a_vision_language_config_reads_its_text_config():
     # and a config without an int layer count (a detection model's) is that ValueError, not int(None)'s TypeError
     with pytest.raises(ValueError, match=r"cannot read model dimensions: .*num_hidden_layers ints \(got 64/4/None"):
         ModelDims.from_hf_config({"hidden_size": 64, "num_attention_heads": 4})
+
+
+def test_an_empty_split_of_a_datasetdict_is_named_before_any_split_is_packed(tmp_path):
+    """was: the splits before it were packed (and cached, for an on-disk source), then 'pack_dataset got
+    an empty dataset (0 rows)' without the split's name."""
+    import datasets
+
+    train = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3]] * 4}).map(lambda r: r, cache_file_name=str(
+        tmp_path / "train.arrow"))
+    dd = datasets.DatasetDict({"train": train, "test": datasets.Dataset.from_dict({"input_ids": []})})
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(ValueError, match=r"split\(s\) \['test'\].*0 rows.*pack the others"):
+        atac_hf.pack_dataset(dd, max_tokens=8, progress=False)
+    assert sorted(os.listdir(tmp_path)) == before  # nothing packed, no cache file written

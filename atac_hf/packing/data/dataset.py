@@ -181,6 +181,10 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
         names = split_cache_names(dataset, cache_file_name)
         PackingConfig(max_tokens=max_tokens, packs_per_window=packs_per_window, strategy=strategy,
                       overlength=overlength, **packing_options)  # refuse bad settings before any split is packed
+        empty = [k for k, v in dataset.items() if len(v) == 0]
+        if empty:
+            raise ValueError(f"pack_dataset: split(s) {empty} of the DatasetDict have 0 rows: nothing to pack; "
+                             "pack the others (DatasetDict({k: v for k, v in dd.items() if len(v)}))")
         packed = {k: pack_dataset(v, desc=f"{desc} {k}", cache_file_name=names[k], **kwargs)
                   for k, v in dataset.items()}
         if return_metrics:
