@@ -230,9 +230,10 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
                 anchor_plan = plan
                 break
         else:  # none level two-way: where the plan is fragile to the price error, the extras' cost-level plans
-            if extras and _price_error_imbalance(anchor_plan, cm) > 1 + TWO_WAY_TOLERANCE:
+            worst = _price_error_imbalance(anchor_plan, cm) if extras else 1.0
+            if worst > 1 + TWO_WAY_TOLERANCE:
                 others = [build(j, *attempt(j)[1:3], False)[0] for j in extras if attempt(j) is not None]
-                anchor_plan = _least_price_error(anchor_plan, others, cm)
+                anchor_plan = _least_price_error(anchor_plan, worst, others, cm)
     # Head-tail inside every document, moving only the K/V of documents it splits,
     # is a candidate too (ATP is never worse than per_doc); its block time is costed
     # without building it first, and the plan is built only if it can win.
@@ -281,8 +282,7 @@ def _price_error_imbalance(plan: ShardPlan, cm: CostModel) -> float:
     """The plan's worst max / mean per-rank compute with attention priced at each factor of
     :data:`PRICE_ERROR_BAND` (:attr:`ShardPlan.imbalance` under those models)."""
     C = plan.cp_size
-    allseg = np.concatenate(plan.segments)
-    rank_of = np.repeat(np.arange(C), [len(x) for x in plan.segments])
+    allseg, rank_of = _flat_segments(plan)
     worst = 1.0
     for k in PRICE_ERROR_BAND:
         compute = np.bincount(rank_of, weights=_scaled(cm, k).segment_cost(allseg[:, 1], allseg[:, 2]), minlength=C)
@@ -291,14 +291,20 @@ def _price_error_imbalance(plan: ShardPlan, cm: CostModel) -> float:
     return worst
 
 
-def _least_price_error(plan: ShardPlan, others: list, cm: CostModel) -> ShardPlan:
-    """``plan``, or the first of ``others`` within :data:`TWO_WAY_TOLERANCE` of its estimated block
-    time that is more level than all before it at the prices of :data:`PRICE_ERROR_BAND`."""
-    limit, worst = plan.block_time_s * (1 + TWO_WAY_TOLERANCE), _price_error_imbalance(plan, cm)
+def _least_price_error(plan: ShardPlan, worst: float, others: list, cm: CostModel) -> ShardPlan:
+    """``plan`` (whose :func:`_price_error_imbalance` is ``worst``), or the first of ``others`` within
+    :data:`TWO_WAY_TOLERANCE` of its estimated block time that is more level than all before it at
+    the prices of :data:`PRICE_ERROR_BAND`."""
+    limit = plan.block_time_s * (1 + TWO_WAY_TOLERANCE)
     for other in others:
         if other.block_time_s <= limit and (got := _price_error_imbalance(other, cm)) < worst:
             plan, worst = other, got
     return plan
+
+
+def _flat_segments(plan: ShardPlan) -> tuple[np.ndarray, np.ndarray]:
+    """Every rank's segments of ``plan`` as one (S, 3) array, and the (S,) rank of each."""
+    return np.concatenate(plan.segments), np.repeat(np.arange(plan.cp_size), [len(x) for x in plan.segments])
 
 
 def _head_tail_flat(docs: np.ndarray, bounds: np.ndarray, C: int) -> tuple[np.ndarray, np.ndarray]:
@@ -460,9 +466,7 @@ def _robustly_no_worse(a: ShardPlan, b: ShardPlan, cm: CostModel, b_blocks: dict
 def _block_at(plan: ShardPlan, cm: CostModel) -> float:
     """``plan``'s block time re-costed by ``cm`` with its exchange time kept (what
     :func:`finish_plan` gives for a model with other compute prices and the same link)."""
-    segs = plan.segments
-    allseg = np.concatenate(segs)
-    rank_of = np.repeat(np.arange(plan.cp_size), [len(x) for x in segs])
+    allseg, rank_of = _flat_segments(plan)
     local = ~plan.gathered_mask()[allseg[:, 0]]
     C = plan.cp_size
     cost, attn = cm.segment_and_attention_cost(allseg[:, 1], allseg[:, 2])
