@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import inspect
 import math
 import os
 import sys
@@ -180,12 +181,15 @@ def run(args, atac_config, model, train, evals, output_dir: str, label: str):
 
     from atac_hf.integrations import ATACTrainer
 
+    # transformers renamed gradient_checkpointing to activation_checkpointing during 5.x (5.17 has only the old name)
+    ckpt = "activation_checkpointing" if "activation_checkpointing" in inspect.signature(TrainingArguments).parameters \
+        else "gradient_checkpointing"
     targs = TrainingArguments(
         output_dir=output_dir, max_steps=args.max_steps, learning_rate=args.learning_rate,
         lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
         per_device_train_batch_size=1, per_device_eval_batch_size=1,
         gradient_accumulation_steps=args.gradient_accumulation_steps,
-        activation_checkpointing=args.gradient_checkpointing, bf16=args.bf16,
+        **{ckpt: args.gradient_checkpointing}, bf16=args.bf16,
         use_cpu=not torch.cuda.is_available(), logging_steps=1, report_to=[], seed=args.seed,
         save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500,
         disable_tqdm=True, dataloader_num_workers=0, log_level="warning", ddp_find_unused_parameters=False,

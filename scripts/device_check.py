@@ -3,17 +3,9 @@
 overhead and a calibration profile, in one process on one GPU (< 8 min on an H200).
 
 Parts, run in this order (each in its own try/except; a failing part or item is
-recorded in the JSON and the others still run):
+recorded in the JSON and the others still run; exactness first since the first H200 run,
+where part c overran its share and part a started too late to run any case):
 
-d. calibration: ``atac_hf.cost.calibrate.calibrate("7b", device="cuda", backend=B)`` with B the
-   default GPU backend (``varlen`` where torch has ``varlen_attn``, else ``sdpa``); the profile
-   (with its held-out error) is saved under the output folder and plans part b.
-c. cp_size-1 overhead of ``atac_cp_attention`` against what a user would otherwise run on one
-   GPU (``scripts/_device_check/baselines.py``): the ``varlen`` backend against one plain
-   ``varlen_attn`` call over the whole row (target <= 5%); ``sdpa``/``flex`` against
-   transformers' own packed-row path (``create_causal_mask`` from ``position_ids``, then
-   ``ALL_ATTENTION_FUNCTIONS["sdpa"/"flex_attention"]``) and against simple per-document
-   loops; interleaved, median.
 a. exactness: ``emulate_cp_attention`` (every rank in one process, the gather by
    concatenation) with the ``varlen``, ``sdpa`` and ``flex`` backends, bf16 and fp32 (varlen:
    bf16 only, the flash kernels take no fp32), every strategy, cp_size 2/4/8, forward and
@@ -23,6 +15,15 @@ a. exactness: ``emulate_cp_attention`` (every rank in one process, the gather by
    ulp (``atac_hf.attention.tolerance``, the rule of the GPU tests); fp64 (smoke):
    ``max|x - ref| / max(1, max|ref|) <= 1e-10``. The first pack runs once more in the first
    dtype with a sliding window (256; smoke 5): the window translation of each kernel.
+d. calibration: ``atac_hf.cost.calibrate.calibrate("7b", device="cuda", backend=B)`` with B the
+   default GPU backend (``varlen`` where torch has ``varlen_attn``, else ``sdpa``); the profile
+   (with its held-out error) is saved under the output folder and plans part b.
+c. cp_size-1 overhead of ``atac_cp_attention`` against what a user would otherwise run on one
+   GPU (``scripts/_device_check/baselines.py``): the ``varlen`` backend against one plain
+   ``varlen_attn`` call over the whole row (target <= 5%); ``sdpa``/``flex`` against
+   transformers' own packed-row path (``create_causal_mask`` from ``position_ids``, then
+   ``ALL_ATTENTION_FUNCTIONS["sdpa"/"flex_attention"]``) and against simple per-document
+   loops; interleaved, median.
 b. per-rank kernel time (forward + backward, CUDA events, warm-up, median of repeats)
    of every strategy on long-tail WFAP packs of 32K/64K/128K tokens, 32 heads, 8 (then
    32) kv heads, head_dim 128, bf16, cp_size 4 and 8: each rank timed alone on its real
@@ -79,10 +80,10 @@ for _p in (ROOT, ROOT / "scripts"):  # run from a plain checkout (no pip install
         sys.path.insert(0, str(_p))
 
 STRATEGIES = ("contiguous", "zigzag", "per_doc", "wlb_adaptive", "atp")
-PARTS = ("d", "c", "a", "b")
+PARTS = ("a", "d", "c", "b")  # exactness first: on the first H200 run, c overran and starved a
 PART_KEYS = {"a": "a_exactness", "b": "b_per_rank_time", "c": "c_cp1_overhead", "d": "d_calibration"}
 # share of the budget after which a part starts no new item (b takes whatever is left)
-PART_DEADLINE = {"d": 0.2, "c": 0.4, "a": 0.6, "b": 1.0}
+PART_DEADLINE = {"a": 0.3, "d": 0.45, "c": 0.65, "b": 1.0}
 HAND_PACK = [4096, 1, 700, 3, 1200, 1, 64, 129, 1000, 95, 900]  # 8188 tokens: tiny and long docs together
 
 

@@ -57,3 +57,25 @@ def test_device_check_gpu_settings_include_varlen_and_quick_halves_the_work():
     assert full["timing_tokens"] == [32768, 65536, 131072] and full["timing_cp"] == [4, 8]
     assert quick["timing_tokens"] == [32768, 131072] and quick["timing_kv_heads"] == [8] and quick["packs"] == 1
     assert quick["exact_cp"] == [2, 8] and quick["budget_s"] < full["budget_s"] and quick["quick"]
+
+
+def test_device_cp_check_cpu_smoke(tmp_path):
+    """scripts/device_cp_check.py (multi-rank CP training of a small model against the single-device
+    model, the GPU check's part that runs whole HF models) in its CPU smoke mode: world 4, fp32."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "device_cp_check.py"), "--cpu-smoke", "--out",
+                           str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "device_cp_check: PASS" in proc.stdout
+    res = json.loads((tmp_path / "device_cp_check.json").read_text())
+    (world,) = res["worlds"]
+    assert world["status"] == "ok" and world["world"] == 4
+    cases = world["cases"]
+    # not vacuous: every strategy, ATP splits and both exchanges ran, every tensor judged by the rule
+    assert {c["strategy"] for c in cases} == {"contiguous", "zigzag", "per_doc", "wlb_adaptive", "atp"}
+    atp = [c for c in cases if c["strategy"] == "atp"]
+    assert all(c["split_docs"] > 0 for c in atp)
+    assert {c["kv_exchange"] for c in atp} == {"all_gather", "all_to_all"}
+    assert all({ch["tensor"] for ch in c["checks"]} == {"logits", "loss", "grads"} for c in cases)
+    assert all(ch["ok"] for c in cases for ch in c["checks"])
