@@ -231,7 +231,7 @@ def test_gpu_backends_within_twice_plain_bf16_error(backend):
     q, k, v = (torch.randn(h, N, D, generator=g, dtype=torch.float64).cuda() for h in (H, K, K))
     gout = torch.randn(N, H, D, generator=g, dtype=torch.float64).cuda()
     low = [t.to(torch.bfloat16) for t in (q, k, v)]
-    checked = 0
+    checked, failed = 0, []
     for window in (None, 64):
         ref_out, ref_grads = reference_attention(q, k, v, lens, window=window, grad_out_NHD=gout)
         ref = (ref_out, *ref_grads)
@@ -248,8 +248,12 @@ def test_gpu_backends_within_twice_plain_bf16_error(backend):
                     continue
                 got = _run_fwd_bwd(run, low, gout.to(torch.bfloat16))
                 checks = check_against_plain(got, plain, ref)
-                assert all(c.ok for c in checks), (backend, C, strategy, window, [c.as_dict() for c in checks])
+                failed += [(C, strategy, window, c.tensor, round(c.ratio, 3)) for c in checks if not c.ok]
                 checked += 1
+    # every case runs before the verdict, so that one GPU run shows all of them (the first H200 run stopped
+    # at varlen cp 2 per_doc: dv at 2.26x plain's error)
+    assert not failed, f"{backend}: {len(failed)} tensors of {checked} cases over the rule (cp, strategy, " \
+                       f"window, tensor, err/plain_err): {failed}"
     assert checked >= 15
 
 
