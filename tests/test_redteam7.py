@@ -180,3 +180,58 @@ def test_an_empty_split_of_a_datasetdict_is_named_before_any_split_is_packed(tmp
     with pytest.raises(ValueError, match=r"split\(s\) \['test'\].*0 rows.*pack the others"):
         atac_hf.pack_dataset(dd, max_tokens=8, progress=False)
     assert sorted(os.listdir(tmp_path)) == before  # nothing packed, no cache file written
+
+
+# ---------------------------------------------------------------------------- token ids outside the vocabulary
+@pytest.mark.parametrize("key,value", [("input_ids", 64), ("input_ids", 1000), ("labels", 64), ("labels", 1000)])
+def test_token_ids_outside_the_vocabulary_are_refused_before_the_model_runs(tmp_path, key, value):
+    # was: the embedding or the loss failed with torch's bare "IndexError: index out of range in self" (on CUDA a
+    # device-side assert that ends the process); ATACTrainer and ATACAccelerator's sharder now check the pack
+    from atac_hf import ATACTrainer
+    from atac_hf.integrations.sharder import BatchSharder, token_limits
+
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg)
+    assert token_limits(model) == (64, 64)
+    rows = {"input_ids": [[1, 2, 3], [4, 5]], "labels": [[-100, 2, 3], [-100, 5]]}
+    rows[key][1][1] = value
+    ds = datasets.Dataset.from_dict(rows)
+    trainer = ATACTrainer(model=model, args=_args(tmp_path), train_dataset=ds,
+                          atac_config=ATACConfig(cp_size=1, max_tokens=8))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    what = "input embedding table" if key == "input_ids" else "LM head's outputs"
+    with pytest.raises(ValueError, match=rf"{key}\[0, \d\] is {value}, outside the model's {what} of 64 \(legal: "
+                                         rf"0..63.*resize_token_embeddings"):
+        trainer.train()
+    assert all(torch.equal(before[n], p) for n, p in model.named_parameters())  # no step was taken
+    # an unbound sharder (no model) checks nothing; -100 labels and the last id stay legal
+    sharder = BatchSharder(ATACConfig(cp_size=1, max_tokens=8))
+    sharder.bind_model(model, None)
+    ok = {"input_ids": torch.tensor([[63, 0, 5]]), "labels": torch.tensor([[-100, 63, 0]]),
+          "position_ids": torch.tensor([[0, 1, 2]])}
+    assert sharder(ok)["input_ids"].shape == (1, 3)
+
+
+# ---------------------------------------------------------------------------- pack_lengths called as pack_dataset
+def test_pack_lengths_takes_packing_settings_by_name():
+    # was: pack_lengths(lengths, max_tokens=...) (as pack_dataset is called) failed with Python's bare
+    # "unexpected keyword argument"; a PackingConfig was the only way
+    from atac_hf import PackingConfig, pack_lengths
+
+    lengths = [5, 3, 9, 2, 7, 1, 4]
+    by_name = pack_lengths(lengths, max_tokens=10)
+    assert by_name.packs == pack_lengths(lengths, PackingConfig(max_tokens=10, packs_per_window=64)).packs
+    base = PackingConfig(max_tokens=10, packs_per_window=2, strategy="bfd")
+    over = pack_lengths(lengths, base, max_tokens=12)  # settings go over the config
+    assert over.packs == pack_lengths(lengths, PackingConfig(max_tokens=12, packs_per_window=2, strategy="bfd")).packs
+    with pytest.raises(TypeError, match=r"pack_lengths needs a token cap: pack_lengths\(lengths, max_tokens=4096\)"):
+        pack_lengths(lengths)
+    with pytest.raises(TypeError, match=r"unknown packing setting\(s\) \['max_tok'\]; legal: \[.*'max_tokens'"):
+        pack_lengths(lengths, max_tok=10)
+    with pytest.raises(TypeError, match=r"config must be a PackingConfig or None, got int \(pass settings by name"):
+        pack_lengths(lengths, 10)
+    with pytest.raises(ValueError, match=r"max_tokens=0 is invalid"):
+        pack_lengths(lengths, max_tokens=0)
+    assert base.max_tokens == 10  # the given config is not changed

@@ -306,7 +306,7 @@ class ATACAccelerator(Accelerator):
             kv_bytes_per_token=model_kv_bytes_per_token(model) / self.tp_size, device_type=self.device.type,
             tp_group=self.torch_device_mesh["tp"].get_group() if self.tp_size > 1 else None,
         )
-        self.sharder.position_limit = learned_position_limit(model)
+        self.sharder.bind_model(model, learned_position_limit(model))
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``Accelerator.backward``; with ``tp_size > 1``, at a gradient-sync step the gradients are then

@@ -34,6 +34,7 @@ __all__ = [
     "unwrap_base_model",
     "learned_position_limit",
     "check_position_limit",
+    "check_token_ids",
 ]
 
 IGNORE_INDEX = -100
@@ -225,6 +226,39 @@ def learned_position_limit(model: torch.nn.Module) -> tuple[int, str] | None:
     return None
 
 
+def token_limits(model: torch.nn.Module) -> tuple[int | None, int | None]:
+    """``(input ids, label classes)``: the rows of ``model``'s input embedding table and the outputs of its
+    LM head (None where either is not a plain ``nn.Embedding`` / ``nn.Linear``). Read from the modules'
+    own sizes, which tensor parallelism leaves global."""
+    base = unwrap_base_model(model)
+    emb = base.get_input_embeddings() if hasattr(base, "get_input_embeddings") else None
+    try:
+        head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    except (AttributeError, NotImplementedError):
+        head = None
+    return (emb.num_embeddings if isinstance(emb, torch.nn.Embedding) else None,
+            head.out_features if isinstance(head, torch.nn.Linear) else None)
+
+
+def check_token_ids(batch: Mapping[str, Any], limits: tuple[int | None, int | None]) -> None:
+    """Refuse token ids outside ``[0, limits[0])`` and labels at or above ``limits[1]``:
+    the embedding and the loss would fail with torch's bare ``IndexError`` (on CUDA a device-side assert
+    that ends the process)."""
+    checks = [("input_ids", limits[0], "input embedding table")] + \
+             [(key, limits[1], "LM head's outputs") for key in ("labels", "shift_labels")]
+    for key, n, what in checks:
+        x = batch.get(key)
+        if n is None or not isinstance(x, torch.Tensor) or x.numel() == 0:
+            continue
+        bad = (x >= n) | (x < 0) if key == "input_ids" else x >= n  # negative labels: refused before, by the caller
+        if bool(bad.any()):
+            where = tuple(int(i) for i in bad.nonzero()[0])
+            raise ValueError(f"{key}{list(where)} is {int(x[where])}, outside the model's {what} of {n} (legal: "
+                             f"0..{n - 1}{'' if key == 'input_ids' else f', or {IGNORE_INDEX}'}): tokenize with the "
+                             "model's own tokenizer, or call model.resize_token_embeddings(len(tokenizer)) after "
+                             "adding tokens")
+
+
 def _position_message(limit: tuple[int, str], length: int, where: str, max_tokens: int) -> str:
     n, what = limit
     return (f"{where} has {length} tokens, but {what}: positions {n}..{length - 1} are outside it (the model would "
@@ -347,6 +381,13 @@ class BatchSharder:
         #: ``(positions, what)`` of a model with a learned absolute position table (see
         #: :func:`learned_position_limit`): a longer document is refused before the model indexes past it
         self.position_limit: tuple[int, str] | None = None
+        #: :func:`token_limits` of the model: ids and labels outside them are refused before the model runs
+        self.token_limits: tuple[int | None, int | None] | None = None
+
+    def bind_model(self, model: torch.nn.Module, position_limit: tuple[int, str] | None) -> None:
+        """Set :attr:`position_limit` and :attr:`token_limits` from the model this sharder feeds."""
+        self.position_limit = position_limit
+        self.token_limits = token_limits(model)
 
     def plan(self, batch: Mapping[str, Any]):
         """The :class:`~atac_hf.sharding.ShardPlan` of a full packed batch, and its :class:`ShardStats`."""
@@ -383,7 +424,8 @@ class BatchSharder:
 
         Raises:
             ValueError: a batch without ``input_ids`` (lists its keys), negative labels other than
-                -100, or documents that cannot be found; see :func:`~atac_hf.attention.shard_batch`.
+                -100, token ids or labels outside the bound model's vocabulary (:meth:`bind_model`), or
+                documents that cannot be found; see :func:`~atac_hf.attention.shard_batch`.
         """
         from ..attention import shard_batch
 
@@ -397,6 +439,8 @@ class BatchSharder:
                 raise ValueError(f"{key} holds {int(bad[0])}: labels must be token ids >= 0, or {IGNORE_INDEX} where "
                                  f"a token gets no loss (the only index the loss ignores); replace the other negative "
                                  f"labels with {IGNORE_INDEX} in the dataset")
+        if self.token_limits is not None:
+            check_token_ids(batch, self.token_limits)
         batch = pad_tiny_pack(batch, self.cp_size)
         plan, stats = self.plan(batch)
         if num_items_in_batch is not None:

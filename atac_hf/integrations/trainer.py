@@ -277,7 +277,7 @@ class ATACTrainer(StreamResumeMixin, Trainer):
             device_type=self.args.device.type,
             tp_group=self.accelerator.torch_device_mesh["tp"].get_group() if self.atac_tp_size > 1 else None,
         )
-        self.atac_sharder.position_limit = position_limit
+        self.atac_sharder.bind_model(model, position_limit)
         self.atac_sampler = None
         self._atac_resume_dir: str | None = None
         self._atac_warned_logits = False

@@ -233,6 +233,26 @@ class PackingConfig:
                 kwargs[key] = tuple(kwargs[key])
         return cls(**kwargs)
 
+    @classmethod
+    def resolve(cls, config: "PackingConfig | None", settings: Mapping[str, Any], caller: str) -> "PackingConfig":
+        """``config`` with ``settings`` (field values, e.g. ``max_tokens=4096``) over it, or a new config of
+        ``settings`` alone (``packs_per_window`` 64 unless given, as in ``pack_dataset``): the two ways
+        :func:`~atac_hf.packing.pack_lengths` is called."""
+        if config is not None and not isinstance(config, cls):
+            raise TypeError(f"{caller}: config must be a PackingConfig or None, got {type(config).__name__} "
+                            f"(pass settings by name, e.g. {caller}(lengths, max_tokens=4096))")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(settings) - fields)
+        if unknown:
+            raise TypeError(f"{caller}: unknown packing setting(s) {unknown}; legal: {sorted(fields)}")
+        if config is None and "max_tokens" not in settings:
+            raise TypeError(f"{caller} needs a token cap: {caller}(lengths, max_tokens=4096) or "
+                            f"{caller}(lengths, PackingConfig(max_tokens=4096, packs_per_window=64))")
+        if not settings:
+            return config
+        return dataclasses.replace(config, **settings) if config is not None else cls(**{"packs_per_window": 64,
+                                                                                             **settings})
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable fields (inverse of :meth:`from_dict`)."""
         d = dataclasses.asdict(self)

@@ -437,16 +437,15 @@ class PackResult:
         return out
 
 
-def pack_lengths(lengths: Sequence[int], config: PackingConfig, cost_model: CostModel | None = None, *,
-                 window: int | None = None) -> PackResult:
-    """Pack a whole array of sample lengths window by window (a :class:`StreamPacker`
-    fed in data order, the last window with ``last=True``, then flushed). With token-sized
-    windows (``window=None``), a rest of the stream smaller than one window joins the
-    window before it (:meth:`StreamPacker.rest_fits_window`).
+def pack_lengths(lengths: Sequence[int], config: PackingConfig | None = None, cost_model: CostModel | None = None, *,
+                 window: int | None = None, **settings: Any) -> PackResult:
+    """Pack a whole array of sample lengths window by window (a :class:`StreamPacker` fed in data order, the
+    last window with ``last=True``, then flushed). With token-sized windows (``window=None``), a rest of the
+    stream smaller than one window joins the window before it (:meth:`StreamPacker.rest_fits_window`).
 
     Args:
         lengths: token count of every sample (ints >= 0; zeros are skipped and counted).
-        config: the packing configuration.
+        config: the packing configuration; ``settings`` (its fields by name, e.g. ``max_tokens=4096``) go over it.
         cost_model: default :func:`~atac_hf.cost.default_cost_model`.
         window: new samples per window; ``None`` sizes each window by tokens: samples are
             added until they reach the packer's :attr:`StreamPacker.tokens_wanted`.
@@ -455,9 +454,10 @@ def pack_lengths(lengths: Sequence[int], config: PackingConfig, cost_model: Cost
         :class:`PackResult`; sample ids are indices into ``lengths``.
 
     Raises:
-        ValueError / TypeError: empty input, non-integer or negative lengths, a bad
-            ``window``, or (``overlength="error"``) a sample over ``max_tokens``.
+        ValueError / TypeError: empty input, non-integer or negative lengths, a bad ``window``, no config
+            and no ``max_tokens``, an unknown setting, or (``overlength="error"``) a sample over ``max_tokens``.
     """
+    config = PackingConfig.resolve(config, settings, "pack_lengths")
     arr = check_lengths(lengths, "lengths")
     if arr.size == 0:
         raise ValueError("lengths is empty: nothing to pack (pass at least one sample length)")
