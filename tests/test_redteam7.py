@@ -195,6 +195,12 @@ def test_token_ids_outside_the_vocabulary_are_refused_before_the_model_runs(tmp_
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg)
     assert token_limits(model) == (64, 64)
+
+    class NoAccessor(torch.nn.Module):  # remote code without the accessors: nothing to check, no error
+        def get_input_embeddings(self):
+            raise NotImplementedError
+
+    assert token_limits(NoAccessor()) == (None, None)
     rows = {"input_ids": [[1, 2, 3], [4, 5]], "labels": [[-100, 2, 3], [-100, 5]]}
     rows[key][1][1] = value
     ds = datasets.Dataset.from_dict(rows)

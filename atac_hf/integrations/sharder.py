@@ -231,11 +231,14 @@ def token_limits(model: torch.nn.Module) -> tuple[int | None, int | None]:
     LM head (None where either is not a plain ``nn.Embedding`` / ``nn.Linear``). Read from the modules'
     own sizes, which tensor parallelism leaves global."""
     base = unwrap_base_model(model)
-    emb = base.get_input_embeddings() if hasattr(base, "get_input_embeddings") else None
-    try:
-        head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
-    except (AttributeError, NotImplementedError):
-        head = None
+
+    def get(name):
+        try:
+            return getattr(base, name)() if hasattr(base, name) else None
+        except (AttributeError, NotImplementedError):  # remote-code models without the accessor
+            return None
+
+    emb, head = get("get_input_embeddings"), get("get_output_embeddings")
     return (emb.num_embeddings if isinstance(emb, torch.nn.Embedding) else None,
             head.out_features if isinstance(head, torch.nn.Linear) else None)
 
