@@ -35,6 +35,7 @@ __all__ = [
     "learned_position_limit",
     "check_position_limit",
     "check_token_ids",
+    "token_limits",
 ]
 
 IGNORE_INDEX = -100
