@@ -143,11 +143,12 @@ def cp_run(model, batch, plan, rank, backend, pg: str) -> dict:
     # the results travel on the CPU (gloo): only the runtime's own collectives see CUDA tensors
     loss = out.loss.detach().double().cpu().reshape(1)
     grads = grads_vector(model)
-    for t in (loss, grads):
-        dist.all_reduce(t) if pg == "gloo" else None
-    logits = unshard(out.logits.detach().double().cpu(), plan, rank)[0] if pg == "gloo" else \
-        out.logits[0].detach().double().cpu()
-    return {"logits": logits, "loss": loss, "grads": grads}
+    logits = out.logits.detach().double().cpu()
+    if pg == "gloo":  # under NCCL the world is 1: nothing to sum or gather
+        for t in (loss, grads):
+            dist.all_reduce(t)
+        logits = unshard(logits, plan, rank)
+    return {"logits": logits[0], "loss": loss, "grads": grads}
 
 
 def compare(got: dict, plain: dict, ref: dict, dtype: torch.dtype) -> list[dict]:
@@ -201,7 +202,7 @@ def worker(rank: int, world: int, pg: str, init_file: str, out_path: str, cfg: d
                         if backend == "varlen" and dtype == torch.float32:
                             continue  # torch's flash kernels take fp16/bf16 (a clear TypeError, tested on CPU)
                         case = dict(model=model_name, dtype=dtype_name, strategy=strategy, backend=backend,
-                                    kv_exchange=plan.kv_exchange if hasattr(plan, "kv_exchange") else exchange,
+                                    kv_exchange=plan.kv_exchange,
                                     split_docs=len(plan.sharded_docs))
                         t0 = time.perf_counter()
                         try:
