@@ -454,7 +454,7 @@ def _measure_and_fit(dims: ModelDims, tp_size: int, dev: str, cuda: bool, clock:
     masked_pair = coef[2] if blocks else None
     overhead = coef[3 if blocks else 2]
     masked_overhead = coef[-1] if masking else None
-    kv_bytes = 2.0 * blk.kv_heads * dims.head_dim * (2 if cuda else 4)
+    kv_bytes = 1.0 * blk.kv_heads * (dims.head_dim + (dims.v_head_dim or dims.head_dim)) * (2 if cuda else 4)
     # attention kernels also cost per query token (softmax statistics, the backward's
     # delta): that part joins the linear coefficient, as the cost model has no other home for it.
     cm = CostModel(linear_s_per_token=float(lin_coef[0]) + attn_tok, attn_s_per_pair=pair,
@@ -471,6 +471,11 @@ def _measure_and_fit(dims: ModelDims, tp_size: int, dev: str, cuda: bool, clock:
                 float(cm.attention_cost(s, e).sum() + attn_tok * (e - s).sum())
             held.append({"kind": kind, "segments": segments, "measured_s": meas, "predicted_s": pred,
                          "rel_err": (pred - meas) / meas})
+    # the layer measured is one under the window; a model whose other layers attend to whole prefixes
+    # (dims.sliding_window_layers) is priced as that mixture (the held-out figures are the layer's)
+    share = dims.window_share
+    if share < 1:
+        cm = cm.replace(sliding_window_share=share) if share > 0 else cm.replace(sliding_window=None)
     return CalibrationResult(cost_model=cm, device=_device_name(dev), dims=dims, tp_size=tp_size, backend=backend,
                              linear=rows["linear"], attention=rows["attention"], heldout=held,
                              seconds=time.perf_counter() - t_start, capped_from=capped_from)

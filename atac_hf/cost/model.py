@@ -38,6 +38,15 @@ _LINEAR_FWD_BWD = 3.0
 _ATTN_FWD_BWD = 3.5
 #: Largest price accepted (seconds per token, pair or call): real ones are under a millisecond.
 MAX_PRICE_S = 1e6
+#: Segment ends up to which pair counts are computed in int64 (squares stay below 2**63).
+_INT_PAIRS_MAX = 2**31
+
+
+def _window_mix(pairs: np.ndarray, band: np.ndarray, share: float) -> np.ndarray:
+    """Pairs of a layer mix: ``share`` of the layers compute the window's ``band`` (at most the
+    causal ``pairs``), the others every causal pair."""
+    windowed = np.minimum(pairs, band)
+    return windowed if share == 1 else share * windowed + (1 - share) * pairs
 
 
 def _is_real(v: Any) -> bool:
@@ -96,6 +105,10 @@ class CostModel:
             its slowest hop, either way).
         intra_node_bandwidth: bytes/s one rank receives from a rank of its own node (None:
             ``link_bandwidth``).
+        sliding_window_share: the share of layers (of their attention) within ``sliding_window``,
+            in (0, 1]; the others attend to whole prefixes (Gemma 2/3, GPT-OSS, Qwen2's
+            ``max_window_layers``). Their pairs are priced as that mixture, and the K/V exchange
+            as the whole prefixes the full layers need (:attr:`exchange_window`).
     """
 
     linear_s_per_token: float
@@ -112,6 +125,7 @@ class CostModel:
     mask_block: int = 0
     node_size: int | None = None
     intra_node_bandwidth: float | None = None
+    sliding_window_share: float = 1.0
 
     def __post_init__(self) -> None:
         # Bounds keep every cost finite: at most 2**62 tokens (pairs < 2**124) times a price of
@@ -146,8 +160,17 @@ class CostModel:
                                                       or not 1.0 <= self.intra_node_bandwidth <= 1e18):
             raise ValueError(f"CostModel.intra_node_bandwidth must be None or > 0 bytes/s (from 1 to 1e18), "
                              f"got {_short(self.intra_node_bandwidth)}")
+        if not _is_real(self.sliding_window_share) or not 0 < self.sliding_window_share <= 1:
+            raise ValueError(f"CostModel.sliding_window_share must be a number in (0, 1] (the share of layers "
+                             f"within sliding_window), got {_short(self.sliding_window_share)}")
         if not isinstance(self.name, str):
             raise TypeError(f"CostModel.name must be a str, got {type(self.name).__name__}")
+
+    @property
+    def exchange_window(self) -> int | None:
+        """The sliding window the K/V exchange is priced for: ``sliding_window`` where every layer
+        slides, else None (a full-attention layer needs whole key prefixes)."""
+        return self.sliding_window if self.sliding_window_share == 1 else None
 
     @property
     def prices_compute(self) -> bool:
@@ -210,18 +233,21 @@ class CostModel:
         if tp_size < 1 or dims.num_heads % tp_size:
             raise ValueError(f"tp_size={tp_size} must be >= 1 and divide num_heads={dims.num_heads}")
         linear_flops = 2.0 * _LINEAR_FWD_BWD * dims.params_per_layer / tp_size
-        # QK^T and PV: 2 matmuls x 2 FLOPs per multiply-add x head_dim, per head.
-        attn_flops = 4.0 * _ATTN_FWD_BWD * dims.num_heads * dims.head_dim / tp_size
+        # QK^T (head_dim) and PV (the values' width): 2 FLOPs per multiply-add, per head.
+        v_dim = dims.head_dim if dims.v_head_dim is None else dims.v_head_dim
+        attn_flops = 2.0 * _ATTN_FWD_BWD * dims.num_heads * (dims.head_dim + v_dim) / tp_size
         kv_heads = max(1, dims.num_kv_heads // tp_size)
+        share = dims.window_share
         return cls(
             linear_s_per_token=linear_flops / (hw.bf16_flops * efficiency),
             attn_s_per_pair=attn_flops / (hw.bf16_flops * attn_eff),
             segment_overhead_s=segment_overhead_s,
             tile=tile,
-            kv_bytes_per_token=2.0 * kv_heads * dims.head_dim * dtype_bytes,
+            kv_bytes_per_token=1.0 * kv_heads * (dims.head_dim + v_dim) * dtype_bytes,
             link_bandwidth=hw.inter_node_bw if inter_node else hw.intra_node_bw,
             link_latency_s=hw.link_latency_s,
-            sliding_window=dims.sliding_window,
+            sliding_window=dims.sliding_window if share > 0 else None,
+            sliding_window_share=share if share > 0 else 1.0,
             name=f"{model_label(model)}@{hw.name}",
         )
 
@@ -262,6 +288,8 @@ class CostModel:
         n = np.maximum(e - s, 0)
         nonempty = n > 0
         t = self.tile
+        if e.size and int(e.max()) > _INT_PAIRS_MAX:  # products past int64: the same formulas in float64
+            return self._pairs_float(s, e, n, nonempty)
         if t == 1:
             pairs = n * s + n * (n + 1) // 2
         else:
@@ -287,7 +315,28 @@ class CostModel:
                 return a * (a + 1) // 2 + np.maximum(x - w, 0) * w
 
             band = (prefix(e) - prefix(s)).astype(np.float64) + (n * (t - 1) if t > 1 else 0)
-            pairs = np.minimum(pairs, band)
+            pairs = _window_mix(pairs, band, self.sliding_window_share)
+        return n, pairs, nonempty
+
+    def _pairs_float(self, s: np.ndarray, e: np.ndarray, n: np.ndarray,
+                     nonempty: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`_pairs` for segments ending past ``_INT_PAIRS_MAX`` (2**31), where int64 pair counts
+        overflow: the same counts in float64 (exact up to 2**53, then rounded, never wrapped)."""
+        sf, ef, nf, t = s.astype(np.float64), e.astype(np.float64), n.astype(np.float64), float(self.tile)
+        if t == 1:
+            pairs = nf * sf + nf * (nf + 1) / 2
+        else:
+            m = np.maximum(np.ceil(nf / t) - 1, 0)
+            tiles = m * (np.ceil(sf / t) + 1) + m * (m - 1) / 2 + np.where(nonempty, np.ceil(ef / t), 0)
+            pairs = tiles * (t * t)
+        if self.sliding_window is not None:
+            w = float(self.sliding_window)
+
+            def prefix(x: np.ndarray) -> np.ndarray:  # sum_{i<x} min(i + 1, w)
+                a = np.minimum(x, w)
+                return a * (a + 1) / 2 + np.maximum(x - w, 0) * w
+
+            pairs = _window_mix(pairs, prefix(ef) - prefix(sf) + (nf * (t - 1) if t > 1 else 0), self.sliding_window_share)
         return n, pairs, nonempty
 
     @property

@@ -84,6 +84,12 @@ class ModelDims:
         intermediate_size: MLP width (gated MLP: three matrices).
         vocab_size: vocabulary (for the LM head in the simulator).
         sliding_window: attention window in tokens, or None for full attention.
+        sliding_window_layers: how many of the layers attend within ``sliding_window`` (the
+            others attend to whole prefixes, as Gemma 2/3's, GPT-OSS's or Qwen2's
+            ``max_window_layers`` full layers); None: all of them.
+        v_head_dim: per-head width of the values where it differs from the keys' (``head_dim``:
+            multi-head latent attention, DeepSeek-V3's 192-wide keys and 128-wide values); None:
+            ``head_dim``.
     """
 
     hidden_size: int
@@ -94,12 +100,24 @@ class ModelDims:
     intermediate_size: int
     vocab_size: int = 32000
     sliding_window: int | None = None
+    sliding_window_layers: int | None = None
+    v_head_dim: int | None = None
 
     def __post_init__(self) -> None:
-        for f in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size"):
+        for f in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
+                  "vocab_size"):
             v = getattr(self, f)
-            if not isinstance(v, (int, np.integer)) or v <= 0:
+            if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)) or v <= 0:
                 raise ValueError(f"ModelDims.{f} must be a positive int, got {v!r}")
+        for f in ("sliding_window", "v_head_dim"):
+            v = getattr(self, f)
+            if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)) or v <= 0):
+                raise ValueError(f"ModelDims.{f} must be None or a positive int, got {v!r}")
+        v = self.sliding_window_layers
+        if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_))
+                              or not 0 <= v <= self.num_layers):
+            raise ValueError(f"ModelDims.sliding_window_layers must be None or an int from 0 to num_layers="
+                             f"{self.num_layers}, got {v!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"ModelDims.num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
@@ -135,25 +153,78 @@ class ModelDims:
                 "cannot read model dimensions: the config has no hidden_size/num_attention_heads/num_hidden_layers "
                 f"ints (got {hidden!r}/{heads!r}/{depth!r}; pass ModelDims(...) explicitly)"
             )
-        head_dim = get("head_dim") or hidden // heads
+        head_dim, v_head_dim = get("head_dim") or hidden // heads, None
+        if _ints(get("qk_nope_head_dim"), get("qk_rope_head_dim")):  # multi-head latent attention
+            head_dim = int(get("qk_nope_head_dim")) + int(get("qk_rope_head_dim"))
+            v_head_dim = int(get("v_head_dim")) if _ints(get("v_head_dim")) else None
         window = get("sliding_window") if get("use_sliding_window", True) else None
+        window = int(window) if _ints(window) and window > 0 else None
+        window_layers = None if window is None else _window_layers(whole, int(depth))
         return cls(
             hidden_size=int(hidden),
             num_layers=int(depth),
             num_heads=int(heads),
             num_kv_heads=int(get("num_key_value_heads") or heads),
             head_dim=int(head_dim),
-            intermediate_size=int(get("intermediate_size") or 4 * hidden),
+            intermediate_size=_active_mlp_width(get, int(depth), int(get("intermediate_size") or 4 * hidden)),
             vocab_size=int(get("vocab_size") or 32000),
-            sliding_window=int(window) if window else None,
+            sliding_window=window if window_layers != 0 else None,
+            sliding_window_layers=window_layers if window_layers != 0 else None,
+            v_head_dim=v_head_dim if v_head_dim != head_dim else None,
         )
 
     @property
+    def window_share(self) -> float:
+        """The share of layers attending within ``sliding_window`` (1.0 without one)."""
+        if self.sliding_window is None or self.sliding_window_layers is None:
+            return 1.0
+        return self.sliding_window_layers / self.num_layers
+
+    @property
     def params_per_layer(self) -> int:
-        """Weights of one decoder layer (attention projections + gated MLP)."""
-        attn = self.hidden_size * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
+        """Weights of one decoder layer (attention projections + gated MLP; an MoE layer's active experts)."""
+        v = self.head_dim if self.v_head_dim is None else self.v_head_dim
+        attn = self.hidden_size * (self.num_heads + self.num_kv_heads) * (self.head_dim + v)
         mlp = 3 * self.hidden_size * self.intermediate_size
         return attn + mlp
+
+
+def _ints(*values: Any) -> bool:
+    return all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in values)
+
+
+def _window_layers(get: Any, depth: int) -> int | None:  # get: the config's own fields, lists kept
+    """How many layers use the sliding window, from ``layer_types`` (transformers' per-layer
+    ``"sliding_attention"`` / ``"full_attention"``) or Qwen2's ``max_window_layers`` (the layers
+    from that index on slide); None (all) where the config says neither."""
+    types = get("layer_types")
+    if isinstance(types, (list, tuple)) and len(types) == depth and all(isinstance(t, str) for t in types):
+        return sum(t == "sliding_attention" for t in types)
+    first = get("max_window_layers")
+    if _ints(first) and get("use_sliding_window", False) is True:
+        return depth - min(max(int(first), 0), depth)
+    return None
+
+
+def _active_mlp_width(get: Any, depth: int, dense: int) -> int:
+    """The MLP width one token runs through, averaged over the layers: a mixture-of-experts
+    layer runs ``num_experts_per_tok`` experts of ``moe_intermediate_size`` (else
+    ``intermediate_size``) plus its shared experts; DeepSeek's ``first_k_dense_replace`` first
+    layers are dense."""
+    experts = next((get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts") if _ints(get(k))), None)
+    top_k = next((get(k) for k in ("num_experts_per_tok", "experts_per_token", "num_experts_per_token",
+                                    "moe_topk") if _ints(get(k))), None)
+    if not (_ints(experts, top_k) and experts > 1 and top_k >= 1):
+        return dense
+    width = int(get("moe_intermediate_size")) if _ints(get("moe_intermediate_size")) else dense
+    shared = get("shared_expert_intermediate_size")
+    if not _ints(shared):
+        n_shared = get("n_shared_experts")
+        shared = int(n_shared) * width if _ints(n_shared) else 0
+    moe = int(top_k) * width + int(shared)
+    dense_layers = get("first_k_dense_replace")
+    k = min(max(int(dense_layers), 0), depth) if _ints(dense_layers) else 0
+    return max(1, round((k * dense + (depth - k) * moe) / depth))
 
 
 # Public model shapes (Llama-2/3 style configs) used by presets and the simulator.

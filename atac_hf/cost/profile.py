@@ -13,7 +13,11 @@ from typing import Any, Mapping
 
 from .._io import load_json
 
-__all__ = ["PROFILE_FORMAT", "load_profile", "model_from_dict", "model_to_dict", "profile_text", "save_profile"]
+__all__ = ["PROFILE_FORMAT", "load_profile", "model_from_dict", "model_to_dict", "profile_model_mismatch", "profile_text",
+           "save_profile"]
+
+#: The model dimensions a profile's measured prices depend on (its ``metadata.model``).
+PROFILE_DIMS = ("hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size")
 
 PROFILE_FORMAT = "atac-hf/cost-profile/v1"
 
@@ -23,6 +27,19 @@ def load_profile(cls: type, path: str | os.PathLike) -> Any:
     path = os.fspath(path)
     data = load_json(path, "cost profile", "the cost profile path setting")
     return model_from_dict(cls, data, source=path)
+
+
+def profile_model_mismatch(path: str | os.PathLike, dims: Any) -> str | None:
+    """How the model a profile was measured for (its ``metadata.model``, written by ``atac-hf
+    calibrate``) differs from ``dims`` (a :class:`~atac_hf.cost.ModelDims`), e.g. ``"hidden_size:
+    profile 128 vs model 4096"``; None where they agree or the profile does not say."""
+    meta = load_json(os.fspath(path), "cost profile", "the cost profile path setting").get("metadata")
+    pm = meta.get("model") if isinstance(meta, Mapping) else None
+    if not isinstance(pm, Mapping):
+        return None
+    bad = [f"{k}: profile {pm[k]!r} vs model {getattr(dims, k)!r}" for k in PROFILE_DIMS
+           if k in pm and pm[k] != getattr(dims, k)]
+    return ", ".join(bad) or None
 
 
 def model_from_dict(cls: type, data: Mapping[str, Any], *, source: str = "<dict>") -> Any:

@@ -220,10 +220,25 @@ class ATACConfig:
                 falls back to the package default model.
             dtype_bytes: bytes per K/V element (2 for bf16/fp16, 4 for fp32).
         """
-        from ..cost import CostModel, default_cost_model
+        from ..cost import CostModel, ModelDims, default_cost_model
+        from ..cost.profile import profile_model_mismatch
 
         if self.cost_profile is not None:
-            return CostModel.from_profile(self.cost_profile)
+            cm = CostModel.from_profile(self.cost_profile)
+            differs = None
+            if model_config is not None:
+                try:
+                    dims = ModelDims.from_hf_config(model_config)
+                except ValueError:  # a config without readable dimensions: nothing to compare
+                    dims = None
+                differs = dims is not None and profile_model_mismatch(self.cost_profile, dims)
+            if differs:
+                raise ValueError(
+                    f"cost_profile {self.cost_profile!r} was measured for another model ({differs}): its prices "
+                    "would balance this model's packs by another model's costs. Calibrate for this model "
+                    "(`atac-hf calibrate --model <its config.json> -o profile.json`) and set cost_profile to it, "
+                    "or set cost_profile to null (cost_preset then prices the model from its config)")
+            return cm
         if self.cost_preset == "default" or model_config is None:
             return default_cost_model()
         text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config

@@ -131,7 +131,8 @@ def _check_score_features(base: torch.nn.Module, backend: str) -> None:
 
 
 def model_kv_bytes_per_token(model: torch.nn.Module) -> float:
-    """Bytes of K and V of one token over all layers (``2 x layers x kv_heads x head_dim x dtype``).
+    """Bytes of K and V of one token over all layers (``layers x kv_heads x (head_dim + v_head_dim) x dtype``;
+    the widths differ under multi-head latent attention, DeepSeek-V3's).
 
     A heterogeneous config (transformers' ``per_layer_config``, e.g. Gemma 4's wider global
     layers) is summed layer by layer: reading a per-layer attribute off the whole config raises."""
@@ -145,12 +146,18 @@ def model_kv_bytes_per_token(model: torch.nn.Module) -> float:
     for c in per_layer:
         heads = int(getattr(c, "num_attention_heads", 1) or 1)
         kv = int(getattr(c, "num_key_value_heads", None) or heads)
-        values += kv * int(getattr(c, "head_dim", None) or c.hidden_size // heads)
+        k_dim = int(getattr(c, "head_dim", None) or c.hidden_size // heads)
+        nope, rope = getattr(c, "qk_nope_head_dim", None), getattr(c, "qk_rope_head_dim", None)
+        if isinstance(nope, int) and isinstance(rope, int):  # multi-head latent attention: keys and values differ
+            k_dim, v_dim = nope + rope, int(getattr(c, "v_head_dim", None) or nope + rope)
+        else:
+            v_dim = k_dim
+        values += kv * (k_dim + v_dim)
     try:
         dtype_bytes = next(base.parameters()).element_size()
     except StopIteration:
         dtype_bytes = 2
-    return 2.0 * values * dtype_bytes
+    return 1.0 * values * dtype_bytes
 
 
 # ---------------------------------------------------------------------------- counting and gradients

@@ -48,11 +48,11 @@ def _per_doc_a2a_floor(lengths: np.ndarray, C: int, cm: CostModel) -> float:
     base, rem = np.divmod(lengths, 2 * C)
     extra = rem // C + (rem % C > 0)  # rank 0 takes a share of the remainder first
     tail = base + extra // 2  # rank 0's last chunk [L - tail, L), its head [0, base + (extra + 1) // 2)
-    if cm.sliding_window is None:  # the keys between its head and its last chunk: L - head - tail
+    if cm.exchange_window is None:  # the keys between its head and its last chunk: L - head - tail
         rows = int((lengths - 2 * base - extra)[tail > 0].sum())
     else:
         start = lengths - tail
-        lo = np.maximum(base + (extra + 1) // 2, start - int(cm.sliding_window) + 1)
+        lo = np.maximum(base + (extra + 1) // 2, start - int(cm.exchange_window) + 1)
         rows = int(np.maximum(start - lo, 0)[tail > 0].sum())
     if rows == 0:
         return 0.0

@@ -240,7 +240,7 @@ def finish_flat(lengths, C, strategy, allseg, rank_of, gathered_docs, cm: CostMo
         comm_s=comm,
         block_time_s=block,
         kv_exchange=kind,
-        kv_window=cm.sliding_window if kind == "all_to_all" else None,
+        kv_window=cm.exchange_window if kind == "all_to_all" else None,
         kv_route_node=routed,
         comm_tail_s=tail,
     )
@@ -264,7 +264,7 @@ def resolve_exchange(plan: ShardPlan, cm: CostModel) -> ShardPlan:
     return ShardPlan(doc_lengths=plan.doc_lengths, cp_size=plan.cp_size, strategy=plan.strategy,
                      segments=plan.segments, gathered_docs=plan.gathered_docs, rank_compute_s=plan.rank_compute_s,
                      comm_s=comm, block_time_s=block, kv_exchange="all_to_all",
-                     kv_window=cm.sliding_window, kv_route_node=route, comm_tail_s=tail)
+                     kv_window=cm.exchange_window, kv_route_node=route, comm_tail_s=tail)
 
 
 def _a2a_options(allseg, rank_of, C, gathered, segments, cm: CostModel, compute, local_attn, route="auto"):
@@ -274,14 +274,14 @@ def _a2a_options(allseg, rank_of, C, gathered, segments, cm: CostModel, compute,
     whose second phase nothing hides, cannot lower the block time: it is not costed. ``route``: see
     :func:`finish_plan`."""
     if route is None or route == "auto":
-        comm = cm.a2a_pair_cost(a2a_pair_counts_flat(allseg, rank_of, C, gathered, cm.sliding_window, segments))
+        comm = cm.a2a_pair_cost(a2a_pair_counts_flat(allseg, rank_of, C, gathered, cm.exchange_window, segments))
         best = (float(np.max(compute - local_attn + np.maximum(local_attn, comm))), comm, 0.0, None)
         if route is None or not routes(C, cm.node_size) or bool(np.all(comm <= local_attn)):
             return best
         node = int(cm.node_size)
     else:
         best, node = None, int(route)
-    first, second = routed_pair_counts(segments, gathered, cm.sliding_window, node)
+    first, second = routed_pair_counts(segments, gathered, cm.exchange_window, node)
     t1, t2 = cm.a2a_pair_cost(first), cm.a2a_pair_cost(second)
     routed = (route_blocks(compute, local_attn, t1, t2), t1 + t2, t2, node)
     return routed if best is None or routed[:2] < best[:2] else best

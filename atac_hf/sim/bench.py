@@ -219,7 +219,8 @@ def run_robustness_grid(scenarios: Sequence[Scenario], *, scales: Sequence[float
     :func:`~atac_hf.sim.robustness.robustness_rows`, each with its ``scenario``, in grid order.
 
     Raises:
-        ValueError: as :func:`run_grid`; a scale that is not a finite number > 0; no evaluation model.
+        ValueError: as :func:`run_grid`; a scale that is not a finite number > 0; no evaluation model;
+            an evaluation profile measured for another model or tp_size than a scenario's.
     """
     from .robustness import scale_attention
 
@@ -227,12 +228,16 @@ def run_robustness_grid(scenarios: Sequence[Scenario], *, scales: Sequence[float
         raise ValueError("run_robustness_grid needs an evaluation model: attention scales (--eval-attn-scale) or "
                          "profiles (--eval-profile)")
     _check_scenarios(scenarios, profile)
+    for path in eval_profiles:
+        CostModel.from_profile(path)  # unreadable: the same error whatever the scenarios
     for s in scenarios:  # bad scales and profiles fail here, before any worker starts
-        cm = s.config(profile).cost_model()
+        cluster = s.config(profile)
+        cm = cluster.cost_model()
         for k in scales:
             scale_attention(cm, k)
-    for path in eval_profiles:
-        CostModel.from_profile(path)
+        for path in eval_profiles:  # measured for another model than this scenario's: refused
+            cluster.profile_cost_model(path, setting=f"the evaluation profile (--eval-profile; scenario {s.name}, "
+                                                     "or set --profile to run every scenario on the profile's model)")
     jobs = [(i, s, seed, profile, tuple(scales), tuple(eval_profiles)) for i, s in enumerate(scenarios)]
     return [row for rows in _pool_map(_robust_one, jobs, scenarios, workers, progress) for row in rows]
 

@@ -17,6 +17,9 @@ from typing import Any
 
 from .._argtypes import model_arg, parse_tokens
 from ..cost import HARDWARE_PRESETS, MODEL_PRESETS
+# the bounds of one run (packs, pack tokens, steps): the CLI checks its flags against the same
+# numbers ClusterConfig and simulate() check their arguments against
+from .cluster import MAX_SIM_PACKS, MAX_SIM_STEPS, MAX_SIM_TOKENS
 
 __all__ = ["add_parser", "add_simulate_parser", "add_bench_parser", "run_simulate", "run_bench", "workload_info",
            "workload_line"]
@@ -107,13 +110,6 @@ def workload_line(spec: str, lengths: Any, *, seed: int | None = None) -> str:
     w = workload_info(spec, lengths, seed=seed)
     return (f"workload {w['name']} ({w['source']}): {w['num_samples']:,} samples, {w['tokens']:,} tokens, "
             f"longest {w['longest']:,}")
-
-
-#: Most packs one ``simulate`` run may plan (steps x DP x micro-batches; the default run: 512),
-#: and the largest token cap and step count it accepts: absurd values fail at once, not after hours.
-MAX_SIM_PACKS = 2**18
-MAX_SIM_TOKENS = 2**26
-MAX_SIM_STEPS = 10_000
 
 
 def _check_sim_sizes(args: argparse.Namespace) -> None:

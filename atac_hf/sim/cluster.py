@@ -36,8 +36,12 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..cost import HARDWARE_PRESETS, MODEL_PRESETS, CostModel, HardwarePreset, ModelDims
+from ..cost.presets import resolve_hardware
+from ..cost.profile import PROFILE_DIMS
+from ..sharding import MAX_CP_SIZE
 
-__all__ = ["ClusterConfig", "RUNNABLE_AXES", "GPU_MEMORY_BYTES", "STATE_BYTES_PER_PARAM"]
+__all__ = ["ClusterConfig", "RUNNABLE_AXES", "GPU_MEMORY_BYTES", "STATE_BYTES_PER_PARAM", "MAX_SIM_PACKS",
+           "MAX_SIM_STEPS", "MAX_SIM_TOKENS"]
 
 #: Memory of one GPU of each hardware preset, bytes (the presets' spec sheets: A800/H100 SXM 80 GB, H200 141 GB).
 GPU_MEMORY_BYTES = {"A800": 80e9, "H100": 80e9, "H200": 141e9}
@@ -49,9 +53,37 @@ STATE_BYTES_PER_PARAM = 16
 #: ``dp`` covers both replicated and FSDP2-sharded data parallelism).
 RUNNABLE_AXES = ("dp", "cp", "tp")
 
+#: Largest pack (``max_tokens``, ``--max-tokens``) a simulated cluster takes, and the most packs
+#: per step (``dp_size x num_micro_batches``) and per run (``atac-hf simulate``'s ``--steps x --dp
+#: x --micro-batches``): a simulation holds every sample of its stream, so absurd sizes fail at
+#: once instead of exhausting memory.
+MAX_SIM_TOKENS = 2**26
+MAX_SIM_PACKS = 2**18
+#: Most steps one simulation runs (``simulate(num_steps=...)``, ``--steps``).
+MAX_SIM_STEPS = 10_000
+#: Most GPUs per node, and bytes per gradient / activation element (bounds that keep every derived
+#: figure finite; real values are 4-8 GPUs and 1-4 bytes).
+_MAX_GPUS_PER_NODE = 2**20
+_MAX_ELEMENT_BYTES = 64
+#: Largest ``rank_token_slack`` (above ``cp_size`` it caps nothing; the bound keeps the cap an int).
+_MAX_SLACK = 2.0**20
+
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_real(v: Any) -> bool:
+    """A number (numpy floats and ints too), never a bool or a string."""
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def _shown(v: Any) -> str:
+    """``repr(v)`` cut short for messages (a huge int or string is not printed whole)."""
+    if _is_int(v) and abs(int(v)) >= 10**30:
+        return f"<int of {int(v).bit_length()} bits>"
+    text = repr(v)
+    return text[:77] + "..." if len(text) > 80 else text
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,12 +96,15 @@ class ClusterConfig:
         cp_size: context-parallel ranks sharing one pack.
         tp_size: tensor-parallel ranks (divide heads and weights; the cost model is built for it).
         num_micro_batches: packs (micro-batches) per DP replica per optimizer step.
-        max_tokens: token cap of one pack (the whole CP group's row).
+        max_tokens: token cap of one pack (the whole CP group's row), at most
+            :data:`MAX_SIM_TOKENS` (``dp_size x num_micro_batches`` at most :data:`MAX_SIM_PACKS`).
         model: a :data:`~atac_hf.cost.MODEL_PRESETS` key, a :class:`~atac_hf.cost.ModelDims`,
             an HF config object, or a dict of HF config fields.
-        hardware: a :data:`~atac_hf.cost.HARDWARE_PRESETS` key (compute and links).
-        profile: a calibration profile JSON (``atac-hf calibrate``): replaces the
-            preset's compute coefficients; links still come from ``hardware``.
+        hardware: a :data:`~atac_hf.cost.HARDWARE_PRESETS` key (compute and links), or a
+            :class:`~atac_hf.cost.HardwarePreset`.
+        profile: the path (str or os.PathLike, kept as a str) of a calibration profile JSON
+            (``atac-hf calibrate``): replaces the preset's compute coefficients; links and node
+            topology still come from ``hardware`` and ``gpus_per_node``.
         efficiency: achieved share of peak FLOP/s for the presets (ignored with a profile).
         num_gpus: when given, must equal ``dp x pp x cp x tp`` (a consistency check).
         gpus_per_node: GPUs per node (decides intra- vs inter-node links).
@@ -91,8 +126,8 @@ class ClusterConfig:
     num_micro_batches: int = 1
     max_tokens: int = 32768
     model: Any = "7b"
-    hardware: str = "H100"
-    profile: str | None = None
+    hardware: str | HardwarePreset = "H100"
+    profile: str | os.PathLike | None = None
     efficiency: float = 0.5
     num_gpus: int | None = None
     gpus_per_node: int = 8
@@ -103,11 +138,52 @@ class ClusterConfig:
     max_tokens_per_rank: int | None = None
 
     def __post_init__(self) -> None:
-        for f in ("dp_size", "pp_size", "cp_size", "tp_size", "num_micro_batches", "max_tokens", "gpus_per_node",
-                  "grad_bytes", "act_bytes"):
+        # types and ranges first: every later check and every derived figure may then rely on them
+        limits = {"dp_size": (MAX_SIM_PACKS, "--dp"), "pp_size": (None, "--pp"), "cp_size": (None, "--cp"),
+                  "tp_size": (None, "--tp"), "num_micro_batches": (MAX_SIM_PACKS, "--micro-batches"),
+                  "max_tokens": (MAX_SIM_TOKENS, "--max-tokens"), "gpus_per_node": (_MAX_GPUS_PER_NODE, None),
+                  "grad_bytes": (_MAX_ELEMENT_BYTES, None), "act_bytes": (_MAX_ELEMENT_BYTES, None)}
+        for f, (high, flag) in limits.items():
             v = getattr(self, f)
-            if not _is_int(v) or v < 1:
-                raise ValueError(f"ClusterConfig.{f}={v!r} is invalid: it must be an int >= 1")
+            if not _is_int(v) or v < 1 or (high is not None and v > high):
+                legal = "an int >= 1" if high is None else f"an int from 1 to {high}"
+                raise ValueError(f"ClusterConfig.{f}={_shown(v)} is invalid: it must be {legal}"
+                                 + (f" (set {f} / {flag})" if flag else f" (set {f})"))
+        if self.dp_size * self.num_micro_batches > MAX_SIM_PACKS:
+            raise ValueError(
+                f"ClusterConfig.dp_size x num_micro_batches = {self.dp_size} x {self.num_micro_batches} packs per "
+                f"step, more than {MAX_SIM_PACKS}: lower dp_size (--dp) or num_micro_batches (--micro-batches)")
+        if self.num_gpus is not None and not _is_int(self.num_gpus):
+            raise ValueError(f"ClusterConfig.num_gpus={_shown(self.num_gpus)} is invalid: it must be None or an int "
+                             "(dp_size x pp_size x cp_size x tp_size; set num_gpus / --num-gpus)")
+        if not isinstance(self.hardware, (str, HardwarePreset)) or (
+                isinstance(self.hardware, str) and self.hardware.upper() not in HARDWARE_PRESETS):
+            raise ValueError(
+                f"ClusterConfig.hardware={_shown(self.hardware)} is unknown; legal values: "
+                f"{sorted(HARDWARE_PRESETS)} or a HardwarePreset (set hardware / --hardware; or calibrate and set "
+                "profile / --profile)"
+            )
+        for f, in_range, legal, flag in (
+                ("efficiency", lambda v: 0 < v <= 1, "a number in (0, 1] (the achieved share of peak FLOP/s)",
+                 "--efficiency"),
+                ("fwd_fraction", lambda v: 0 < v < 1, "None or a number in (0, 1) (the forward's share of a layer's "
+                 "time)", None),
+                ("rank_token_slack", lambda v: 1 <= v <= _MAX_SLACK,
+                 f"None or a number from 1 to {int(_MAX_SLACK)} (2**20)", None)):
+            v = getattr(self, f)
+            if v is None and f != "efficiency":
+                continue
+            if not (_is_real(v) and math.isfinite(v) and in_range(v)):
+                raise ValueError(f"ClusterConfig.{f}={_shown(v)} is invalid: it must be {legal}"
+                                 + (f" (set {f} / {flag})" if flag else f" (set {f})"))
+        if self.profile is not None:
+            path = self.profile
+            if isinstance(path, os.PathLike):
+                path = os.fspath(path)
+            if not isinstance(path, str):
+                raise ValueError(f"ClusterConfig.profile={_shown(self.profile)} is invalid: it must be None or the "
+                                 "path (a str or os.PathLike) of a calibration profile JSON (set profile / --profile)")
+            object.__setattr__(self, "profile", path)  # a str from here on (describe, to_dict, JSON reports)
         world = self.dp_size * self.pp_size * self.cp_size * self.tp_size
         if self.num_gpus is not None and self.num_gpus != world:
             raise ValueError(
@@ -127,20 +203,13 @@ class ClusterConfig:
             )
         if self.max_tokens < self.cp_size:
             raise ValueError(f"ClusterConfig.max_tokens={self.max_tokens} is smaller than cp_size={self.cp_size}")
-        if self.hardware.upper() not in HARDWARE_PRESETS:
-            raise ValueError(
-                f"ClusterConfig.hardware={self.hardware!r} is unknown; legal values: {sorted(HARDWARE_PRESETS)}"
-            )
-        if not 0 < self.efficiency <= 1:
-            raise ValueError(f"ClusterConfig.efficiency={self.efficiency!r} must be in (0, 1]")
-        if self.fwd_fraction is not None and not 0 < self.fwd_fraction < 1:
-            raise ValueError(f"ClusterConfig.fwd_fraction={self.fwd_fraction!r} must be in (0, 1) or None")
-        if self.rank_token_slack is not None and not self.rank_token_slack >= 1:
-            raise ValueError(f"ClusterConfig.rank_token_slack={self.rank_token_slack!r} must be >= 1 or None")
+        if self.cp_size > MAX_CP_SIZE:  # after the check above: the CLI words that one in its flags
+            raise ValueError(f"ClusterConfig.cp_size={self.cp_size} is invalid: it must be an int from 1 to "
+                             f"{MAX_CP_SIZE} (MAX_CP_SIZE, the planners' largest CP group; set cp_size / --cp)")
         if self.max_tokens_per_rank is not None and (not _is_int(self.max_tokens_per_rank)
                                                      or not 1 <= self.max_tokens_per_rank <= 2**62):
-            raise ValueError(f"ClusterConfig.max_tokens_per_rank={self.max_tokens_per_rank!r} must be an int from 1 "
-                             "to 2**62 or None (derived from rank_token_slack)")
+            raise ValueError(f"ClusterConfig.max_tokens_per_rank={_shown(self.max_tokens_per_rank)} must be an int "
+                             "from 1 to 2**62 or None (derived from rank_token_slack)")
         if self.profile is not None:
             self.cost_model()  # a profile that does not match the model fails here, not mid-run
 
@@ -152,10 +221,14 @@ class ClusterConfig:
             return m
         if isinstance(m, str):
             if m.lower() not in MODEL_PRESETS:
-                raise ValueError(f"ClusterConfig.model={m!r} is unknown; legal presets: {sorted(MODEL_PRESETS)} "
-                                 "(or pass ModelDims / an HF config)")
+                raise ValueError(f"ClusterConfig.model={_shown(m)} is unknown; legal presets: "
+                                 f"{sorted(MODEL_PRESETS)} (or pass ModelDims / an HF config; set model / --model)")
             return MODEL_PRESETS[m.lower()]
-        return ModelDims.from_hf_config(m)
+        try:
+            return ModelDims.from_hf_config(m)
+        except (TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"ClusterConfig.model={_shown(m)} is invalid: {e} (legal: a preset in "
+                             f"{sorted(MODEL_PRESETS)}, a ModelDims or an HF config; set model / --model)") from None
 
     @property
     def world_size(self) -> int:
@@ -167,7 +240,7 @@ class ClusterConfig:
 
     @property
     def hw(self) -> HardwarePreset:
-        return HARDWARE_PRESETS[self.hardware.upper()]
+        return resolve_hardware(self.hardware)
 
     def _bandwidth(self, span_gpus: int) -> float:
         return self.hw.intra_node_bw if span_gpus <= self.gpus_per_node else self.hw.inter_node_bw
@@ -209,7 +282,7 @@ class ClusterConfig:
             out.append(f"PP {self.pp_size}: HF has no pipeline parallelism")
         if self.tp_size > self.dims.num_kv_heads:
             out.append(f"TP {self.tp_size} > {self.dims.num_kv_heads} K/V heads: tp_plan cannot replicate K/V heads")
-        mem = GPU_MEMORY_BYTES.get(self.hardware.upper())
+        mem = GPU_MEMORY_BYTES.get(self.hw.name.upper())
         states = self.model_state_bytes_per_gpu()
         if mem is not None and states > mem:
             how = "TP with DDP: FSDP x TP is refused" if self.tp_size > 1 else "FSDP2 over DP x CP"
@@ -241,55 +314,91 @@ class ClusterConfig:
 
         The TP activation all-reduces (:meth:`tp_comm_s_per_token`) are added to the linear
         price per token: every CP rank pays them on its own tokens, so they fall on a pack's
-        slowest rank like its projections, and the planners see them as such.
+        slowest rank like its projections, and the planners see them as such. With a
+        ``profile``: :meth:`profile_cost_model` of it.
 
         Raises:
             ValueError: a profile that cannot be read or does not match ``model``/``tp_size``.
         """
-        inter = self.tp_size * self.cp_size > self.gpus_per_node
-        # a CP group over several nodes: the all-to-all K/V exchange prices rows inside a node
-        # at NVLink speed (CP ranks are consecutive GPUs, TP innermost)
-        nodes = dict(node_size=max(1, self.gpus_per_node // self.tp_size),
-                     intra_node_bandwidth=self.hw.intra_node_bw) if inter else {}
-        tp_comm = self.tp_comm_s_per_token()
-        if self.profile is None:
-            cm = CostModel.from_model(self.dims, self.hw, efficiency=self.efficiency, tp_size=self.tp_size,
-                                      inter_node=inter)
-            return cm.replace(linear_s_per_token=cm.linear_s_per_token + tp_comm, **nodes)
-        cm = CostModel.from_profile(self.profile)  # measured per TP rank: compute only, no TP collectives
-        self._check_profile(cm)
-        return cm.replace(link_bandwidth=self._bandwidth(self.tp_size * self.cp_size),
-                          link_latency_s=self.hw.link_latency_s, linear_s_per_token=cm.linear_s_per_token + tp_comm,
-                          **nodes)
+        if self.profile is not None:
+            return self.profile_cost_model(self.profile)
+        cm = CostModel.from_model(self.dims, self.hw, efficiency=self.efficiency, tp_size=self.tp_size,
+                                  inter_node=self._inter_node())
+        return cm.replace(linear_s_per_token=cm.linear_s_per_token + self.tp_comm_s_per_token(), **self._topology())
 
-    def _check_profile(self, cm: CostModel) -> None:
-        with open(self.profile, encoding="utf-8") as f:
-            meta = json.load(f).get("metadata") or {}
+    def profile_cost_model(self, path: str | os.PathLike,
+                           setting: str = "the profile (ClusterConfig.profile / --profile)") -> CostModel:
+        """The cost model of this cluster running on a calibration profile's compute.
+
+        The profile (measured per TP rank: compute only) gives the compute coefficients and
+        K/V bytes; the cluster gives everything the profile cannot know: the CP link
+        (bandwidth and latency of ``hardware``), the node topology (CP ranks per node and the
+        intra-node link, for a CP group over several nodes; none otherwise) and the TP
+        all-reduces (:meth:`tp_comm_s_per_token`). The same model whether the profile plans
+        (``profile``) or only times (an evaluation profile of :mod:`.robustness`).
+
+        Args:
+            path: the profile JSON (``atac-hf calibrate``).
+            setting: the setting that named ``path``, for messages.
+
+        Raises:
+            ValueError: a profile that cannot be read, or one measured for another model or
+                ``tp_size`` (its metadata) or with K/V bytes this model cannot have.
+        """
+        path = os.fspath(path)
+        cm = CostModel.from_profile(path)
+        self._check_profile(cm, path, setting)
+        return cm.replace(link_bandwidth=self._bandwidth(self.tp_size * self.cp_size),
+                          link_latency_s=self.hw.link_latency_s,
+                          linear_s_per_token=cm.linear_s_per_token + self.tp_comm_s_per_token(), **self._topology())
+
+    def _inter_node(self) -> bool:
+        return self.tp_size * self.cp_size > self.gpus_per_node
+
+    def _topology(self) -> dict[str, Any]:
+        """The CP group's node layout as CostModel fields: a group over several nodes has the
+        all-to-all K/V exchange price rows inside a node at NVLink speed (CP ranks are
+        consecutive GPUs, TP innermost); a group in one node has one link."""
+        if not self._inter_node():
+            return dict(node_size=None, intra_node_bandwidth=None)
+        return dict(node_size=max(1, self.gpus_per_node // self.tp_size), intra_node_bandwidth=self.hw.intra_node_bw)
+
+    def _model_label(self) -> str:
         d = self.dims
+        return repr(self.model) if isinstance(self.model, str) else f"h{d.hidden_size}x{d.num_layers}"
+
+    def _check_profile(self, cm: CostModel, path: str, setting: str) -> None:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f).get("metadata") or {}
+        if not isinstance(meta, Mapping):
+            meta = {}
+        d = self.dims
+        fix = f"calibrate for the cluster's model, change the model (ClusterConfig.model / --model) or {setting}"
         pm = meta.get("model")
         if isinstance(pm, Mapping):
             ours = dataclasses.asdict(d)
-            bad = {k: (pm[k], ours[k]) for k in ("hidden_size", "num_heads", "num_kv_heads", "head_dim",
-                                                 "intermediate_size") if k in pm and pm[k] != ours[k]}
+            bad = {k: (pm[k], ours[k]) for k in PROFILE_DIMS if k in pm and pm[k] != ours[k]}
             if bad:
-                detail = ", ".join(f"{k}: profile {a} vs model {b}" for k, (a, b) in bad.items())
+                detail = ", ".join(f"{k}: profile {_shown(a)} vs model {b}" for k, (a, b) in bad.items())
+                theirs = f"h{_shown(pm.get('hidden_size'))}x{_shown(pm.get('num_layers'))}"
                 raise ValueError(
-                    f"cost profile {self.profile!r} was measured for another model ({detail}); "
-                    "calibrate for this model or change the model setting"
+                    f"cost profile {path!r} was measured for another model ({theirs}) than the cluster's "
+                    f"{self._model_label()} ({detail}); {fix}"
                 )
         ptp = meta.get("tp_size", 1)
         if ptp != self.tp_size:
             raise ValueError(
-                f"cost profile {self.profile!r} was measured with tp_size={ptp}, the cluster has "
-                f"tp_size={self.tp_size}; calibrate with the cluster's tp_size or change tp_size"
+                f"cost profile {path!r} was measured with tp_size={_shown(ptp)}, the cluster has "
+                f"tp_size={self.tp_size}; calibrate with the cluster's tp_size, change tp_size (--tp) or {setting}"
             )
         kv_heads = max(1, d.num_kv_heads // self.tp_size)
-        legal = [2.0 * kv_heads * d.head_dim * b for b in (1, 2, 4)]
+        v_dim = d.head_dim if d.v_head_dim is None else d.v_head_dim
+        legal = [1.0 * kv_heads * (d.head_dim + v_dim) * b for b in (1, 2, 4)]
         if cm.kv_bytes_per_token and not any(math.isclose(cm.kv_bytes_per_token, x) for x in legal):
             raise ValueError(
-                f"cost profile {self.profile!r} has kv_bytes_per_token={cm.kv_bytes_per_token}, which does not "
-                f"match the model (2 x {kv_heads} kv heads x head_dim {d.head_dim} x 1, 2 or 4 bytes = {legal}); "
-                "calibrate for this model or change the model setting"
+                f"cost profile {path!r} has kv_bytes_per_token={cm.kv_bytes_per_token}, which does not "
+                f"match the cluster's model {self._model_label()} ({kv_heads} kv heads x (head_dim {d.head_dim} + "
+                f"value width {v_dim}) x 1, 2 or 4 bytes = {legal}); {fix}"
             )
 
     def grad_sync_s(self) -> float:
@@ -328,7 +437,7 @@ class ClusterConfig:
     def describe(self) -> str:
         d = self.dims
         m = self.model if isinstance(self.model, str) else f"h{d.hidden_size}x{d.num_layers}"
-        src = f"profile {os.path.basename(self.profile)}" if self.profile else self.hardware
+        src = f"profile {os.path.basename(self.profile)}" if self.profile else self.hw.name
         nodes = -(-self.world_size // self.gpus_per_node)
         return (f"{m} on {src}: DP{self.dp_size} PP{self.pp_size} CP{self.cp_size} TP{self.tp_size} "
                 f"({self.world_size} GPUs, {nodes} node{'s' if nodes > 1 else ''}), "

@@ -13,6 +13,7 @@ Numpy only.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -67,15 +68,26 @@ def run_robustness(lengths: Any, cluster: ClusterConfig, *, scales: Sequence[flo
         lengths: the workload's sample lengths.
         cluster: the cluster (its cost model plans).
         scales: attention price ratios of the evaluation models (1.0: the planning model itself).
-        profiles: cost profile paths, each an evaluation model too (e.g. a calibrated CPU
-            profile timing plans made with a preset), with this cluster's CP link.
+        profiles: cost profile paths, each an evaluation model too (e.g. a profile calibrated
+            on the hardware timing plans made with a preset), checked against the cluster's
+            model and tp_size like :attr:`ClusterConfig.profile` and built the same way
+            (:meth:`ClusterConfig.profile_cost_model`: the profile's compute, this cluster's
+            CP link, node topology and TP all-reduces).
         **simulate_kwargs: passed to :func:`~atac_hf.sim.simulate` (combos, num_steps, seed, ...).
+
+    Raises:
+        ValueError: a bad scale; ``scales`` or ``profiles`` not a list; a profile that cannot
+            be read or was measured for another model or tp_size. Nothing is simulated then.
     """
+    for name, seq, item in (("scales", scales, "attention price ratios"), ("profiles", profiles, "profile paths")):
+        if isinstance(seq, (str, bytes, os.PathLike)) or not isinstance(seq, (Sequence, np.ndarray)):
+            raise ValueError(f"run_robustness {name}={seq!r:.80} must be a list of {item} (pass [{name[:-1]}]; "
+                             f"set --eval-{'attn-scale' if name == 'scales' else 'profile'})")
     cm = cluster.cost_model()
     models = [(f"attention x{float(s):g}", scale_attention(cm, s)) for s in scales]
-    for path in profiles:
-        prof = CostModel.from_profile(path).replace(link_bandwidth=cm.link_bandwidth,
-                                                    link_latency_s=cm.link_latency_s)
+    for path in profiles:  # every profile checked before anything runs
+        prof = cluster.profile_cost_model(path, setting="the evaluation profile (--eval-profile / "
+                                                        "run_robustness(profiles=...))")
         models.append((f"profile {prof.name}", prof))
     return [RobustnessRun(label, m, simulate(lengths, cluster, eval_cost_model=m, **simulate_kwargs))
             for label, m in models]

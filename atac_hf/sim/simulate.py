@@ -33,12 +33,15 @@ the same step if its work were perfectly balanced: every micro-batch of every
 replica carries the step's mean work, split evenly over the CP ranks with no
 exposed communication, run through the same 1F1B schedule (so the pipeline's
 ramp-up/ramp-down bubble, ``(P - 1) / M`` of the work, is kept), plus the same
-gradient all-reduce and activation hops. Work is the packs' cost with every
-document whole (no CP split), which no CP split undercuts (tile waste and
-per-segment overhead only grow). It bounds every plan with balanced
-micro-batches; a plan whose *first and last* micro-batches are lighter than the
-rest shrinks the 1F1B ramps and could in principle beat it (by less than
-``(P - 1) / M`` of the work); ratios are reported as measured.
+gradient all-reduce and activation hops. Work is :func:`work_lower_bound` of the
+packs' documents: what no CP split of them undercuts under any prices (the
+cheaper of the causal and masked prices, the pairs and calls every split
+computes at least), which for a document left whole is its whole-document cost
+when masked segments cost what causal ones do. With one pipeline stage every
+plan's step time is at least the bound; with several, a plan whose *first and
+last* micro-batches are lighter than the rest shrinks the 1F1B ramps and could in
+principle beat it (by less than ``(P - 1) / M`` of the work); ratios are reported
+as measured.
 
 **Second timing** (:mod:`.onef1b`): every step and its bound are also timed by the
 closed-form 1F1B formula instead of the event schedule (same stage times, hops and
@@ -59,8 +62,8 @@ import numpy as np
 from ..cost import CostModel
 from ..sharding import plan_shards
 from ..sharding.api import CapExceededError
-from ..sharding.segments import finish_plan
-from .cluster import ClusterConfig
+from ..sharding.segments import _doc_work_lower_bounds, finish_plan
+from .cluster import MAX_SIM_PACKS, MAX_SIM_STEPS, ClusterConfig
 from .feed import PackedStream, cut_windows, pack_cost, packing_metrics, run_packer
 from .combos import check_combos
 from .results import PACKINGS, SHARDINGS, ComboResult, NoCombinationFitsError, RefusedCombo, SimResult
@@ -68,7 +71,7 @@ from .onef1b import onef1b_formula
 from .schedule import one_f_one_b
 from ..workloads import sample_stream
 
-__all__ = ["simulate", "balanced_step_time", "plan_summaries", "PlanSummary"]
+__all__ = ["simulate", "balanced_step_time", "plan_summaries", "PlanSummary", "work_lower_bound"]
 
 
 @dataclass(frozen=True)
@@ -159,13 +162,52 @@ def _stage_times(cluster: ClusterConfig, block_M: np.ndarray, phi_M: np.ndarray)
     return layers_P * (block_M * phi_M)[None, :], layers_P * (block_M * (1.0 - phi_M))[None, :]
 
 
+def work_lower_bound(lengths: Any, cm: CostModel, *, split: bool = True) -> np.ndarray:
+    """(D,) per-layer fwd+bwd seconds that no CP plan of documents ``lengths`` undercuts.
+
+    Any plan runs each document as one segment ``[0, L)`` (left whole, or its chunks on one
+    rank merged into one kernel call) or, where documents may be split (``split``: CP over
+    two ranks or more), as two or more non-empty segments; the bound is the cheaper case:
+
+    * whole: the document's token-wise work, its pairs as ``cm`` counts them for ``[0, L)``
+      and one kernel call, each at the cheaper of the causal and masked prices (a whole
+      document is masked under a sliding window shorter than it);
+    * split: :func:`~atac_hf.sharding.segments._doc_work_lower_bounds` (exact causal pairs,
+      windows counted, at the cheaper price, one call) plus a second call and, with tiles
+      (``tile = t > 1``), ``(t - 1) / 2`` pairs per row: a tiled kernel computes whole
+      ``t x t`` tiles, and a query tile of ``r <= t`` rows ending at key ``e >= r`` computes
+      ``t * e`` pairs or more against its at most ``r * e - r * (r - 1) / 2`` causal ones,
+      at least ``r * (t - 1) / 2`` more; under a window the band adds ``t - 1`` per row. Mask
+      row blocks only add pairs and calls.
+
+    With masked segments priced like causal ones (every preset), the bound is the documents'
+    :meth:`~atac_hf.cost.CostModel.doc_cost` without ``split`` (CP 1, where the simulator
+    runs every document whole) and with exact pair counts (``tile`` 1); with tiles the split
+    case is cheaper by at most about the whole document's partial last query tile
+    (``(t - L mod t) x L`` pairs) less one kernel call: within 0.6 % of the whole-document
+    cost for the preset models. Numpy only.
+    """
+    L = np.asarray(lengths, dtype=np.int64)
+    masked_price = cm.attn_s_per_pair if cm.masked_attn_s_per_pair is None else cm.masked_attn_s_per_pair
+    masked_call = cm.segment_overhead_s if cm.masked_segment_overhead_s is None else cm.masked_segment_overhead_s
+    price, call = min(cm.attn_s_per_pair, masked_price), min(cm.segment_overhead_s, masked_call)
+    whole = L * cm.linear_s_per_token + cm.attention_pairs(np.zeros_like(L), L) * price + call
+    if not split:
+        return whole
+    cut = _doc_work_lower_bounds(L, cm) + call
+    if cm.tile > 1:
+        cut = cut + L * ((cm.tile - 1) / 2.0) * price
+    return np.minimum(whole, cut)
+
+
 def balanced_step_time(cluster: ClusterConfig, work_s: float, tokens: int, num_micro_batches: int,
                        phi: float = 1.0 / 3.0, timing: str = "schedule") -> float:
     """The balance lower bound of one step (see module doc).
 
     Args:
         cluster: the cluster.
-        work_s: per-layer fwd+bwd seconds of all the step's packs, documents whole.
+        work_s: per-layer fwd+bwd seconds of all the step's packs that no CP split undercuts
+            (the sum of :func:`work_lower_bound` of their documents).
         tokens: tokens of the step.
         num_micro_batches: micro-batches per replica.
         phi: forward share of the work.
@@ -214,7 +256,8 @@ def simulate(lengths: Any, cluster: ClusterConfig, *, combos: Sequence[tuple[str
         The :class:`~atac_hf.sim.results.SimResult`.
 
     Raises:
-        ValueError: bad lengths, counts, strategy names or a combination given twice;
+        ValueError: bad lengths, counts (``num_steps`` from 1 to :data:`~.cluster.MAX_SIM_STEPS`, at
+            most :data:`~.cluster.MAX_SIM_PACKS` packs in all), strategy names or a combination given twice;
             :class:`~atac_hf.sim.results.NoCombinationFitsError` (a ValueError) when every
             combination has a pack over the per-rank token cap. A combination over it while
             others fit is not an error: it is in ``SimResult.refused``, with the reason.
@@ -222,8 +265,15 @@ def simulate(lengths: Any, cluster: ClusterConfig, *, combos: Sequence[tuple[str
     arr = np.asarray(lengths)
     if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer) or (arr < 1).any():
         raise ValueError("workload lengths must be a non-empty 1-D array of ints >= 1 (check the workload setting)")
-    if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 1:
-        raise ValueError(f"num_steps={num_steps!r} must be an int >= 1")
+    if (isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer))
+            or not 1 <= num_steps <= MAX_SIM_STEPS):
+        raise ValueError(f"num_steps={num_steps!r:.80} must be an int from 1 to {MAX_SIM_STEPS}")
+    if not isinstance(cluster, ClusterConfig):
+        raise TypeError(f"cluster must be a ClusterConfig, got {type(cluster).__name__}")
+    if num_steps * cluster.packs_per_step > MAX_SIM_PACKS:
+        raise ValueError(f"num_steps x dp_size x num_micro_batches = {num_steps} x {cluster.dp_size} x "
+                         f"{cluster.num_micro_batches} packs to simulate, more than {MAX_SIM_PACKS}: lower one of "
+                         "them (--steps, --dp, --micro-batches)")
     if windows not in ("adaptive", "fixed"):
         raise ValueError(f"windows={windows!r}: legal values are 'adaptive' and 'fixed'")
     if end_of_stream not in ("flush", "last"):
@@ -309,7 +359,7 @@ def _evaluate(packing: str, sharding: str, packed: PackedStream, lens: list[np.n
         f_steps.append(f_worst + sync)
         ntok = int(sum(int(x.sum()) for x in step_lens))
         toks.append(ntok)
-        work = float(sum(float(cm.doc_cost(x).sum()) for x in step_lens))
+        work = float(sum(float(work_lower_bound(x, cm, split=cluster.cp_size > 1).sum()) for x in step_lens))
         M = max(cluster.num_micro_batches, -(-n // D))
         phi_mean = float(np.average(phi, weights=np.maximum(block, 1e-30)))
         lbs.append(balanced_step_time(cluster, work, ntok, M, phi_mean))
