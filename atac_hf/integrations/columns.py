@@ -145,4 +145,7 @@ def checked_stream(dataset: Any) -> Any:
             return dataset.map(prepare_stream_sample)
     except ImportError:  # pragma: no cover - datasets is a dependency
         pass
+    from ..packing.data.iterable import check_reiterable
+
+    check_reiterable(dataset, "the streamed dataset")
     return _CheckedStream(dataset)

@@ -8,7 +8,7 @@ deals packs the way Accelerate's ``BatchSamplerShard`` hands batch ``b`` to DP r
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 from torch.utils.data import DataLoader, IterableDataset
@@ -348,8 +348,21 @@ class PackedRowDocuments:
         return int(self.lengths.size)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        r, o, n = int(self.row[i]), int(self.offset[i]), int(self.lengths[i])
-        row = self.dataset[r]
+        return self._document(self.dataset[int(self.row[i])], i)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        """Documents ``indices`` with each of their rows read once (a row holds up to thousands of
+        short documents: reading it per document made a batch cost documents x row length)."""
+        rows = sorted({int(self.row[i]) for i in indices})
+        if getattr(self.dataset, "column_names", None) is not None:  # datasets: one batched read
+            cols = self.dataset[rows]
+            got = {r: {c: cols[c][j] for c in cols} for j, r in enumerate(rows)}
+        else:
+            got = {r: self.dataset[r] for r in rows}
+        return [self._document(got[int(self.row[i])], i) for i in indices]
+
+    def _document(self, row: Mapping[str, Any], i: int) -> dict[str, Any]:
+        o, n = int(self.offset[i]), int(self.lengths[i])
         out = {"input_ids": row["input_ids"][o:o + n]}
         for col in self.COLUMNS:
             if row.get(col) is not None:

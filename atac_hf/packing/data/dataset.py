@@ -38,6 +38,7 @@ SFTTrainer does).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import warnings
@@ -58,6 +59,7 @@ __all__ = ["dataset_lengths", "pack_dataset"]
 logger = logging.getLogger(__name__)
 
 _BUILD_TOKENS = 1 << 24  # tokens per built record batch (bounds the temporary memory)
+_BUILD_SPANS = 1 << 16  # spans per built record batch (each holds an Arrow slice of about 0.5 KB)
 
 
 def dataset_lengths(dataset: Any, *, column: str = "input_ids", batch_size: int = 10_000,
@@ -174,6 +176,10 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
                   seed=seed, cost_model=cost_model, num_proc=num_proc, progress=progress,
                   return_metrics=return_metrics, split_fill=split_fill, keep_in_memory=keep_in_memory,
                   load_from_cache_file=load_from_cache_file, **packing_options)
+    unknown = sorted(set(packing_options) - {f.name for f in dataclasses.fields(PackingConfig)})
+    if unknown:  # before any work; was Python's bare "unexpected keyword argument" from PackingConfig
+        raise TypeError(f"pack_dataset: unknown setting(s) {unknown}; legal: its own arguments and the PackingConfig "
+                        f"fields {sorted(f.name for f in dataclasses.fields(PackingConfig))}")
     if keep_in_memory and cache_file_name is not None:
         raise ValueError(f"pack_dataset: keep_in_memory=True and cache_file_name={cache_file_name!r} contradict each "
                          "other; pass one of them")
@@ -290,8 +296,8 @@ def _chunk_index(column: Any) -> tuple[list[Any], np.ndarray, np.ndarray]:
 
 def _build_batches(table: Any, rows: np.ndarray | None, token_cols: Sequence[str], spans: np.ndarray,
                    offsets: np.ndarray, schema: Any, *, progress: bool, desc: str) -> Iterator[Any]:
-    """The packed rows as record batches of whole packs (about ``_BUILD_TOKENS`` tokens each),
-    cast to ``schema``: only one batch is built at a time."""
+    """The packed rows as record batches of whole packs (about ``_BUILD_TOKENS`` tokens and at most
+    ``_BUILD_SPANS`` spans each, or one pack), cast to ``schema``: only one batch is built at a time."""
     import pyarrow as pa
     from tqdm.auto import tqdm
 
@@ -312,13 +318,14 @@ def _build_batches(table: Any, rows: np.ndarray | None, token_cols: Sequence[str
                 null = None
         sources[name] = (values, starts[trow] + spans[:, 1], chunk_of[trow], col_type, null)
     seq_type = pa.list_(pa.int64())
-    # batches of whole packs, about _BUILD_TOKENS tokens each
+    # batches of whole packs, about _BUILD_TOKENS tokens and at most _BUILD_SPANS spans each (or one pack)
     cum = np.cumsum(pack_len)
     cuts = [0]
     while cuts[-1] < num_packs:
         base = cum[cuts[-1] - 1] if cuts[-1] else 0
         nxt = int(np.searchsorted(cum, base + _BUILD_TOKENS, side="right"))
-        cuts.append(min(num_packs, max(nxt, cuts[-1] + 1)))
+        by_spans = int(np.searchsorted(offsets, offsets[cuts[-1]] + _BUILD_SPANS, side="right")) - 1
+        cuts.append(min(num_packs, max(min(nxt, by_spans), cuts[-1] + 1)))
     with tqdm(total=num_packs, desc=f"{desc}: building rows", disable=not progress, unit="packs") as bar:
         for b0, b1 in zip(cuts, cuts[1:]):
             s0, s1 = int(offsets[b0]), int(offsets[b1])

@@ -20,10 +20,26 @@ from ..config import MAX_LENGTH, PackingConfig
 from ..validate import _short, check_token_ids, state_bool, state_int, state_list, state_spans, state_value_int
 from .window_planner import WindowPlanner, _check_common, _config_parts, _fingerprint
 
-__all__ = ["PackedIterableDataset"]
+__all__ = ["PackedIterableDataset", "check_reiterable"]
 
 _STREAM_FORMAT = "atac-hf/packed-iterable/v3"  # v3: the pass (epoch) and the settings, by name
 _STREAM_FORMAT_V2 = "atac-hf/packed-iterable/v2"  # v2: the planner's reserve; read as pass 0 (v1 cannot be resumed)
+
+
+def check_reiterable(source: Any, what: str = "source") -> None:
+    """Refuse a one-shot iterator (a generator object, ``iter(list)``, a file): its second
+    ``iter()`` is empty, so the second pass would train on nothing and a resume, which
+    re-iterates the pass and skips what was consumed, would silently lose those samples.
+
+    Raises:
+        TypeError: ``source`` is an iterator (it has ``__next__``).
+    """
+    if isinstance(source, Iterator):
+        raise TypeError(
+            f"{what} is a one-shot iterator ({type(source).__name__}): a second pass or a resume would re-read it "
+            "empty and lose its samples without an error. Pass something that replays the stream on each iter(): "
+            "a list, a datasets.IterableDataset (datasets.IterableDataset.from_generator(gen)), a torch "
+            "IterableDataset, or an object whose __iter__ calls your generator function")
 
 
 class PackedIterableDataset(IterableDataset):
@@ -70,6 +86,7 @@ class PackedIterableDataset(IterableDataset):
         if isinstance(source, (str, bytes, Mapping)) or not hasattr(source, "__iter__"):
             raise TypeError(f"source must be a re-iterable of samples (a list or datasets.IterableDataset of dicts "
                             f"with 'input_ids'), got {type(source).__name__}")
+        check_reiterable(source)
         for name, flag in (("even_batches", even_batches),):
             if not isinstance(flag, (bool, np.bool_)):
                 raise TypeError(f"{name}={flag!r} must be True or False (set {name})")

@@ -322,7 +322,13 @@ class SpanDataset(Dataset):
 
     def __getitems__(self, keys: Sequence[Any]) -> list[dict[str, Any]]:
         if getattr(self.dataset, "column_names", None) is None:
-            return [self[k] for k in keys]
+            fetch = getattr(self.dataset, "__getitems__", None)
+            if fetch is None:
+                return [self[k] for k in keys]
+            # the source reads a batch at once (e.g. documents of pre-packed rows: each row read once)
+            spans = [(int(k), 0, None) if _is_int(k) else _as_span(k) for k in keys]
+            got = fetch([i for i, _, _ in spans])
+            return [row if _is_int(k) else self._slice(row, s, e) for row, k, (_, s, e) in zip(got, keys, spans)]
         spans = [(int(k), 0, None) if _is_int(k) else _as_span(k) for k in keys]
         cols = self.dataset[[i for i, _, _ in spans]]
         rows = [{c: cols[c][j] for c in cols} for j in range(len(spans))]

@@ -65,6 +65,7 @@ MODE = "best"  # which plans step 2 makes: "deal", "windows" or "best" (both; a 
 WINDOWS_WORK_LIMIT = 4_000_000  # items x packs above which "best" makes the deal plan only (O(n log Q))
 LOOKAHEAD = True  # False: rest_fits_window always says no (a measurement switch)
 LOOKAHEAD_MIN_DEFER = 2  # rest_fits_window: the merged window's arrivals may need windows 0-2
+_REST_BLOCK = 4096  # rest_fits_window: samples summed at a time
 
 
 def rest_fits_window(config: PackingConfig, lengths: np.ndarray) -> bool:
@@ -79,9 +80,15 @@ def rest_fits_window(config: PackingConfig, lengths: np.ndarray) -> bool:
     windows, which their deadlines must reach). False for an empty rest."""
     if not LOOKAHEAD or lengths.size == 0 or config.strategy != "wfap" or config.max_defer < LOOKAHEAD_MIN_DEFER:
         return False
-    if config.overlength == "truncate":
-        lengths = np.minimum(lengths, int(config.max_tokens))
-    return int(lengths.sum()) < config.window_tokens
+    # summed a block at a time up to the window's tokens: a feeder asks once per window, so a
+    # whole-rest sum would make a pass quadratic in its samples
+    cap, total = (int(config.max_tokens) if config.overlength == "truncate" else None), 0
+    for i in range(0, lengths.size, _REST_BLOCK):
+        block = lengths[i:i + _REST_BLOCK]
+        total += int((block if cap is None else np.minimum(block, cap)).sum())
+        if total >= config.window_tokens:
+            return False
+    return True
 
 
 _Plan = tuple[list[list[int]], list[list[int]]]  # (items of each pack, packs of each window)
