@@ -6,8 +6,13 @@ mutmut over every mutant of ``sharding/segments.py``, ``sharding/baselines.py`` 
 
 from __future__ import annotations
 
-import numpy as np
+import re
 
+import numpy as np
+import pytest
+
+from atac_hf.sharding import plan_shards
+from atac_hf.sharding.plan import check_window
 from atac_hf.sharding.segments import _merge_flat, merge_adjacent
 
 
@@ -59,3 +64,42 @@ def test_merge_adjacent_and_merge_flat_equal_a_loop_on_random_segments():
             want += m
             want_rank += [int(r)] * len(m)
         assert got.tolist() == want and got_rank.tolist() == want_rank
+
+
+# ------------------------------------------------------------------ plan.py: windows and empty ranks
+@pytest.mark.parametrize("bad", [2.5, 0, -3, True, False, "4", np.float64(3.0)])
+def test_a_window_that_is_not_an_int_of_at_least_1_is_refused_with_its_name(bad):
+    plan = plan_shards([40, 9], 2, "per_doc", kv_exchange="all_to_all")
+    with pytest.raises(ValueError, match=r"^window must be None or an int >= 1 \(the layer's sliding window in "
+                                         rf"tokens\), got {re.escape(repr(bad))}$"):
+        plan.local_layout(0, window=bad)
+    with pytest.raises(ValueError, match=r"^sliding_window must be None or an int >= 1"):
+        plan.local_layout(0).varlen_layout(sliding_window=bad)
+    assert check_window(np.int64(3)) == 3 and type(check_window(np.int64(3))) is int and check_window(None) is None
+
+
+@pytest.mark.parametrize("exchange", ["all_gather", "all_to_all"])
+def test_layouts_of_ranks_without_tokens_are_empty_and_int64(exchange):
+    """A pack of fewer tokens than ranks leaves ranks empty: their layouts have no segment at all
+    (every per-segment array as long as seg_doc), and every index array is int64 (LocalLayout's
+    contract; the runtime hands them to torch as indices)."""
+    plan = plan_shards([2, 1], 6, "per_doc", kv_exchange=exchange)
+    empty = [r for r in range(6) if plan.rank_num_tokens()[r] == 0]
+    assert empty
+    for r in range(6):
+        for window in (None, 2):
+            lay = plan.local_layout(r, window)
+            n = len(lay.seg_doc)
+            for f in ("seg_doc", "seg_local_start", "seg_local_end", "seg_doc_start", "seg_doc_end", "send_index",
+                      "send_counts"):
+                arr = getattr(lay, f)
+                assert arr.dtype == np.int64, (r, f, arr.dtype)
+                if f.startswith("seg_"):
+                    assert len(arr) == n, (r, f)
+            assert lay.seg_gathered.dtype == bool and len(lay.seg_gathered) == n
+            for idx in lay.doc_key_index.values():
+                assert idx.dtype == np.int64
+            if r in empty:
+                assert n == 0 and lay.n_local == 0
+            vl = lay.varlen_layout(sliding_window=window)
+            assert vl.k_index.dtype == vl.cu_seqlens_q.dtype == vl.cu_seqlens_k.dtype == np.int64
