@@ -52,6 +52,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--hardware", default="H100", help=f"hardware preset: {sorted(HARDWARE_PRESETS)}")
     p.add_argument("--cost-profile", default=None, help="calibrated cost profile JSON (overrides --model/--hardware)")
     p.add_argument("--json", action="store_true", help="print one JSON object {packs, deferred, metrics}")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="show a progress bar over the samples on stderr (default: when stderr is a terminal)")
     p.set_defaults(func=run)
     return p
 
@@ -79,7 +81,9 @@ def run(args: argparse.Namespace) -> int:
     config = PackingConfig(max_tokens=args.max_tokens, packs_per_window=args.packs_per_window,
                            strategy=args.strategy, overlength=args.overlength, **options)
     t0 = time.perf_counter()
-    result = pack_lengths(lengths, config, cm, window=args.window)
+    progress = getattr(args, "progress", None)  # a Namespace built by hand may lack it
+    progress = _stderr_is_tty() if progress is None else progress
+    result = pack_lengths(lengths, config, cm, window=args.window, progress=bool(progress))
     seconds = time.perf_counter() - t0
     if args.json:
         out = {
@@ -103,6 +107,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"  deferred {100 * m['deferred_share']:.2f}% of samples, delay mean {m['delay_mean_deferred']:.2f} "
           f"max {m['delay_max']} windows; planned in {seconds:.2f} s")
     return 0
+
+
+def _stderr_is_tty() -> bool:
+    """Whether stderr is a terminal (the default of ``--progress``; a closed or odd stream is not)."""
+    try:
+        return bool(sys.stderr is not None and sys.stderr.isatty())
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,10 +6,10 @@ Numpy only.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import operator
 import warnings
-from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -21,13 +21,11 @@ from .planners.baselines import plan_bfd, plan_sequential, plan_wlb, wlb_held
 from .config import PackingConfig
 from .validate import _is_int, check_lengths, check_overlength, check_packer_pool, check_window, state_int
 from .metrics import MetricsAccumulator, pack_costs
+from .result import Pack, PackResult, Span
 from .planners.wfap import HELD_LIMIT, heavy_lengths, plan_wfap, wfap_held
 from .planners.wfap_end import rest_fits_window
 
 __all__ = ["StreamPacker", "PackResult", "pack_lengths", "PLANNERS"]
-
-Span = tuple[int, int, int]
-Pack = list[Span]
 
 PLANNERS: dict[str, Planner] = {
     "wfap": plan_wfap,
@@ -403,42 +401,20 @@ class StreamPacker:
         self._backlog_tokens = sum(it[END] - it[START] for items in backlog.values() for it in items)
 
 
+def _progress_bar(total: int) -> Any:
+    """A tqdm bar over ``total`` samples on stderr (tqdm imported here: planning stays numpy-only)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="pack_lengths", unit="samples")
+
+
 def _is_checked(lengths: Any) -> bool:
     """An int64 1-D array (the feeders pass slices of lengths they checked already)."""
     return isinstance(lengths, np.ndarray) and lengths.dtype == np.int64 and lengths.ndim == 1
 
 
-@dataclass(frozen=True)
-class PackResult:
-    """Output of :func:`pack_lengths`.
-
-    Attributes:
-        packs: every pack in emission order; spans ``(sample, start, end)`` with sample =
-            index into the input lengths.
-        deferred: ``(sample, delay)`` of every sample emitted ``delay >= 1`` windows after it
-            arrived, by sample index.
-        metrics: the metrics table (:mod:`atac_hf.packing.metrics`).
-        pack_window: window index of each pack.
-        arrival: window each sample arrived in (index into the input lengths).
-    """
-
-    packs: list[Pack]
-    deferred: list[tuple[int, int]]
-    metrics: dict[str, Any]
-    pack_window: list[int] = field(default_factory=list)
-    arrival: list[int] = field(default_factory=list)
-
-    def windows(self) -> list[list[Pack]]:
-        """The packs grouped by window (empty windows included)."""
-        n = (max(self.pack_window) + 1) if self.pack_window else 0
-        out: list[list[Pack]] = [[] for _ in range(n)]
-        for p, w in zip(self.packs, self.pack_window):
-            out[w].append(p)
-        return out
-
-
 def pack_lengths(lengths: Sequence[int], config: PackingConfig | None = None, cost_model: CostModel | None = None, *,
-                 window: int | None = None, **settings: Any) -> PackResult:
+                 window: int | None = None, progress: bool = False, **settings: Any) -> PackResult:
     """Pack a whole array of sample lengths window by window (a :class:`StreamPacker` fed in data order, the
     last window with ``last=True``, then flushed). With token-sized windows (``window=None``), a rest of the
     stream smaller than one window joins the window before it (:meth:`StreamPacker.rest_fits_window`).
@@ -449,14 +425,20 @@ def pack_lengths(lengths: Sequence[int], config: PackingConfig | None = None, co
         cost_model: default :func:`~atac_hf.cost.default_cost_model`.
         window: new samples per window; ``None`` sizes each window by tokens: samples are
             added until they reach the packer's :attr:`StreamPacker.tokens_wanted`.
+        progress: show a tqdm bar over the samples packed, on stderr (default off; the
+            packs are the same either way). Not a packing setting.
 
     Returns:
         :class:`PackResult`; sample ids are indices into ``lengths``.
 
     Raises:
         ValueError / TypeError: empty input, non-integer or negative lengths, a bad ``window``, no config
-            and no ``max_tokens``, an unknown setting, or (``overlength="error"``) a sample over ``max_tokens``.
+            and no ``max_tokens``, an unknown setting, a non-bool ``progress``, or (``overlength="error"``) a
+            sample over ``max_tokens``.
     """
+    if not isinstance(progress, (bool, np.bool_)):
+        raise TypeError(f"pack_lengths: progress={progress!r:.60} must be True or False (set progress: True shows a "
+                        "progress bar on stderr)")
     config = PackingConfig.resolve(config, settings, "pack_lengths")
     arr = check_lengths(lengths, "lengths")
     if arr.size == 0:
@@ -469,25 +451,28 @@ def pack_lengths(lengths: Sequence[int], config: PackingConfig | None = None, co
     arrival = np.zeros(n, dtype=np.int64)
     windows: list[list[Pack]] = []
     pos, look = 0, 4096
-    while pos < n:
-        if window is not None:
-            k = int(window)
-        else:
-            while True:  # look ahead far enough to fill the window
-                k = packer.window_size(arr[pos:pos + look])
-                if k < look or pos + look >= n:
-                    break
-                look *= 2
-            if k == 0 and (not windows or not windows[-1]):
-                k = 1  # always make progress
-            if 0 < k < n - pos and packer.rest_fits_window(arr[pos + k:]):
-                k = n - pos  # one-window lookahead: the rest of the stream joins this window
-        k = max(0, min(k, n - pos))
-        arrival[pos:pos + k] = packer.window_index
-        windows.append(packer._add_checked(list(range(pos, pos + k)), arr[pos:pos + k].tolist(),
-                                           last=pos + k >= n))
-        pos += k
-    windows.extend(packer.flush_windows())
+    with _progress_bar(n) if progress else contextlib.nullcontext() as bar:
+        while pos < n:
+            if window is not None:
+                k = int(window)
+            else:
+                while True:  # look ahead far enough to fill the window
+                    k = packer.window_size(arr[pos:pos + look])
+                    if k < look or pos + look >= n:
+                        break
+                    look *= 2
+                if k == 0 and (not windows or not windows[-1]):
+                    k = 1  # always make progress
+                if 0 < k < n - pos and packer.rest_fits_window(arr[pos + k:]):
+                    k = n - pos  # one-window lookahead: the rest of the stream joins this window
+            k = max(0, min(k, n - pos))
+            arrival[pos:pos + k] = packer.window_index
+            windows.append(packer._add_checked(list(range(pos, pos + k)), arr[pos:pos + k].tolist(),
+                                               last=pos + k >= n))
+            pos += k
+            if bar is not None:
+                bar.update(k)
+        windows.extend(packer.flush_windows())
     packs = [p for win in windows for p in win]
     pack_window = [w for w, win in enumerate(windows) for _ in win]
     last = np.full(n, -1, dtype=np.int64)

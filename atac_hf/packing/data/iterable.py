@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import warnings
 from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
@@ -72,9 +73,10 @@ class PackedIterableDataset(IterableDataset):
     read and discarded: ``skip`` drops that epoch's shuffle order), so no
     sample is lost or repeated, in any pass. Iterate it in the
     process that saves the state (``num_workers=0``; with one worker the state lives in the
-    worker; more workers are refused). With Accelerate, ``dispatch_batches=False`` (rows differ in length,
-    so the dispatcher cannot concatenate them) - each process then packs the stream and
-    ``IterableDatasetShard`` deals rows round-robin, as :func:`replica_order` assumes.
+    worker, and ``state_dict()`` here warns that it is stale; more workers are refused). With
+    Accelerate, ``dispatch_batches=False`` (rows differ in length, so the dispatcher cannot
+    concatenate them) - each process then packs the stream and ``IterableDatasetShard`` deals
+    rows round-robin, as :func:`replica_order` assumes.
     """
 
     _KEEP_WINDOWS = 2  # window-boundary snapshots kept at least, to rewind past a prefetching loader
@@ -102,6 +104,9 @@ class PackedIterableDataset(IterableDataset):
         #: the settings behind the fingerprint, by name (a refused state names those that differ)
         self.settings = json.loads(json.dumps(parts, default=str))
         self._roll_over = False
+        # rows yielded in DataLoader workers since this process last iterated or loaded a state: shared
+        # memory, so the main process sees what a worker's copy did (fork, spawn and forkserver alike)
+        self._worker_rows = _shared_counter()
         self._reset()
 
     def _reset(self, epoch: int = 0) -> None:
@@ -149,6 +154,15 @@ class PackedIterableDataset(IterableDataset):
                 f"PackedIterableDataset is a sequential, stateful packer; it cannot run in {info.num_workers} "
                 "DataLoader workers (set num_workers to 0 or 1)"
             )
+        if info is None:
+            self._worker_rows.zero_()  # iterated in this process: its state is the one to save again
+            yield from self._iter_rows()
+            return
+        for row in self._iter_rows():
+            self._worker_rows += 1  # the main process sees it: its state_dict() warns it is stale
+            yield row
+
+    def _iter_rows(self) -> Iterator[dict[str, Any]]:
         roll, self._roll_over = self._roll_over and self._resumed, False
         yielded = False
         for row in self._iter_pass():
@@ -156,6 +170,12 @@ class PackedIterableDataset(IterableDataset):
             yield row
         if roll and not yielded:  # the restored pass had nothing left: on to the next one
             yield from self._iter_pass()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        rows = state.get("_worker_rows")
+        if rows is None or not rows.is_shared():  # a copy (pickle, deepcopy): its own counter, shared again
+            self._worker_rows = _shared_counter(0 if rows is None else int(rows.item()))
 
     def _iter_pass(self) -> Iterator[dict[str, Any]]:
         st = self._st
@@ -216,9 +236,22 @@ class PackedIterableDataset(IterableDataset):
         drawn rows the loop has not used; it may lie up to one window, and at least
         ``2 x packs_per_window + num_replicas`` rows, back.
 
+        Warns:
+            UserWarning: a DataLoader worker process iterated this dataset since this process last
+                did (``num_workers=1``): the state lives in the worker, this one is stale.
+
         Raises:
             ValueError: ``num_rows`` outside the rows this object can rewind to.
         """
+        worker_rows = int(self._worker_rows.item())
+        if worker_rows and torch.utils.data.get_worker_info() is None:
+            warnings.warn(
+                f"PackedIterableDataset.state_dict(): a DataLoader worker process yielded {worker_rows} rows of this "
+                "dataset since this process last iterated it or loaded a state; the packing state lives in that worker "
+                f"and this process' state (consumed={self._st['consumed']}, num_rows={self._st['num_rows']}) does not "
+                "count those rows: resuming from it would repeat them. Read the dataset with num_workers=0 "
+                "(DataLoader(..., num_workers=0); Trainer: dataloader_num_workers=0) to save and resume it exactly",
+                UserWarning, stacklevel=2)
         k = self._st["num_rows"] if num_rows is None else int(num_rows)
         base = next((s for s in reversed(self._snapshots) if s["num_rows"] <= k), None)
         if base is None or k > base["num_rows"] + len(base["pending"]):
@@ -272,7 +305,18 @@ class PackedIterableDataset(IterableDataset):
         self._st = st
         self._resumed = True
         self._roll_over = bool(roll_over)
+        self._worker_rows.zero_()  # the state is now the loaded one
         self._snapshots = [self._snapshot()]
+
+
+def _shared_counter(value: int = 0) -> torch.Tensor:
+    """A one-int64 tensor in shared memory (a DataLoader worker's writes reach this process); a private
+    one where shared memory cannot be had (then :meth:`PackedIterableDataset.state_dict` cannot warn)."""
+    counter = torch.full((1,), value, dtype=torch.int64)
+    try:
+        return counter.share_memory_()
+    except RuntimeError:  # pragma: no cover - no /dev/shm (a locked-down container)
+        return counter
 
 
 def _settings_diff(saved: Any, here: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
