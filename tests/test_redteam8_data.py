@@ -150,3 +150,18 @@ def test_pack_dataset_names_a_misspelt_setting():
     ds = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3]] * 4})
     with pytest.raises(TypeError, match=r"pack_dataset: unknown setting\(s\) \['min_fragmnet'\].*min_fragment"):
         pack_dataset(ds, max_tokens=8, min_fragmnet=4, progress=False)
+
+
+def test_a_new_cap_over_a_config_derives_min_fragment_again():
+    """pack_lengths(lengths, config, max_tokens=...) kept the min_fragment derived from the
+    config's old cap (124 for 999), so its packs differed from a fresh config's at the new cap."""
+    from atac_hf.packing import pack_lengths
+
+    lengths = np.random.default_rng(4).integers(1, 5000, 600)
+    old = PackingConfig(max_tokens=999, packs_per_window=8)
+    over = pack_lengths(lengths, old, max_tokens=16384)
+    fresh = pack_lengths(lengths, PackingConfig(max_tokens=16384, packs_per_window=8))
+    assert over.packs == fresh.packs
+    assert PackingConfig.resolve(old, {"max_tokens": 16384}, "t").min_fragment == 128
+    mine = PackingConfig(max_tokens=999, packs_per_window=8, min_fragment=50)  # set by hand: kept
+    assert PackingConfig.resolve(mine, {"max_tokens": 16384}, "t").min_fragment == 50

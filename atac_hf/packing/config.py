@@ -151,7 +151,7 @@ class PackingConfig:
             )
         limit = max(1, self.max_tokens // 2)
         if self.min_fragment is None:
-            object.__setattr__(self, "min_fragment", min(128, max(1, self.max_tokens // 8)))
+            object.__setattr__(self, "min_fragment", _default_min_fragment(self.max_tokens))
         elif not _is_int(self.min_fragment) or not 1 <= self.min_fragment <= limit:
             raise ValueError(
                 f"min_fragment={self.min_fragment!r} is invalid: it must be an int in [1, max_tokens // 2 = {limit}] "
@@ -250,8 +250,14 @@ class PackingConfig:
                             f"{caller}(lengths, PackingConfig(max_tokens=4096, packs_per_window=64))")
         if not settings:
             return config
-        return dataclasses.replace(config, **settings) if config is not None else cls(**{"packs_per_window": 64,
-                                                                                             **settings})
+        if config is None:
+            return cls(**{"packs_per_window": 64, **settings})
+        if "max_tokens" in settings and "min_fragment" not in settings \
+                and config.min_fragment == _default_min_fragment(config.max_tokens):
+            # the default derived from the old cap is derived again from the new one (a min_fragment
+            # set to exactly that default by hand is taken as the default too)
+            settings = {**settings, "min_fragment": None}
+        return dataclasses.replace(config, **settings)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable fields (inverse of :meth:`from_dict`)."""
@@ -274,3 +280,8 @@ def _check_band(band: Any) -> tuple[float, float]:
     if not (0.0 <= lo <= 1.0 <= hi <= 1000.0 and lo < hi):
         raise ValueError(f"price_band={band!r} is invalid: {legal}")
     return lo, hi
+
+
+def _default_min_fragment(max_tokens: int) -> int:
+    """``min_fragment``'s default for a token cap: an eighth of it, at most 128 (at least 1)."""
+    return min(128, max(1, int(max_tokens) // 8))
