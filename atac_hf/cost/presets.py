@@ -10,8 +10,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["HARDWARE_PRESETS", "MODEL_PRESETS", "HardwarePreset", "ModelDims", "model_label", "resolve_hardware",
-           "resolve_model"]
+__all__ = ["HARDWARE_PRESETS", "MODEL_PRESETS", "HardwarePreset", "ModelDims", "key_value_widths", "model_label",
+           "resolve_hardware", "resolve_model"]
 
 
 
@@ -153,10 +153,7 @@ class ModelDims:
                 "cannot read model dimensions: the config has no hidden_size/num_attention_heads/num_hidden_layers "
                 f"ints (got {hidden!r}/{heads!r}/{depth!r}; pass ModelDims(...) explicitly)"
             )
-        head_dim, v_head_dim = get("head_dim") or hidden // heads, None
-        if _ints(get("qk_nope_head_dim"), get("qk_rope_head_dim")):  # multi-head latent attention
-            head_dim = int(get("qk_nope_head_dim")) + int(get("qk_rope_head_dim"))
-            v_head_dim = int(get("v_head_dim")) if _ints(get("v_head_dim")) else None
+        head_dim, v_head_dim = key_value_widths(get, int(get("head_dim") or hidden // heads))
         window = get("sliding_window") if get("use_sliding_window", True) else None
         window = int(window) if _ints(window) and window > 0 else None
         window_layers = None if window is None else _window_layers(whole, int(depth))
@@ -187,6 +184,17 @@ class ModelDims:
         attn = self.hidden_size * (self.num_heads + self.num_kv_heads) * (self.head_dim + v)
         mlp = 3 * self.hidden_size * self.intermediate_size
         return attn + mlp
+
+
+def key_value_widths(get: Any, head_dim: int) -> tuple[int, int]:
+    """The per-head widths ``(keys, values)`` of a config read by ``get(name, default=None)``: ``head_dim``
+    for both, but under multi-head latent attention (DeepSeek-V3) ``qk_nope_head_dim + qk_rope_head_dim``
+    for the keys and ``v_head_dim`` (else the keys' width) for the values."""
+    nope, rope = get("qk_nope_head_dim"), get("qk_rope_head_dim")
+    if not _ints(nope, rope):
+        return head_dim, head_dim
+    v = get("v_head_dim")
+    return int(nope) + int(rope), int(v) if _ints(v) and v > 0 else int(nope) + int(rope)
 
 
 def _ints(*values: Any) -> bool:

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from .._io import load_json
 
-__all__ = ["PROFILE_FORMAT", "load_profile", "model_from_dict", "model_to_dict", "profile_model_mismatch", "profile_text",
+__all__ = ["PROFILE_FORMAT", "load_profile", "model_from_dict", "model_to_dict", "profile_metadata", "profile_model_mismatch", "profile_text",
            "save_profile"]
 
 #: The model dimensions a profile's measured prices depend on (its ``metadata.model``).
@@ -29,15 +29,22 @@ def load_profile(cls: type, path: str | os.PathLike) -> Any:
     return model_from_dict(cls, data, source=path)
 
 
-def profile_model_mismatch(path: str | os.PathLike, dims: Any) -> str | None:
+def profile_metadata(path: str | os.PathLike) -> Mapping[str, Any]:
+    """A profile's ``metadata`` object (empty where it has none)."""
+    meta = load_json(os.fspath(path), "cost profile", "the cost profile path setting").get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def profile_model_mismatch(path: str | os.PathLike | Mapping[str, Any], dims: Any) -> str | None:
     """How the model a profile was measured for (its ``metadata.model``, written by ``atac-hf
     calibrate``) differs from ``dims`` (a :class:`~atac_hf.cost.ModelDims`), e.g. ``"hidden_size:
-    profile 128 vs model 4096"``; None where they agree or the profile does not say."""
-    meta = load_json(os.fspath(path), "cost profile", "the cost profile path setting").get("metadata")
-    pm = meta.get("model") if isinstance(meta, Mapping) else None
+    profile 128 vs model 4096"``; None where they agree or the profile does not say. ``path``: the
+    profile, or its :func:`profile_metadata` already read."""
+    meta = path if isinstance(path, Mapping) else profile_metadata(path)
+    pm = meta.get("model")
     if not isinstance(pm, Mapping):
         return None
-    bad = [f"{k}: profile {pm[k]!r} vs model {getattr(dims, k)!r}" for k in PROFILE_DIMS
+    bad = [f"{k}: profile {_cut_repr(pm[k])} vs model {getattr(dims, k)!r}" for k in PROFILE_DIMS
            if k in pm and pm[k] != getattr(dims, k)]
     return ", ".join(bad) or None
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..cost.presets import key_value_widths
 from ._hf_compat import track_group_holder
 from .config import ATACConfig
 
@@ -146,12 +147,8 @@ def model_kv_bytes_per_token(model: torch.nn.Module) -> float:
     for c in per_layer:
         heads = int(getattr(c, "num_attention_heads", 1) or 1)
         kv = int(getattr(c, "num_key_value_heads", None) or heads)
-        k_dim = int(getattr(c, "head_dim", None) or c.hidden_size // heads)
-        nope, rope = getattr(c, "qk_nope_head_dim", None), getattr(c, "qk_rope_head_dim", None)
-        if isinstance(nope, int) and isinstance(rope, int):  # multi-head latent attention: keys and values differ
-            k_dim, v_dim = nope + rope, int(getattr(c, "v_head_dim", None) or nope + rope)
-        else:
-            v_dim = k_dim
+        k_dim, v_dim = key_value_widths(lambda name, c=c: getattr(c, name, None),
+                                        int(getattr(c, "head_dim", None) or c.hidden_size // heads))
         values += kv * (k_dim + v_dim)
     try:
         dtype_bytes = next(base.parameters()).element_size()

@@ -27,7 +27,6 @@ Numpy only.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ import numpy as np
 
 from ..cost import HARDWARE_PRESETS, MODEL_PRESETS, CostModel, HardwarePreset, ModelDims
 from ..cost.presets import resolve_hardware
-from ..cost.profile import PROFILE_DIMS
+from ..cost.profile import profile_metadata, profile_model_mismatch
 from ..sharding import MAX_CP_SIZE
 
 __all__ = ["ClusterConfig", "RUNNABLE_AXES", "GPU_MEMORY_BYTES", "STATE_BYTES_PER_PARAM", "MAX_SIM_PACKS",
@@ -368,23 +367,17 @@ class ClusterConfig:
         return repr(self.model) if isinstance(self.model, str) else f"h{d.hidden_size}x{d.num_layers}"
 
     def _check_profile(self, cm: CostModel, path: str, setting: str) -> None:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f).get("metadata") or {}
-        if not isinstance(meta, Mapping):
-            meta = {}
+        meta = profile_metadata(path)
         d = self.dims
         fix = f"calibrate for the cluster's model, change the model (ClusterConfig.model / --model) or {setting}"
-        pm = meta.get("model")
-        if isinstance(pm, Mapping):
-            ours = dataclasses.asdict(d)
-            bad = {k: (pm[k], ours[k]) for k in PROFILE_DIMS if k in pm and pm[k] != ours[k]}
-            if bad:
-                detail = ", ".join(f"{k}: profile {_shown(a)} vs model {b}" for k, (a, b) in bad.items())
-                theirs = f"h{_shown(pm.get('hidden_size'))}x{_shown(pm.get('num_layers'))}"
-                raise ValueError(
-                    f"cost profile {path!r} was measured for another model ({theirs}) than the cluster's "
-                    f"{self._model_label()} ({detail}); {fix}"
-                )
+        detail = profile_model_mismatch(meta, d)
+        if detail:
+            pm = meta["model"]
+            theirs = f"h{_shown(pm.get('hidden_size'))}x{_shown(pm.get('num_layers'))}"
+            raise ValueError(
+                f"cost profile {path!r} was measured for another model ({theirs}) than the cluster's "
+                f"{self._model_label()} ({detail}); {fix}"
+            )
         ptp = meta.get("tp_size", 1)
         if ptp != self.tp_size:
             raise ValueError(

@@ -62,7 +62,7 @@ import numpy as np
 from ..cost import CostModel
 from ..sharding import plan_shards
 from ..sharding.api import CapExceededError
-from ..sharding.segments import _doc_work_lower_bounds, finish_plan
+from ..sharding.segments import _cheapest, _doc_work_lower_bounds, finish_plan
 from .cluster import MAX_SIM_PACKS, MAX_SIM_STEPS, ClusterConfig
 from .feed import PackedStream, cut_windows, pack_cost, packing_metrics, run_packer
 from .combos import check_combos
@@ -188,9 +188,8 @@ def work_lower_bound(lengths: Any, cm: CostModel, *, split: bool = True) -> np.n
     cost for the preset models. Numpy only.
     """
     L = np.asarray(lengths, dtype=np.int64)
-    masked_price = cm.attn_s_per_pair if cm.masked_attn_s_per_pair is None else cm.masked_attn_s_per_pair
-    masked_call = cm.segment_overhead_s if cm.masked_segment_overhead_s is None else cm.masked_segment_overhead_s
-    price, call = min(cm.attn_s_per_pair, masked_price), min(cm.segment_overhead_s, masked_call)
+    price = _cheapest(cm.attn_s_per_pair, cm.masked_attn_s_per_pair)
+    call = _cheapest(cm.segment_overhead_s, cm.masked_segment_overhead_s)
     whole = L * cm.linear_s_per_token + cm.attention_pairs(np.zeros_like(L), L) * price + call
     if not split:
         return whole
