@@ -56,13 +56,14 @@ def test_bfd_splits_the_oldest_carried_overdue_sample_first():
 
 
 def test_wlb_splits_the_oldest_carried_overdue_sample_first():
-    # the same window with wlb (default thresholds): its packs leave id 9 (7 tokens, the oldest)
-    # and id 5 carried, overdue; place_overdue splits id 9 5 + 2 over the two packs' room (all of
-    # it) and id 5 then waits whole. In id order id 5 would be split.
+    # the same window with wlb (default thresholds 2 and 5: all four queue, all overdue at
+    # max_defer 0): its packs take the two 7s (ids 9 and 8) and leave id 5 (6 tokens, the older)
+    # and id 1 (5 tokens) carried, overdue; place_overdue splits id 5 3 + 3 over the two packs'
+    # room (all of it) and id 1 then waits whole. In id order id 1 would be split.
     p = StreamPacker(PackingConfig(max_tokens=10, packs_per_window=2, strategy="wlb", max_defer=0,
                                    min_fragment=1), LINEAR)
-    assert p.add_window([9, 5, 1, 8], [7, 6, 5, 7]) == [[(9, 5, 7), (8, 0, 7)], [(9, 0, 5), (1, 0, 5)]]
-    assert [tuple(it) for it in p.state_dict()["pool"]] == [(5, 0, 6, 0, 1, 0)]
+    assert p.add_window([9, 5, 1, 8], [7, 6, 5, 7]) == [[(9, 0, 7), (5, 0, 3)], [(5, 3, 6), (8, 0, 7)]]
+    assert [tuple(it) for it in p.state_dict()["pool"]] == [(1, 0, 5, 0, 2, 0)]
 
 
 # ---------------------------------------------------------------------------- plan_wlb, directly

@@ -17,7 +17,7 @@ import numpy as np
 from ..cost import CostModel, default_cost_model
 from .planners.window import ARRIVAL, END, FRAG, SEQ, SID, START, Item, Planner, WindowContext, fill_empty_packs
 from .planners.window import overlength_pieces, place_overdue, ref_cost_per_token
-from .planners.baselines import plan_bfd, plan_sequential, plan_wlb, wlb_held
+from .planners.baselines import WLB_COHORT_SHARE, plan_bfd, plan_sequential, plan_wlb, wlb_held
 from .config import PackingConfig
 from .validate import _is_int, check_lengths, check_overlength, check_packer_pool, check_window, state_int
 from .metrics import MetricsAccumulator, pack_costs
@@ -149,7 +149,9 @@ class StreamPacker:
         samples, ``wlb`` outliers): it counts 0 while the pool of held fragments stays
         under ``3 x packs_per_window``, and ``max_tokens`` per fragment beyond (each will
         need a pack of its own), so a stream where such samples are common is fed at the
-        pace the packer can release them.
+        pace the packer can release them. A ``wlb`` window also stops before the outliers it
+        takes pass ``WLB_COHORT_SHARE`` of its capacity in tokens (it takes at least one):
+        they mostly fall due together, ``max_defer`` windows later.
 
         Args:
             lengths: token counts of the next samples of the stream (any number; pass
@@ -170,6 +172,16 @@ class StreamPacker:
         weight = np.where(held, 0, eff)
         weight[over] = pieces[over] * int(self.config.max_tokens)
         k = int(np.searchsorted(np.cumsum(weight), wanted, side="left")) + 1
+        if self.config.strategy == "wlb" and held.any():
+            # WLB-LLM's queues release a document only when packs_per_window of them wait, so
+            # the outliers a window takes mostly fall due together max_defer windows later: a
+            # window takes at most WLB_COHORT_SHARE of its capacity of them (at least one)
+            C = int(self.config.max_tokens)
+            room = np.where(held, np.where(2 * eff > C, np.maximum(eff, C), eff), 0)  # two such share no pack
+            cum = np.cumsum(room)
+            stop = np.flatnonzero(held & (cum > room) & (cum > WLB_COHORT_SHARE * self.config.window_tokens))
+            if stop.size:
+                k = min(k, int(stop[0]))
         return min(k, int(lens.size))
 
     def rest_fits_window(self, lengths: Sequence[int]) -> bool:
