@@ -16,3 +16,14 @@ from hypothesis import settings
 settings.register_profile("atac", print_blob=True)
 settings.register_profile("fixed", print_blob=True, derandomize=True)
 settings.load_profile("atac")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def no_contiguous_candidate(monkeypatch):
+    """ATP without its contiguous candidate (``atac_hf.sharding.atp.CONTIGUOUS_CANDIDATE``), for
+    tests that pin the other candidates' choices on packs of a few tokens, where one contiguous run
+    per rank (the fewest kernel calls) would now win (tests/test_atp_contiguous.py covers it)."""
+    monkeypatch.setattr("atac_hf.sharding.atp.CONTIGUOUS_CANDIDATE", False)

@@ -89,10 +89,15 @@ def test_atp_falls_back_to_a_contiguous_split_labelled_atp_under_a_tight_cap():
 
 def test_the_per_doc_refill_of_a_plan_with_an_idle_rank_is_costed_by_the_callers_model():
     # ATP keeps both 3-token documents whole (min_chunk 2 > 3 / 10) and leaves ranks idle; the
-    # refilled candidates are costed by UNIT, not by a default
+    # refilled candidates are costed by UNIT, not by a default. The per_doc refill's slowest rank
+    # costs 8 (6 tokens + 2 pairs, exchange 1e-5 x 8); the contiguous candidate (one run a rank,
+    # since it competes) wins with 7: its last rank holds tokens 1-2 of the second document
+    # (2 tokens + 2 + 3 pairs)
     plan = plan_shards([3, 3], 5, "atp", UNIT, max_tokens_per_rank=2, min_chunk=2)
     assert plan.rank_num_tokens().min() >= 1 and plan.rank_num_tokens().max() <= 2
-    assert plan.block_time_s == pytest.approx(8.00008)  # UNIT's prices: 6 tokens + 2 pairs, exchange 1e-5 x 8
+    assert plan.block_time_s == pytest.approx(7.00008)
+    per_doc = finish_flat(np.array([3, 3]), 5, "atp", *per_doc_flat(np.array([3, 3]), 5), None, UNIT, "auto")
+    assert per_doc.block_time_s == pytest.approx(8.00008)
     plan.validate()
 
 

@@ -104,6 +104,7 @@ EQUAL_MID = [6143, 6167, 6103, 5939, 5950, 5966, 6016, 6028, 6008, 6166, 6072, 6
              6013, 6198, 6137, 6157, 6053]
 
 
+@pytest.mark.usefixtures("no_contiguous_candidate")
 def test_the_anchor_count_that_levels_the_ranks_competes_with_its_own_exchange():
     """The anchor-count search prices the exchange as the all-gather, which across nodes costs far more
     than the (routed) all-to-all: on this pack it stopped at 1 anchor, ranks 10% off level, where 4

@@ -104,6 +104,7 @@ def test_plan_shards_names_the_setting_of_a_model_that_prices_nothing():
              [4, 4], 2, cost_model=CostModel(linear_s_per_token=0.0, attn_s_per_pair=0.0))
 
 
+@pytest.mark.usefixtures("no_contiguous_candidate")
 def test_plan_shards_passes_its_options_to_atp_and_fills_an_idle_rank():
     """A 4-token document over 2 ranks at 1 s a token and a pair and 100 s a kernel call (the
     plan_atp cases of test_mutants_plan_atp.py): min_chunk 1 (the default) splits it head-tail
@@ -148,6 +149,7 @@ def _cm_link(kv=1.0):
     return CostModel(linear_s_per_token=1.0, attn_s_per_pair=1.0, tile=1, kv_bytes_per_token=kv, link_bandwidth=1.0)
 
 
+@pytest.mark.usefixtures("no_contiguous_candidate")
 @pytest.mark.parametrize("cap", [None, 3, 4, 6])
 def test_plan_shards_takes_the_filled_per_doc_plan_where_it_beats_atps_filled_plan(cap):
     """Documents 4 and 6 over 5 ranks, min_chunk 2 (neither is an anchor candidate: 4 and 6 < 20):

@@ -161,6 +161,7 @@ def test_every_strategy_keeps_its_name_route_and_exposed_tail_across_nodes():
         assert gather.kv_exchange == "all_gather" and gather.kv_route_node is None and gather.comm_tail_s == 0.0
 
 
+@pytest.mark.usefixtures("no_contiguous_candidate")
 def test_routing_is_taken_only_where_strictly_faster_and_prices_both_phases():
     cm = ClusterConfig(model="7b", hardware="H100", cp_size=8, max_tokens=4096, gpus_per_node=2).cost_model()
     # a tie (the rows a rank needs come from its own node) and a loss: the direct exchange, one phase
@@ -207,6 +208,7 @@ def test_layout_helpers_return_int64_rows_of_three():
     assert empty.dtype == np.int64 and empty.shape == (0, 3)
 
 
+@pytest.mark.usefixtures("no_contiguous_candidate")
 def test_the_exchange_decided_after_the_candidates_keeps_the_plan_s_fields():
     """ATP costs its candidates with the exchange deferred where the all-gather is hidden on every
     rank, then decides it (resolve_exchange): the all-to-all only where strictly faster, with the

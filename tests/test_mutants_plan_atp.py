@@ -102,6 +102,7 @@ def test_per_doc_lower_bound_of_one_token_documents_is_the_work_bound():
 CM_CALL = CostModel(linear_s_per_token=1.0, attn_s_per_pair=1.0, segment_overhead_s=100.0, tile=1)
 
 
+@pytest.mark.usefixtures("no_contiguous_candidate")
 def test_plan_atp_min_chunk_defaults_to_one():
     """A 4-token document over 2 ranks: with min_chunk 1 (the default) it is an anchor candidate
     (4 >= 2 x 2 x 1) and costlier than a rank's share, so it is split head-tail: rank 0 [0, 1) +
@@ -163,6 +164,7 @@ def test_plan_atp_labels_its_two_way_plan_atp():
     # the loop goes on while the loads are over 0.5% from level (j = 1 leaves them 2x apart here)
     ([30, 4], 2, "pairs", None, [[[0, 0, 8], [0, 23, 30], [1, 2, 4]], [[0, 8, 23], [1, 0, 2]]], 29.15002),
 ])
+@pytest.mark.usefixtures("no_contiguous_candidate")
 def test_plan_atp_anchor_count_loop_characterisation(lengths, C, cm, cap, want, block):
     from atac_hf.cost import default_cost_model
 

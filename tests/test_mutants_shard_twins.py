@@ -387,6 +387,7 @@ def test_shard_batch_zigzag_positions_without_position_ids(world):
         assert outs[r]["position_ids"].tolist() == [[pos[i] for i in idx[r]]]
 
 
+@pytest.mark.usefixtures("no_contiguous_candidate")
 def test_debug_refuses_different_plans_and_batches_on_every_rank(world):
     b = _batch([[5, 6, 7, 8]], [[4]])
     p_atp, p_contig = plan_shards([4], 2), plan_shards([4], 2, strategy="contiguous")

@@ -14,7 +14,7 @@ import heapq
 import numpy as np
 
 from ..cost import CostModel
-from .baselines import plan_contiguous
+from .baselines import contiguous_compute_floor, contiguous_segments
 from .plan import ShardPlan
 from .subgroups import ANCHOR_SHARES, _level, _plan_subgroups, _scaled
 from .two_way import _two_way_anchor_segments, _two_way_flat  # noqa: F401  (_two_way_anchor_segments: tests)
@@ -28,6 +28,10 @@ __all__ = ["PRICE_ERROR_BAND", "ROBUST_EXTRA_ANCHORS", "SUBGROUP_MARGIN", "SUBGR
 #: (robust to the cost model's error in their relative price) over the one level in
 #: estimated cost alone, unless its estimated block time is more than this fraction higher.
 TWO_WAY_TOLERANCE = 0.02
+#: The contiguous layout (one run of the row per rank) competes where it is faster than every other
+#: candidate by more than TWO_WAY_TOLERANCE; False: only where nothing else fits the cap (a
+#: measurement switch, and how tests of the other candidates' choices see them alone).
+CONTIGUOUS_CANDIDATE = True
 #: ATP takes the hierarchical plan (anchors over sub-groups of ranks) over the flat one where its
 #: estimated block time is no higher, and no more than this fraction higher with attention priced
 #: at 0.25x-4x (the flat plan is levelled in tokens and pairs: robust to that error; a plan that
@@ -244,6 +248,20 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
             anchor_plan = even
     if anchor_plan is not None:
         anchor_plan = resolve_exchange(anchor_plan, cm)  # the exchange of the flat plan kept (deferred in build)
+        # One contiguous run per rank (gathering only the documents it cuts) competes too: it makes
+        # the fewest kernel calls, which wins where per-call overhead outweighs the attention (packs
+        # of a few hundred tokens per rank, or masked calls priced high). Built only where the mean
+        # exact work and then its slowest rank's compute (floors of its block time) leave it a
+        # chance; taken where it is faster by more than TWO_WAY_TOLERANCE (its ranks are level in
+        # cost at best, not in tokens and pairs apart) and no less level than the plan it replaces
+        # (balance keeps a plan right where the price ratio is off). Before the hierarchical
+        # candidates, which must beat whichever plan is kept (so they never make ATP slower).
+        if (CONTIGUOUS_CANDIDATE and C > 1 and work_bound * (1 + TWO_WAY_TOLERANCE) < anchor_plan.block_time_s
+                and contiguous_compute_floor(lengths, C, cm) * (1 + TWO_WAY_TOLERANCE) < anchor_plan.block_time_s):
+            run = finish_plan(lengths, C, "atp", contiguous_segments(lengths, C), None, cm, exchange)
+            if (run.rank_num_tokens().max() <= cap and run.block_time_s * (1 + TWO_WAY_TOLERANCE) < anchor_plan.block_time_s
+                    and run.imbalance <= anchor_plan.imbalance):
+                anchor_plan = run
     # Hierarchical placement: anchors over sub-groups of just enough ranks (only those move
     # their K/V; see atac_hf.sharding.subgroups), taken where it is estimated no slower than the
     # flat (or per_doc) plan, at the estimate's attention price and at 0.25x-4x of it. No plan's
@@ -273,8 +291,7 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
         # split fits every cap >= ceil(tokens / C), i.e. every cap any placement can
         # respect (plan_shards reports the overflow otherwise). It gathers only the
         # documents it cuts.
-        plan = plan_contiguous(lengths, C, cm)
-        return finish_plan(lengths, C, "atp", list(plan.segments), None, cm, exchange)
+        return finish_plan(lengths, C, "atp", contiguous_segments(lengths, C), None, cm, exchange)
     return anchor_plan
 
 

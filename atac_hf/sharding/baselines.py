@@ -20,13 +20,33 @@ from .segments import finish_plan, head_tail_bounds, per_doc_segments, row_offse
 __all__ = ["per_doc_block_time", "plan_contiguous", "plan_per_doc", "plan_wlb_adaptive", "plan_zigzag"]
 
 
-def plan_contiguous(lengths, C, cm, **_) -> ShardPlan:
+def contiguous_segments(lengths, C) -> list:
+    """One contiguous run of the row per rank (ranks 0..C-1 in row order), as segments."""
     offsets = row_offsets(lengths)
     n = int(offsets[-1])
     cuts = [n * r // C for r in range(C + 1)]
-    segments = [row_ranges_to_segments(offsets, [(cuts[r], cuts[r + 1])]) for r in range(C)]
+    return [row_ranges_to_segments(offsets, [(cuts[r], cuts[r + 1])]) for r in range(C)]
+
+
+def contiguous_compute_floor(lengths, C, cm) -> float:
+    """The slowest rank's compute in the contiguous layout (a floor of its block time, which adds
+    the exposed exchange), without building it: one piece per (rank, document) it spans."""
+    offsets = row_offsets(lengths)
+    n = int(offsets[-1])
+    cuts = n * np.arange(C + 1, dtype=np.int64) // C
+    edges = np.union1d(offsets, cuts)
+    start, end = edges[:-1], edges[1:]
+    keep = end > start
+    start, end = start[keep], end[keep]
+    doc = np.searchsorted(offsets, start, side="right") - 1
+    rank = np.searchsorted(cuts, start, side="right") - 1
+    cost = cm.segment_cost(start - offsets[doc], end - offsets[doc])
+    return float(np.bincount(rank, weights=cost, minlength=C).max()) if len(cost) else 0.0
+
+
+def plan_contiguous(lengths, C, cm, **_) -> ShardPlan:
     # Llama-3 style CP all-gathers the K/V of the whole row every layer.
-    return finish_plan(lengths, C, "contiguous", segments, np.arange(len(lengths)), cm)
+    return finish_plan(lengths, C, "contiguous", contiguous_segments(lengths, C), np.arange(len(lengths)), cm)
 
 
 def plan_zigzag(lengths, C, cm, **_) -> ShardPlan:
