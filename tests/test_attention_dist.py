@@ -36,6 +36,7 @@ def _packs(world: int) -> list[tuple[str, list[list[int]]]]:
         ("dominant", [[150, 30, 1, 2, 20, 1, 7]]),  # atp splits doc 0; 1-token docs, docs shorter than cp
         ("two_rows", [[70, 1, 3, 2, 34], [5, 1, 1, 60, 43]]),  # B=2: rows concatenated into one pack
         ("random", _dist.uneven_rows(rng, 230)),
+        ("contiguous", [[40, 25, 60]]),  # atp takes one contiguous run a rank (fewest kernel calls)
     ]
     if world == 2:
         packs.append(("atp_local", [[40, 60, 1, 1, 3, 90, 12]]))  # atp gathers nothing: no collective
@@ -180,6 +181,12 @@ def _check_pack_property(pack_name, plan, world):
     """Guard against vacuous passes: the packs exercise what they are named for."""
     if pack_name == "dominant":
         assert len(plan.sharded_docs) > 0, "atp should split the dominant document"
+    if pack_name == "contiguous":
+        from atac_hf.sharding.baselines import contiguous_segments
+
+        want = [np.asarray(x).tolist() for x in contiguous_segments(plan.doc_lengths, world)]
+        assert [x.tolist() for x in plan.segments] == want, "atp should take the contiguous layout here"
+        assert len(plan.gathered_docs) > 0
     if pack_name == "atp_local":
         assert len(plan.gathered_docs) == 0, "atp should keep every document whole here (no collective)"
     if pack_name == "idle_rank":
