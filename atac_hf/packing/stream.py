@@ -17,10 +17,11 @@ import numpy as np
 from ..cost import CostModel, default_cost_model
 from .planners.window import ARRIVAL, END, FRAG, SEQ, SID, START, Item, Planner, WindowContext, fill_empty_packs
 from .planners.window import overlength_pieces, place_overdue, ref_cost_per_token
-from .planners.baselines import WLB_COHORT_SHARE, plan_bfd, plan_sequential, plan_wlb, wlb_held
+from .planners.baselines import WLB_COHORT_MAX_DEFER, WLB_COHORT_SHARE, plan_bfd, plan_sequential, plan_wlb, wlb_held
 from .config import PackingConfig
 from .validate import _is_int, check_lengths, check_overlength, check_packer_pool, check_window, state_int
 from .metrics import MetricsAccumulator, pack_costs
+from .feed import next_window
 from .result import Pack, PackResult, Span
 from .planners.wfap import HELD_LIMIT, heavy_lengths, plan_wfap, wfap_held
 from .planners.wfap_end import rest_fits_window
@@ -149,9 +150,11 @@ class StreamPacker:
         samples, ``wlb`` outliers): it counts 0 while the pool of held fragments stays
         under ``3 x packs_per_window``, and ``max_tokens`` per fragment beyond (each will
         need a pack of its own), so a stream where such samples are common is fed at the
-        pace the packer can release them. A ``wlb`` window also stops before the outliers it
-        takes pass ``WLB_COHORT_SHARE`` of its capacity in tokens (it takes at least one):
-        they mostly fall due together, ``max_defer`` windows later.
+        pace the packer can release them. With ``wlb`` and ``max_defer`` under
+        ``WLB_COHORT_MAX_DEFER``, a sample over half a pack counts a whole pack (an outlier only
+        with ``max_defer=1``), and a window stops before the outliers it takes pass
+        ``WLB_COHORT_SHARE`` of its capacity (it takes at least one): they mostly fall due
+        together, ``max_defer`` windows later.
 
         Args:
             lengths: token counts of the next samples of the stream (any number; pass
@@ -171,14 +174,21 @@ class StreamPacker:
         over = held & (np.cumsum(np.where(held, pieces, 0)) > budget)
         weight = np.where(held, 0, eff)
         weight[over] = pieces[over] * int(self.config.max_tokens)
+        tight = self.config.strategy == "wlb" and 0 < self.config.max_defer < WLB_COHORT_MAX_DEFER
+        if tight:
+            # the samples fed now fall due within a few windows: one over half a pack needs a pack of
+            # its own (two such share none), so it counts a whole pack; with max_defer 1 so does an
+            # outlier over half a pack (due next window beside that window's own, released or not)
+            C = int(self.config.max_tokens)
+            room = np.where(2 * eff > C, np.maximum(eff, C), eff)
+            free = held & ((2 * eff <= C) | (self.config.max_defer > 1))
+            weight = np.where(over | free, weight, room)
         k = int(np.searchsorted(np.cumsum(weight), wanted, side="left")) + 1
-        if self.config.strategy == "wlb" and held.any():
+        if tight and held.any():
             # WLB-LLM's queues release a document only when packs_per_window of them wait, so
             # the outliers a window takes mostly fall due together max_defer windows later: a
             # window takes at most WLB_COHORT_SHARE of its capacity of them (at least one)
-            C = int(self.config.max_tokens)
-            room = np.where(held, np.where(2 * eff > C, np.maximum(eff, C), eff), 0)  # two such share no pack
-            cum = np.cumsum(room)
+            cum = np.cumsum(np.where(held, room, 0))
             stop = np.flatnonzero(held & (cum > room) & (cum > WLB_COHORT_SHARE * self.config.window_tokens))
             if stop.size:
                 k = min(k, int(stop[0]))
@@ -466,18 +476,9 @@ def pack_lengths(lengths: Sequence[int], config: PackingConfig | None = None, co
     with _progress_bar(n) if progress else contextlib.nullcontext() as bar:
         while pos < n:
             if window is not None:
-                k = int(window)
+                k = max(0, min(int(window), n - pos))
             else:
-                while True:  # look ahead far enough to fill the window
-                    k = packer.window_size(arr[pos:pos + look])
-                    if k < look or pos + look >= n:
-                        break
-                    look *= 2
-                if k == 0 and (not windows or not windows[-1]):
-                    k = 1  # always make progress
-                if 0 < k < n - pos and packer.rest_fits_window(arr[pos + k:]):
-                    k = n - pos  # one-window lookahead: the rest of the stream joins this window
-            k = max(0, min(k, n - pos))
+                k, look = next_window(packer, arr, pos, look, prev_empty=not windows or not windows[-1])
             arrival[pos:pos + k] = packer.window_index
             windows.append(packer._add_checked(list(range(pos, pos + k)), arr[pos:pos + k].tolist(),
                                                last=pos + k >= n))

@@ -246,8 +246,9 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
         if even.rank_num_tokens().max() <= cap and (anchor_plan is None
                                                       or even.block_time_s < anchor_plan.block_time_s):
             anchor_plan = even
+    robust_ref = None  # the plan a hierarchical candidate must stay no slower than at every price
     if anchor_plan is not None:
-        anchor_plan = resolve_exchange(anchor_plan, cm)  # the exchange of the flat plan kept (deferred in build)
+        anchor_plan = robust_ref = resolve_exchange(anchor_plan, cm)  # the flat plan's exchange kept (deferred in build)
         # One contiguous run per rank (gathering only the documents it cuts) competes too: it makes
         # the fewest kernel calls, which wins where per-call overhead outweighs the attention (packs
         # of a few hundred tokens per rank, or masked calls priced high). Built only where the mean
@@ -255,7 +256,8 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
         # chance; taken where it is faster by more than TWO_WAY_TOLERANCE (its ranks are level in
         # cost at best, not in tokens and pairs apart) and no less level than the plan it replaces
         # (balance keeps a plan right where the price ratio is off). Before the hierarchical
-        # candidates, which must beat whichever plan is kept (so they never make ATP slower).
+        # candidates, which must beat whichever plan is kept at the estimate (so they never make
+        # ATP slower) and stay no slower than the flat plan at every price (as without it).
         if (CONTIGUOUS_CANDIDATE and C > 1 and work_bound * (1 + TWO_WAY_TOLERANCE) < anchor_plan.block_time_s
                 and contiguous_compute_floor(lengths, C, cm) * (1 + TWO_WAY_TOLERANCE) < anchor_plan.block_time_s):
             run = finish_plan(lengths, C, "atp", contiguous_segments(lengths, C), None, cm, exchange)
@@ -284,8 +286,8 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
             sub = _plan_subgroups(lengths, C, cm, share, max_tokens_per_rank, min_chunk, "atp", True,
                                   np.inf if anchor_plan is None else anchor_plan.block_time_s, doc_costs, exchange)
             if sub is not None and (anchor_plan is None or sub.block_time_s <= anchor_plan.block_time_s
-                                    and _robustly_no_worse(sub, anchor_plan, cm, alt_blocks)):
-                anchor_plan, alt_blocks = sub, {}
+                                    and _robustly_no_worse(sub, robust_ref, cm, alt_blocks)):
+                anchor_plan, robust_ref, alt_blocks = sub, sub, {}
     if anchor_plan is None:
         # neither anchor-tail nor per-document head-tail fits the cap; a contiguous
         # split fits every cap >= ceil(tokens / C), i.e. every cap any placement can

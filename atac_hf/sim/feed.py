@@ -46,8 +46,9 @@ def run_packer(strategy: str, stream: np.ndarray, cluster: ClusterConfig, cm: Co
     """Feed the whole stream to a real StreamPacker window by window, then flush it.
 
     ``fixed``: the windows (sample ids) to feed, identical for every packer. ``None``:
-    size each window like the packer's own feeder (``pack_lengths``): new samples, in
-    stream order, until their packable supply reaches the packer's ``tokens_wanted``.
+    size each window as the packer's own feeder does (``pack_lengths``,
+    :func:`~atac_hf.packing.feed.next_window`): new samples, in stream order, until their
+    packable supply reaches the packer's ``tokens_wanted``, with its bound on held-back samples.
     ``end_of_stream``: ``"flush"``: the last window is fed like any other (the feeder does
     not know it is the last); ``"last"``: it is fed with ``add_window(last=True)``, and
     (``fixed=None``) a rest of the stream smaller than one window joins the window before
@@ -67,20 +68,19 @@ def run_packer(strategy: str, stream: np.ndarray, cluster: ClusterConfig, cm: Co
 
 def _feed(packer: Any, strategy: str, stream: np.ndarray, cluster: ClusterConfig, cm: CostModel,
           fixed: list[np.ndarray] | None, min_fragment: int, tell_last: bool = False) -> PackedStream:
+    from ..packing.feed import next_window
+
+    stream = np.asarray(stream, dtype=np.int64)
     n = len(stream)
     arrival = np.full(n, -1, dtype=np.int64)
-    out, secs, fed_windows, pos = [], [], [], 0
-    csum = None if fixed is not None else np.cumsum(packer.supply_tokens(stream))
+    out, secs, fed_windows, pos, look = [], [], [], 0, 4096
     while (pos < n) if fixed is None else (len(out) < len(fixed)):
         if fixed is not None:
             ids = fixed[len(out)]
-        else:
-            before = int(csum[pos - 1]) if pos else 0
-            k = max(1, int(np.searchsorted(csum, before + packer.tokens_wanted, side="left")) + 1 - pos)
-            if tell_last and pos + k < n and packer.rest_fits_window(stream[pos + k:]):
-                k = n - pos  # one-window lookahead: the rest joins this (last) window
-            ids = np.arange(pos, min(n, pos + k), dtype=np.int64)
-            pos += len(ids)
+        else:  # the library's own rule (pack_lengths): the same windows as a real feeder
+            k, look = next_window(packer, stream, pos, look, prev_empty=not out or not out[-1], lookahead=tell_last)
+            ids = np.arange(pos, pos + k, dtype=np.int64)
+            pos += k
         arrival[ids] = len(out)
         fed_windows.append(ids)
         last = tell_last and ((pos >= n) if fixed is None else (len(out) == len(fixed) - 1))
