@@ -7,6 +7,7 @@ more than TWO_WAY_TOLERANCE and no less level than ATP's plan."""
 from __future__ import annotations
 
 import dataclasses
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -40,12 +41,8 @@ def test_atp_takes_the_contiguous_layout_where_faster_and_no_less_level(model, C
     attention and token-wise work is off)."""
     cm = MODELS[model]
     L = np.asarray(lengths)
-    saved = atp_mod.ANCHOR_SHARES
-    atp_mod.ANCHOR_SHARES = ()
-    try:
+    with mock.patch.object(atp_mod, "ANCHOR_SHARES", ()):
         atp = plan_shards(L, C, "atp", cm)
-    finally:
-        atp_mod.ANCHOR_SHARES = saved
     assert atp.block_time_s <= plan_shards(L, C, "per_doc", cm).block_time_s * (1 + 1e-9)
     run = finish_plan(L, C, "atp", contiguous_segments(L, C), None, cm, "auto")
     assert atp.block_time_s <= run.block_time_s * (1 + TWO_WAY_TOLERANCE) * (1 + 1e-9) or run.imbalance > atp.imbalance

@@ -28,9 +28,9 @@ __all__ = ["PRICE_ERROR_BAND", "ROBUST_EXTRA_ANCHORS", "SUBGROUP_MARGIN", "SUBGR
 #: (robust to the cost model's error in their relative price) over the one level in
 #: estimated cost alone, unless its estimated block time is more than this fraction higher.
 TWO_WAY_TOLERANCE = 0.02
-#: The contiguous layout (one run of the row per rank) competes where it is faster than every other
-#: candidate by more than TWO_WAY_TOLERANCE; False: only where nothing else fits the cap (a
-#: measurement switch, and how tests of the other candidates' choices see them alone).
+#: The contiguous layout (one run of the row per rank) competes where it is faster than the flat
+#: plan by more than TWO_WAY_TOLERANCE and no less level; False: only where nothing else fits the
+#: cap (a measurement switch, and how tests of the other candidates' choices see them alone).
 CONTIGUOUS_CANDIDATE = True
 #: ATP takes the hierarchical plan (anchors over sub-groups of ranks) over the flat one where its
 #: estimated block time is no higher, and no more than this fraction higher with attention priced
