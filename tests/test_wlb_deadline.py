@@ -175,3 +175,21 @@ def test_best_fit_replaces_the_balance_order_only_where_it_strands_fewer():
     items = [(i, 0, n, 0, i, 0) for i, n in enumerate([10, 8, 4, 4, 12, 2, 3, 3, 5])]  # all overdue
     _, carry, _ = plan_wlb(items, ctx)
     assert len(carry) == 1
+
+
+@pytest.mark.parametrize("strategy", ["wfap", "bfd", "sequential", "wlb"])
+@pytest.mark.parametrize("dp", [1, 2])
+def test_the_simulator_feeds_every_packer_as_pack_lengths_does(strategy, dp):
+    """Every strategy, whatever the DP degree: the simulator's windows are pack_lengths' windows."""
+    from atac_hf.cost import CostModel
+    from atac_hf.sim.cluster import ClusterConfig
+    from atac_hf.sim.feed import run_packer
+
+    cm = CostModel.from_model("8b", "H100")
+    L = np.random.default_rng(dp).integers(1, 4097, 400).astype(np.int64)
+    cl = ClusterConfig(dp_size=dp, pp_size=1, cp_size=1, tp_size=1, num_micro_batches=2, max_tokens=4096,
+                       model="8b", hardware="H100")
+    fed = run_packer(strategy, L, cl, cm, {}, None, end_of_stream="last")
+    ref = pack_lengths(L.tolist(), PackingConfig(max_tokens=4096, packs_per_window=cl.packs_per_step,
+                                                 strategy=strategy), cm)
+    assert np.asarray(fed.arrival).tolist() == np.asarray(ref.arrival).tolist()
