@@ -264,3 +264,18 @@ def test_shares_split_whenever_the_rooms_hold_the_tokens(lengths, C, data):
     assert n.sum(axis=1).tolist() == lengths.tolist()
     assert (n >= 0).all() and (n.sum(axis=0) <= room).all()
     assert (bounds[:, -1] == lengths).all()
+
+
+def test_shares_split_puts_several_remainder_tokens_on_one_rank_where_only_it_has_room():
+    """Found by the property above in CI (a bug, not a mutant): equal shares over 6 ranks whose rooms
+    are 3, 31, 33, 571, 1,371 and 3,716 tokens for 5,711. The first four are filled to their rooms, so
+    a document's rounding remainder (up to 5 tokens) has one rank left with room: the split gave each
+    rank at most one remainder token a document and refused a split that fits."""
+    from atac_hf.sharding.atp import _split_by_share
+
+    lengths = np.array([16, 31, 84, 164, 1284, 1548, 2564, 20])
+    room = np.array([3.0, 31.0, 33.0, 571.0, 1371.0, 3716.0])
+    split = _split_by_share(PAIRS, lengths, np.full(6, 1 / 6), room)
+    assert split is not None
+    _, n, _ = split
+    assert n.sum(axis=1).tolist() == lengths.tolist() and (n.sum(axis=0) <= room).all()

@@ -416,6 +416,14 @@ def _split_by_share(cm: CostModel, lengths: np.ndarray, frac: np.ndarray, room: 
                     nl[d][r] += 1
                     left[r] -= 1
                     k -= 1
+            for r in range(C):  # still more than the ranks with room: several tokens a rank
+                if k == 0:
+                    break
+                take = min(k, int(left[r]))
+                if take > 0:
+                    nl[d][r] += take
+                    left[r] -= take
+                    k -= take
             if k:
                 return None
         n = np.array(nl, dtype=np.int64).reshape(n.shape)
