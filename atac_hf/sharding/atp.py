@@ -28,9 +28,8 @@ __all__ = ["PRICE_ERROR_BAND", "ROBUST_EXTRA_ANCHORS", "SUBGROUP_MARGIN", "SUBGR
 #: (robust to the cost model's error in their relative price) over the one level in
 #: estimated cost alone, unless its estimated block time is more than this fraction higher.
 TWO_WAY_TOLERANCE = 0.02
-#: The contiguous layout (one run of the row per rank) competes where it is faster than the flat
-#: plan by more than TWO_WAY_TOLERANCE and no less level; False: only where nothing else fits the
-#: cap (a measurement switch, and how tests of the other candidates' choices see them alone).
+#: The contiguous layout competes (see plan_atp); False: only where nothing else fits the cap (a
+#: measurement switch, and how tests of the other candidates' choices see them alone).
 CONTIGUOUS_CANDIDATE = True
 #: ATP takes the hierarchical plan (anchors over sub-groups of ranks) over the flat one where its
 #: estimated block time is no higher, and no more than this fraction higher with attention priced
@@ -249,15 +248,11 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
     robust_ref = None  # the plan a hierarchical candidate must stay no slower than at every price
     if anchor_plan is not None:
         anchor_plan = robust_ref = resolve_exchange(anchor_plan, cm)  # the flat plan's exchange kept (deferred in build)
-        # One contiguous run per rank (gathering only the documents it cuts) competes too: it makes
-        # the fewest kernel calls, which wins where per-call overhead outweighs the attention (packs
-        # of a few hundred tokens per rank, or masked calls priced high). Built only where the mean
-        # exact work and then its slowest rank's compute (floors of its block time) leave it a
-        # chance; taken where it is faster by more than TWO_WAY_TOLERANCE (its ranks are level in
-        # cost at best, not in tokens and pairs apart) and no less level than the plan it replaces
-        # (balance keeps a plan right where the price ratio is off). Before the hierarchical
-        # candidates, which must beat whichever plan is kept at the estimate (so they never make
-        # ATP slower) and stay no slower than the flat plan at every price (as without it).
+        # One contiguous run per rank (the fewest kernel calls; only cut documents gathered) competes:
+        # built where the work bound and its slowest rank's compute leave it a chance, taken where over
+        # TWO_WAY_TOLERANCE faster and no less level (balance keeps a plan right where prices are off).
+        # Decided before the hierarchical candidates, which must beat it at the estimate and stay no
+        # slower than the flat plan at every price.
         if (CONTIGUOUS_CANDIDATE and C > 1 and work_bound * (1 + TWO_WAY_TOLERANCE) < anchor_plan.block_time_s
                 and contiguous_compute_floor(lengths, C, cm) * (1 + TWO_WAY_TOLERANCE) < anchor_plan.block_time_s):
             run = finish_plan(lengths, C, "atp", contiguous_segments(lengths, C), None, cm, exchange)
@@ -288,11 +283,8 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
             if sub is not None and (anchor_plan is None or sub.block_time_s <= anchor_plan.block_time_s
                                     and _robustly_no_worse(sub, robust_ref, cm, alt_blocks)):
                 anchor_plan, robust_ref, alt_blocks = sub, sub, {}
-    if anchor_plan is None:
-        # neither anchor-tail nor per-document head-tail fits the cap; a contiguous
-        # split fits every cap >= ceil(tokens / C), i.e. every cap any placement can
-        # respect (plan_shards reports the overflow otherwise). It gathers only the
-        # documents it cuts.
+    if anchor_plan is None:  # nothing else fits the cap; a contiguous split fits every cap >= ceil(tokens / C),
+        # i.e. every cap any placement can respect (plan_shards reports the overflow otherwise)
         return finish_plan(lengths, C, "atp", contiguous_segments(lengths, C), None, cm, exchange)
     return anchor_plan
 
