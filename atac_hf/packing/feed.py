@@ -1,6 +1,7 @@
-"""How a feeder sizes the next window of a stream by tokens: the one rule of :func:`pack_lengths`
-and the pipeline simulator (:mod:`atac_hf.sim.feed`), so the simulator feeds every packer
-exactly as the library does. Numpy only."""
+"""How a feeder sizes the next window of a stream by tokens: the one rule of :func:`pack_lengths`,
+the samplers' :class:`~atac_hf.packing.data.window_planner.WindowPlanner` and the pipeline
+simulator (:mod:`atac_hf.sim.feed`), so every feeder and the simulator take the same windows.
+Numpy only."""
 
 from __future__ import annotations
 

@@ -40,6 +40,7 @@ import numpy as np
 
 from ...cost import CostModel, default_cost_model
 from ..config import MAX_LENGTH, MAX_PACKS_PER_WINDOW, PackingConfig
+from ..feed import next_window
 from ..metrics import pack_costs
 from ..split_fill import plan_split_fill
 from ..stream import StreamPacker
@@ -156,19 +157,10 @@ class WindowPlanner:
         """
         n = int(lengths.size)
         if self.window_size is not None:
-            k = self.window_size
-        else:
-            look = 4096
-            while True:  # look ahead far enough to fill the window
-                k = self.packer.window_size(lengths[pos:pos + look])
-                if k < look or pos + look >= n:
-                    break
-                look *= 2
-            if k <= 0 and self.prev_empty and not (more_coming and pos >= n):
-                k = 1  # always make progress
-            if not more_coming and 0 < k < n - pos and self.packer.rest_fits_window(lengths[pos + k:]):
-                k = n - pos  # one-window lookahead: the rest of the pass joins this window
-        return max(0, min(k, n - pos))
+            return max(0, min(self.window_size, n - pos))
+        k, _look = next_window(self.packer, lengths, pos, 4096, lookahead=not more_coming,
+                               prev_empty=self.prev_empty and not (more_coming and pos >= n))
+        return k
 
     def add(self, sample_ids: Sequence[int], lengths: Sequence[int], *, last: bool = False) -> list[list[Span]]:
         """Pack one window; ``last``: the pass ends here (the packer plans it as its last
