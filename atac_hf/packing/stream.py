@@ -16,7 +16,7 @@ import numpy as np
 
 from ..cost import CostModel, default_cost_model
 from .planners.window import ARRIVAL, END, FRAG, SEQ, SID, START, Item, Planner, WindowContext, fill_empty_packs
-from .planners.window import overlength_pieces, place_overdue, ref_cost_per_token
+from .planners.window import checked_ref_cost_per_token, overlength_pieces, place_overdue
 from .planners.baselines import WLB_COHORT_MAX_DEFER, WLB_COHORT_SHARE, plan_bfd, plan_sequential, plan_wlb, wlb_held
 from .config import PackingConfig
 from .validate import _is_int, check_lengths, check_overlength, check_packer_pool, check_window, state_int
@@ -69,7 +69,7 @@ class StreamPacker:
             raise ValueError(f"pack_multiple={pack_multiple!r:.40} must be an int >= 1 (the DP replicas; set pack_multiple)")
         self.config, self.pack_multiple = config, int(pack_multiple)
         self.cost_model = cost_model if cost_model is not None else default_cost_model()
-        self._ref = ref_cost_per_token(config, self.cost_model)
+        self._ref = checked_ref_cost_per_token(config, self.cost_model)  # refuses models that price nothing
         self._planner = PLANNERS[config.strategy]
         self._window = self._seq = 0
         self._pool: list[Item] = []

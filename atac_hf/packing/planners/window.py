@@ -124,8 +124,22 @@ def balance_models(config: PackingConfig, cost_model: CostModel, ref: float | No
 
 
 def ref_cost_per_token(config: PackingConfig, cost_model: CostModel) -> float:
+    """Seconds a token of a reference document (``reference_doc_tokens``, at most the cap) costs."""
     ref = min(int(config.reference_doc_tokens), int(config.max_tokens))
     return float(cost_model.doc_cost([ref])[0]) / ref
+
+
+def checked_ref_cost_per_token(config: PackingConfig, cost_model: CostModel) -> float:
+    """:func:`ref_cost_per_token`, every packer's unit; ValueError where the model prices whole
+    documents at 0 s (nothing to balance, and the packers' ratios would divide by 0)."""
+    cost_model.check_prices_compute("the packer's cost_model")
+    ref = ref_cost_per_token(config, cost_model)
+    if not ref > 0:  # only chunks priced (masked work): a whole document costs nothing
+        n = min(int(config.reference_doc_tokens), int(config.max_tokens))
+        raise ValueError(f"cost model {cost_model.name!r:.60} prices a whole document of {n} tokens "
+                         f"(reference_doc_tokens) at {ref * n!r} s: packing balances whole documents' costs, so "
+                         "linear_s_per_token, attn_s_per_pair or segment_overhead_s must be > 0 (check the packer's cost_model)")
+    return ref
 
 
 def overlength_pieces(length: int, max_tokens: int, min_fragment: int) -> list[int]:
