@@ -306,7 +306,7 @@ def test_cost_models_refuse_bools_absurd_prices_and_zero_profiles(tmp_path):
 def test_packers_refuse_cost_models_that_price_whole_documents_at_zero(strategy):
     # pack_lengths raised a bare ZeroDivisionError (found by the nineteenth mutation pass's review):
     # every packer's unit is a reference document's cost per token
-    from atac_hf.packing import PackingConfig, StreamPacker, pack_lengths
+    from atac_hf.packing import PackedIterableDataset, PackingConfig, StreamPacker, WFAPBatchSampler, pack_lengths
 
     good = default_cost_model()
     zero = good.replace(linear_s_per_token=0.0, attn_s_per_pair=0.0, segment_overhead_s=0.0)
@@ -315,7 +315,9 @@ def test_packers_refuse_cost_models_that_price_whole_documents_at_zero(strategy)
     for model, match in ((zero, r"prices all work at 0 s.*check the packer's cost_model"),
                          (chunks_only, r"prices a whole document of 10 tokens \(reference_doc_tokens\) at 0\.0 s.*"
                                        r"linear_s_per_token, attn_s_per_pair or segment_overhead_s must be > 0")):
-        for build in (lambda: pack_lengths([6, 6, 6], cfg, model), lambda: StreamPacker(cfg, model)):
+        for build in (lambda: pack_lengths([6, 6, 6], cfg, model), lambda: StreamPacker(cfg, model),
+                      lambda: WFAPBatchSampler([6, 6, 6], cfg, cost_model=model),  # at construction, not at
+                      lambda: PackedIterableDataset([{"input_ids": [1] * 6}] * 3, cfg, cost_model=model)):  # the 1st pack
             with pytest.raises(ValueError, match=match):
                 build()
     # a sliding window makes whole documents past it masked work, which chunks_only prices: accepted

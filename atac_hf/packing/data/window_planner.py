@@ -42,6 +42,7 @@ from ...cost import CostModel, default_cost_model
 from ..config import MAX_LENGTH, MAX_PACKS_PER_WINDOW, PackingConfig
 from ..feed import next_window
 from ..metrics import pack_costs
+from ..planners.window import checked_ref_cost_per_token
 from ..split_fill import plan_split_fill
 from ..stream import StreamPacker
 from ..validate import _is_int, _short, check_dealable, check_lengths, check_overlength, check_planner_state
@@ -466,6 +467,11 @@ def _fingerprint(**parts: Any) -> str:
 
 
 def _config_parts(config: PackingConfig, cost_model: CostModel | None, **extra: Any) -> dict[str, Any]:
+    """The settings a feeder's fingerprint covers; refuses a cost model the packers cannot use (at
+    construction: the samplers and the iterable feeder plan lazily)."""
+    if cost_model is not None and not isinstance(cost_model, CostModel):
+        raise TypeError(f"cost_model must be a CostModel or None, got {type(cost_model).__name__}")
+    checked_ref_cost_per_token(config, default_cost_model() if cost_model is None else cost_model)
     return {"config": dataclasses.asdict(config),
             "cost_model": None if cost_model is None else dataclasses.asdict(cost_model), **extra}
 
