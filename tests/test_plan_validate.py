@@ -33,7 +33,15 @@ def test_validate_refuses_overlaps_gaps_disorder_and_negative_starts():
     with pytest.raises(AssertionError, match="rank 0: a segment ends before it starts"):
         _with(plan, [[[0, 5, 0]], [[0, 5, 6], [1, 0, 4]]]).validate()
     # a start before the document's first token (numpy wrapped it to the row's last tokens before)
-    with pytest.raises(AssertionError, match="held by zero or several ranks"):
+    with pytest.raises(AssertionError, match="rank 0: a segment lies outside its document"):
         _with(plan, [[[0, -2, 5]], [[0, 5, 6], [1, 0, 2]]]).validate()
+    # the ranges tile the row, but a segment runs past its document into the next one, or names a
+    # document by a negative id (numpy wrapped -1 to the last document); red-team 9
+    with pytest.raises(AssertionError, match="rank 0: a segment lies outside its document"):
+        _with(plan, [[[0, 0, 7]], [[1, 1, 4]]]).validate()
+    with pytest.raises(AssertionError, match="rank 1: no such document"):
+        _with(plan, [[[0, 0, 5]], [[0, 5, 6], [-1, 0, 4]]]).validate()
+    with pytest.raises(AssertionError, match="rank 1: no such document"):
+        _with(plan, [[[0, 0, 5]], [[0, 5, 6], [2, 0, 4]]]).validate()
     # empty segments hold nothing and are allowed anywhere
     _with(plan, [[[1, 2, 2], [0, 0, 5]], [[0, 5, 6], [1, 0, 4]]]).validate()

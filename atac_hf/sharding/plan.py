@@ -215,6 +215,9 @@ class ShardPlan:
         for r in range(self.cp_size):
             seg = self.rank_segments(r)
             assert np.all(seg[:, 2] >= seg[:, 1]), f"rank {r}: a segment ends before it starts"
+            assert np.all((seg[:, 0] >= 0) & (seg[:, 0] < len(self.doc_lengths))), f"rank {r}: no such document"
+            assert np.all((seg[:, 1] >= 0) & (seg[:, 2] <= self.doc_lengths[seg[:, 0]]) | (seg[:, 2] == seg[:, 1])), \
+                f"rank {r}: a segment lies outside its document"  # (an empty one holds nothing: allowed anywhere)
             start = self.doc_offsets[seg[:, 0]] + seg[:, 1]
             end = start + (seg[:, 2] - seg[:, 1])
             held = end > start  # an empty segment holds no token
