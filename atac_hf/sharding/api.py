@@ -131,12 +131,13 @@ def plan_shards(
               else int(max_tokens_per_rank), min_chunk=int(min_chunk),
               max_anchors=None if max_anchors is None else min(int(max_anchors), len(lengths)),
               kv_exchange=kv_exchange)
-    filled = fill_empty_ranks(plan, cm)  # >= 1 token per rank whenever the pack has >= cp_size tokens
+    # >= 1 token per rank whenever the pack has >= cp_size tokens (costed for the exchange asked for)
+    filled = fill_empty_ranks(plan, cm, kv_exchange)
     if filled is not plan and strategy == "atp":
         # atp chose a layout with an idle rank, costed before the fill; its per_doc candidate,
         # filled the same way, may now be faster (atp is never worse than per_doc)
         even = fill_empty_ranks(finish_plan(lengths, int(cp_size), "atp", per_doc_segments(lengths, int(cp_size)),
-                                            None, cm, kv_exchange or "auto"), cm)
+                                            None, cm, kv_exchange or "auto"), cm, kv_exchange)
         fits = max_tokens_per_rank is None or int(even.rank_num_tokens().max()) <= max_tokens_per_rank
         if fits and even.block_time_s < filled.block_time_s:
             filled = even

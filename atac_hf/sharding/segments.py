@@ -287,7 +287,7 @@ def _a2a_options(allseg, rank_of, C, gathered, segments, cm: CostModel, compute,
     return routed if best is None or routed[:2] < best[:2] else best
 
 
-def fill_empty_ranks(plan: ShardPlan, cm: CostModel) -> ShardPlan:
+def fill_empty_ranks(plan: ShardPlan, cm: CostModel, exchange: str | None = None) -> ShardPlan:
     """``plan`` with a token on every rank, when the pack has at least cp_size tokens.
 
     A planner may leave a rank empty (a pack of few short documents: ``atp`` keeps documents
@@ -296,7 +296,8 @@ def fill_empty_ranks(plan: ShardPlan, cm: CostModel) -> ShardPlan:
     rank holding most: whole segments where they fit, else a cut of one segment, whose
     document is then gathered. The richest rank only loses tokens, so no cap is crossed;
     work is O(C log C + segments). Plans that already fill every rank, and packs of fewer
-    tokens than ranks (some rank must stay empty), come back unchanged.
+    tokens than ranks (some rank must stay empty), come back unchanged. ``exchange``: the K/V
+    exchange the filled plan is costed for (None: ``"auto"`` for ``atp``, else the plan's own).
     """
     C = plan.cp_size
     held = plan.rank_num_tokens()
@@ -327,8 +328,9 @@ def fill_empty_ranks(plan: ShardPlan, cm: CostModel) -> ShardPlan:
     for x in segs:
         owners[np.unique(x[:, 0])] += 1
     gathered = np.union1d(plan.gathered_docs, np.flatnonzero(owners > 1)).astype(np.int64)
-    return finish_plan(plan.doc_lengths, C, plan.strategy, segs, gathered, cm,
-                       "auto" if plan.strategy == "atp" else plan.kv_exchange)
+    if exchange is None:
+        exchange = "auto" if plan.strategy == "atp" else plan.kv_exchange
+    return finish_plan(plan.doc_lengths, C, plan.strategy, segs, gathered, cm, exchange)
 
 
 def _merge_flat(allseg: np.ndarray, rank_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
