@@ -96,10 +96,11 @@ def test_place_overdue_room_left_after_an_item_is_the_room_minus_the_item():
 
 # x_place_overdue__mutmut_38 (`room[j] += L`): the room shrinks, it does not grow. Pack of 4
 # tokens (room 6): a 4-token fragment leaves room 2 (the mutant: 10), so a 3-token one is
-# carried on, not put in a pack past the cap.
+# carried on, not put in a pack past the cap. (The pack's 4 tokens are overdue too: a fragment
+# that fits nowhere makes room by carrying items that may wait, since red-team 9.)
 
 def test_place_overdue_does_not_overfill_a_pack():
-    a, o1, o2 = _fresh(0, 4), _overdue_fragment(1, 2, 6), _overdue_fragment(2, 7, 10)
+    a, o1, o2 = _overdue(0, 4), _overdue_fragment(1, 2, 6), _overdue_fragment(2, 7, 10)
     packs = [[a]]
     rest, split = place_overdue(packs, [o1, o2], _ctx(1, split_overdue=False))
     assert packs == [[a, o1]] and rest == [o2] and split == []

@@ -185,8 +185,9 @@ def place_overdue(packs: list[list[Item]], carry: list[Item], ctx: WindowContext
     else a whole sample (it fits the cap) displaces items that are not overdue to the next
     window (:func:`_make_room`), so it is not cut; else (``split_overdue``) over the ends of
     the packs with the most room, in fragments >= ``min_fragment`` (a whole sample only where
-    all of it goes; fragments of over-cap samples also in part). Returns the new carry and ``(sample_id, tokens)`` of every item that
-    was whole before and is split now."""
+    all of it goes). A fragment of an over-cap sample that cannot go all that way displaces
+    items too; only where no pack can make room do its pieces go as far as they do. Returns the
+    new carry and ``(sample_id, tokens)`` of every item that was whole before and is split now."""
     if not carry or not any(ctx.is_overdue(it) for it in carry):
         return carry, []
     cfg = ctx.config
@@ -207,23 +208,11 @@ def place_overdue(packs: list[list[Item]], carry: list[Item], ctx: WindowContext
             room[j] -= L
             cost[j] += float(costs_of([it], ctx.cost_model)[0])
             continue
-        if it[FRAG] == 0:  # a whole sample that fits the cap stays whole: make room for it
-            made = _make_room(packs, room, cost, L, ctx)
-            if made is not None:
-                j, evicted = made
-                for x in evicted:
-                    packs[j].remove(x)
-                    out.append(x)
-                packs[j].append(it)
-                room[j] = C - sum(span_len(x) for x in packs[j])
-                cost[j] = float(costs_of(packs[j], ctx.cost_model).sum())
-                continue
-        if not cfg.split_overdue or L < 2 * m:
-            out.append(it)
-            continue
+        if it[FRAG] == 0 and _place_by_eviction(packs, room, cost, it, out, ctx):
+            continue  # a whole sample that fits the cap stays whole: room made for it
         pieces: list[tuple[int, int]] = []  # (pack, size)
         left = L
-        for j in sorted(range(len(packs)), key=lambda j: (-room[j], j)):
+        for j in sorted(range(len(packs)), key=lambda j: (-room[j], j)) if cfg.split_overdue and L >= 2 * m else ():
             if left == 0:
                 break
             take = min(room[j], left)
@@ -233,6 +222,11 @@ def place_overdue(packs: list[list[Item]], carry: list[Item], ctx: WindowContext
                 continue
             pieces.append((j, take))
             left -= take
+        # A fragment (of a sample over the cap) that cannot go all now makes room, as a whole
+        # sample does: else part of it would miss its deadline while packs hold samples that may
+        # wait (red-team 9); where no pack can make room, its pieces go as far as they do.
+        if (not pieces or left) and it[FRAG] and _place_by_eviction(packs, room, cost, it, out, ctx):
+            continue
         if not pieces or 0 < left < m or (left and it[FRAG] == 0):
             # a whole sample is cut only where its pieces all go now: a part carried on would still
             # finish late, so the cut would break fidelity for nothing
@@ -251,6 +245,23 @@ def place_overdue(packs: list[list[Item]], carry: list[Item], ctx: WindowContext
         if it[FRAG] == 0:
             newly.append((sid, L))
     return out, newly
+
+
+def _place_by_eviction(packs: list[list[Item]], room: list[int], cost: list[float], it: Item, out: list[Item],
+                       ctx: WindowContext) -> bool:
+    """Put ``it`` whole into the pack :func:`_make_room` picks, its evicted items onto ``out`` (the
+    carry); False (nothing changed) where no pack can make room."""
+    made = _make_room(packs, room, cost, span_len(it), ctx)
+    if made is None:
+        return False
+    j, evicted = made
+    for x in evicted:
+        packs[j].remove(x)
+        out.append(x)
+    packs[j].append(it)
+    room[j] = ctx.max_tokens - sum(span_len(x) for x in packs[j])
+    cost[j] = float(costs_of(packs[j], ctx.cost_model).sum())
+    return True
 
 
 def _make_room(packs: list[list[Item]], room: list[int], cost: list[float], length: int,
