@@ -45,7 +45,8 @@ class PackingConfig:
             (next-fit in data order), ``"bfd"`` (best-fit decreasing on tokens, TRL's
             default) or ``"wlb"`` (WLB-LLM variable-length packing with outlier delay).
         overlength: what happens to a sample longer than ``max_tokens``: ``"split"`` into
-            the fewest near-equal fragments that fit (each its own document in its row),
+            the fewest fragments that fit, full-cap ones first and the rest last (each its own
+            document in its row; see :func:`~atac_hf.packing.planners.window.overlength_pieces`),
             ``"truncate"`` to the first ``max_tokens`` tokens (the rest is dropped and
             counted), or ``"error"`` (raise ValueError).
         min_fragment: shortest fragment a split may leave, in tokens (>= 1). Default

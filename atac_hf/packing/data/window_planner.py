@@ -106,7 +106,9 @@ class WindowPlanner:
     packer asks for (:meth:`StreamPacker.window_size`: the window's token capacity minus
     the carry, with held-back samples bounded), as :func:`pack_lengths` does, so the
     carry cannot grow without bound. With ``num_replicas=1`` the packs equal
-    ``pack_lengths(lengths, config, cost_model, window=window_size).packs``.
+    ``pack_lengths(lengths, config, cost_model, window=window_size).packs`` for a stream
+    without empty samples (the feeders skip those; ``pack_lengths`` places them, and a
+    fixed ``window_size`` counts them, so the windows differ).
 
     **Reserve.** With ``even_batches`` and several replicas, the last packs planned (the
     shortest run of them that holds at least ``2 x num_replicas`` tokens, usually one
