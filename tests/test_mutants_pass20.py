@@ -63,7 +63,7 @@ def test_bfd_emits_the_pack_holding_a_due_item_before_a_fuller_one():
     cfg = PackingConfig(max_tokens=5, packs_per_window=1, strategy="bfd", max_defer=1)
     items = [_item(0, 2, arrival=0), _item(1, 4, arrival=1)]
     assert _ids(plan_bfd(items, _ctx(cfg, window=1))) == ([[0]], [1])
-    # with nothing due (window 0 is too early for either) the fuller pack goes
+    # with nothing due (both arrived in window 1) the fuller pack goes
     items = [_item(0, 2, arrival=1), _item(1, 4, arrival=1)]
     assert _ids(plan_bfd(items, _ctx(cfg, window=1))) == ([[1]], [0])
 
