@@ -212,7 +212,8 @@ def place_overdue(packs: list[list[Item]], carry: list[Item], ctx: WindowContext
             continue  # a whole sample that fits the cap stays whole: room made for it
         pieces: list[tuple[int, int]] = []  # (pack, size)
         left = L
-        for j in sorted(range(len(packs)), key=lambda j: (-room[j], j)) if cfg.split_overdue and L >= 2 * m else ():
+        can_cut = cfg.split_overdue and L >= 2 * m  # into two fragments of at least min_fragment
+        for j in sorted(range(len(packs)), key=lambda j: (-room[j], j)) if can_cut else []:
             if left == 0:
                 break
             take = min(room[j], left)
