@@ -163,7 +163,7 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
             returns, where it cannot move the block time)."""
             seg, rank = _head_tail_flat(anchors, bounds, C) if j else (np.zeros((0, 3), np.int64),
                                                                        np.zeros(0, np.int64))
-            return finish_flat(lengths, C, "atp", *with_tails(seg, rank), np.sort(anchors), cm, exchange,
+            return finish_flat(lengths, C, "atp", *with_tails(seg, rank), None, cm, exchange,
                                defer_a2a=True)
 
         # The same anchors and tails with every rank level in tokens and in attention pairs
@@ -175,7 +175,7 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
             two_way = _two_way_flat(lengths, C, anchors, owner, cap, min_chunk) if j else None
         if two_way is None or two_way is False:
             return cost_level(), False
-        robust = finish_flat(lengths, C, "atp", *with_tails(*two_way), np.sort(anchors), cm, exchange, defer_a2a=True)
+        robust = finish_flat(lengths, C, "atp", *with_tails(*two_way), None, cm, exchange, defer_a2a=True)
         if robust.block_time_s <= level_bound[j] * (1 + TWO_WAY_TOLERANCE):
             return robust, True
         plan = cost_level()
