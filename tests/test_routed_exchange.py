@@ -77,6 +77,47 @@ def test_priced_counts_equal_the_runtime_tables_and_no_row_enters_a_node_twice(w
     assert checked >= 25
 
 
+def with_empty_segments(plan: ShardPlan, rng) -> ShardPlan:
+    """``plan`` with empty segments ``(d, x, x)`` of gathered documents added on ranks that hold
+    other documents' queries or none of ``d`` (``validate`` allows an empty segment anywhere)."""
+    segs = [np.asarray(s).copy() for s in plan.segments]
+    for r in rng.choice(plan.cp_size, 2, replace=False).tolist():
+        d = int(rng.choice(plan.gathered_docs))
+        x = int(rng.integers(0, plan.doc_lengths[d] + 1))
+        segs[r] = np.concatenate([segs[r], [[d, x, x]]]).astype(np.int64)
+    out = ShardPlan(**{f: getattr(plan, f) for f in FIELDS if f != "segments"}, segments=tuple(segs),
+                    kv_exchange=plan.kv_exchange, kv_route_node=plan.kv_route_node)
+    out.validate()
+    return out
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_priced_counts_equal_the_runtime_tables_with_empty_segments(window):
+    """An empty segment ``(d, x, x)`` of a gathered document makes its rank need the prefix
+    ``[0, x)`` in the runtime's tables (``exchange._ranges``); the routed pricing dropped such
+    segments, so a hand-built plan was priced below what the runtime moves (rank 3 of the plan
+    below: 4 rows priced, 8 received). Found by the twenty-second mutation pass."""
+    segs = (np.array([[0, 0, 4]]), np.array([[0, 4, 8]]), np.array([[0, 8, 12]]), np.array([[1, 0, 5], [0, 8, 8]]))
+    hand = ShardPlan(doc_lengths=np.array([12, 5]), cp_size=4, strategy="x", segments=segs,
+                     gathered_docs=np.array([0]), rank_compute_s=np.ones(4), kv_exchange="all_to_all",
+                     kv_route_node=2)
+    hand.validate()
+    rng = np.random.default_rng(22)
+    cases = [(hand, 2)] + [(with_empty_segments(p, rng), node) for p, node in random_cases(40, seed=22)]
+    for plan, node in cases:
+        C, g = plan.cp_size, plan.gathered_mask()
+        first, second = routed_pair_counts(plan.segments, g, window, node)
+        for r in range(C):
+            t = routed_tables(plan.segments, g, window, node, r)
+            assert t["send1_counts"].tolist() == first[r].tolist() and t["recv1_counts"].tolist() == first[:, r].tolist()
+            assert t["send2_counts"].tolist() == second[r].tolist() and t["recv2_counts"].tolist() == second[:, r].tolist()
+        # the routed phases deliver every row the direct exchange prices
+        direct = a2a_pair_counts(plan.segments, g, window).sum(axis=0)
+        assert (first.sum(axis=0) + second.sum(axis=0) >= direct).all()
+    first, second = routed_pair_counts(hand.segments, hand.gathered_mask(), None, 2)
+    assert (first.sum(axis=0) + second.sum(axis=0)).tolist() == [0, 4, 8, 8] == hand.kv_recv_tokens.tolist()
+
+
 @pytest.mark.parametrize("window", [None, 5])
 def test_emulated_routed_cp_attention_equals_full_attention_fwd_bwd(window):
     checked = 0

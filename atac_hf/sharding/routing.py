@@ -56,10 +56,11 @@ def routed_pair_counts(segments, gathered: np.ndarray, window: int | None, node:
     segs = [np.asarray(x, dtype=np.int64).reshape(-1, 3) for x in segments]
     allseg = np.concatenate(segs)
     src = np.repeat(np.arange(C), [len(x) for x in segs])
-    ln = allseg[:, 2] - allseg[:, 1]
     local_start = np.concatenate([np.concatenate([[0], np.cumsum(x[:, 2] - x[:, 1])[:-1]]) for x in segs if len(x)]
                                  ).astype(np.int64)
-    keep = gathered[allseg[:, 0]] & (ln > 0)
+    # an empty segment (d, x, x) of a gathered document is kept: as a destination it needs the prefix
+    # [0, x) as exchange._ranges (and so the runtime's tables) says; as a source it sends nothing
+    keep = gathered[allseg[:, 0]]
     allseg, src, local_start = allseg[keep], src[keep], local_start[keep]
     # every destination's key ranges at once (exchange._ranges keyed by (rank, document)), then every
     # (source segment, destination range) overlap in one call
