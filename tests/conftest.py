@@ -18,7 +18,18 @@ settings.register_profile("fixed", print_blob=True, derandomize=True)
 settings.load_profile("atac")
 
 
+import os  # noqa: E402
+
 import pytest  # noqa: E402
+
+if os.environ.get("MUTANT_UNDER_TEST"):
+    # mutmut forks one child per mutant from a process that has run torch: a child inheriting the
+    # parent's OpenMP thread pool can deadlock at its first parallel op (CPU idle until mutmut's
+    # timeout), and a mutant that survives up to a torch test was reported "timeout", i.e. killed.
+    # One thread from the start creates no pool (docs/TESTING.md, "Twenty-second pass").
+    import torch
+
+    torch.set_num_threads(1)
 
 
 @pytest.fixture
