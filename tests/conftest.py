@@ -27,9 +27,19 @@ if os.environ.get("MUTANT_UNDER_TEST"):
     # parent's OpenMP thread pool can deadlock at its first parallel op (CPU idle until mutmut's
     # timeout), and a mutant that survives up to a torch test was reported "timeout", i.e. killed.
     # One thread from the start creates no pool (docs/TESTING.md, "Twenty-second pass").
+    import threading
+
     import torch
+    from tqdm import tqdm
 
     torch.set_num_threads(1)
+    # tqdm's default write lock includes a multiprocessing semaphore, shared by every forked child: a
+    # child killed by mutmut's timeout while it holds the lock (inside a progress bar) leaves it taken,
+    # and every later child hangs at its first bar, so each later mutant there is reported "timeout"
+    # (docs/TESTING.md, "Twenty-fourth pass"). A per-process thread lock cannot outlive its child, and
+    # without tqdm's monitor thread no thread of the parent holds it at a fork.
+    tqdm.set_lock(threading.RLock())
+    tqdm.monitor_interval = 0
 
 
 @pytest.fixture
