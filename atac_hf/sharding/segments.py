@@ -373,8 +373,28 @@ def row_offsets(lengths: np.ndarray) -> np.ndarray:
 
 
 def causal_pairs(n):
-    """Query-key pairs of a causal prefix of ``n`` tokens (int or int64 array)."""
+    """Query-key pairs of a causal prefix of ``n`` tokens (int or int64 array: n(n + 1) wraps int64
+    past ``PAIRS_INT64_MAX`` tokens, see :func:`causal_pairs_float`)."""
     return n * (n + 1) // 2
+
+
+PAIRS_INT64_MAX = 3_037_000_499  # the longest prefix whose n(n + 1) fits in int64
+
+
+def causal_pairs_float(lengths: np.ndarray) -> np.ndarray:
+    """(D,) causal pairs of each of the int64 ``lengths`` as float64, each the exact count rounded once
+    (int64 up to ``PAIRS_INT64_MAX`` tokens, Python ints past it, where int64 would wrap)."""
+    if lengths.size and int(lengths.max()) > PAIRS_INT64_MAX:
+        return np.array([float(causal_pairs(n)) for n in lengths.tolist()], dtype=np.float64)
+    return causal_pairs(lengths).astype(np.float64)
+
+
+def causal_pairs_total(lengths: np.ndarray) -> float:
+    """The causal pairs of all ``lengths`` summed exactly, rounded once to a float: in int64 while the
+    total cannot wrap (it is at most S(S + 1) / 2 for S tokens), in Python ints past that."""
+    if int(lengths.sum()) <= PAIRS_INT64_MAX:
+        return float(causal_pairs(lengths).sum())
+    return float(sum(causal_pairs(n) for n in lengths.tolist()))
 
 
 @functools.lru_cache(maxsize=64)

@@ -46,7 +46,7 @@ import numpy as np
 from ..cost import CostModel
 from ..cost.model import scale_attention_price
 from .plan import ShardPlan
-from .segments import _doc_work_lower_bounds, causal_pairs, finish_flat, row_offsets
+from .segments import _doc_work_lower_bounds, causal_pairs, causal_pairs_float, finish_flat, row_offsets
 
 __all__ = ["ANCHOR_SHARES", "plan_subgroups"]
 
@@ -137,7 +137,7 @@ def _layouts(lengths, C, cm, anchor_share, max_tokens_per_rank, min_chunk, two_w
     if not any(2 <= len(p) < C for _, p in planned):  # no anchor on a proper sub-group: the flat plan's job
         return None
     chains = _chains(planned, ranges)
-    pairs = causal_pairs(L).astype(np.float64)
+    pairs = causal_pairs_float(L)
     # (M, D) work of each document in rank shares: estimated cost, and with two_way the cost with
     # attention priced at 0.5x and 2x (the error a cost model makes in that ratio); costed only
     # where some anchor lands on a proper sub-group

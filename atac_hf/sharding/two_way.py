@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .segments import causal_pairs
+from .segments import causal_pairs_float, causal_pairs_total
 
 __all__: list[str] = []
 
@@ -45,9 +45,9 @@ def _two_way_flat(lengths: np.ndarray, C: int, anchors: np.ndarray, owner: np.nd
     L = lengths.astype(np.int64)
     tails = (owner >= 0).nonzero()[0]
     tail_tok = np.bincount(owner[tails], weights=L[tails].astype(np.float64), minlength=C)
-    tail_pairs = np.bincount(owner[tails], weights=causal_pairs(L[tails]).astype(np.float64), minlength=C)
+    tail_pairs = np.bincount(owner[tails], weights=causal_pairs_float(L[tails]), minlength=C)
     need_tok = float(L.sum()) / C - tail_tok
-    need_pairs = float(causal_pairs(L).sum()) / C - tail_pairs
+    need_pairs = causal_pairs_total(L) / C - tail_pairs
     if need_tok.min() < 0 or need_pairs.min() < 0 or need_tok.sum() <= 0 or np.ceil(float(L.sum()) / C) > cap:
         return None
     A = L[anchors]
@@ -69,7 +69,7 @@ def _two_way_flat(lengths: np.ndarray, C: int, anchors: np.ndarray, owner: np.nd
         n[d, u] += k
         off[o] -= k
         off[u] += k
-    mirror = n * (A[:, None] + 1) / 2.0  # pairs of a mirrored head-tail share
+    mirror = n * ((A[:, None] + 1) / 2.0)  # pairs of a mirrored head-tail share (no int64 product)
     remaining = need_pairs.copy()
     out: list[list[tuple[int, int, int]]] = [[] for _ in range(C)]
     for d in range(len(A)):  # scalar work in Python floats and ints (the same IEEE arithmetic as numpy's)
