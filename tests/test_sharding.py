@@ -128,9 +128,9 @@ def test_atp_levels_tokens_and_pairs_separately(lengths, cp, cost, monkeypatch):
     so the balance holds whatever the true price ratio of token-wise work and attention: the
     same plan is level under a model that prices only tokens and one that prices only pairs.
     ATP's contiguous candidate replaces that plan only where it is faster by more than
-    TWO_WAY_TOLERANCE and no less level ([4619, 3573] over 2 ranks at CPU masked-block prices: 13.5%
-    faster, the levelled plan cutting both documents into 3 masked calls, but 1.6% off level in
-    pairs: not taken)."""
+    TWO_WAY_TOLERANCE and no less level, or no slower at 0.25x-4x the attention price ([4619, 3573]
+    over 2 ranks at CPU masked-block prices: 13.5% faster, the levelled plan cutting both documents
+    into 3 masked calls; 1.6% off level in pairs, but no slower at any of those prices: taken)."""
     from atac_hf.sharding.atp import TWO_WAY_TOLERANCE
 
     taken = plan_shards(lengths, cp, "atp", COSTS[cost])

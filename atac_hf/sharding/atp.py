@@ -250,14 +250,15 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
         anchor_plan = robust_ref = resolve_exchange(anchor_plan, cm)  # the flat plan's exchange kept (deferred in build)
         # One contiguous run per rank (the fewest kernel calls; only cut documents gathered) competes:
         # built where the work bound and its slowest rank's compute leave it a chance, taken where over
-        # TWO_WAY_TOLERANCE faster and no less level (balance keeps a plan right where prices are off).
+        # TWO_WAY_TOLERANCE faster and no less level, or no slower at 0.25x-4x the attention price
+        # (_robustly_no_worse): either keeps the plan right where prices are off.
         # Decided before the hierarchical candidates, which must beat it at the estimate and stay no
         # slower than the flat plan at every price.
         if (CONTIGUOUS_CANDIDATE and C > 1 and work_bound * (1 + TWO_WAY_TOLERANCE) < anchor_plan.block_time_s
                 and contiguous_compute_floor(lengths, C, cm) * (1 + TWO_WAY_TOLERANCE) < anchor_plan.block_time_s):
             run = finish_plan(lengths, C, "atp", contiguous_segments(lengths, C), None, cm, exchange)
             if (run.rank_num_tokens().max() <= cap and run.block_time_s * (1 + TWO_WAY_TOLERANCE) < anchor_plan.block_time_s
-                    and run.imbalance <= anchor_plan.imbalance):
+                    and (run.imbalance <= anchor_plan.imbalance or _robustly_no_worse(run, anchor_plan, cm))):
                 anchor_plan = run
     # Hierarchical placement: anchors over sub-groups of just enough ranks (only those move
     # their K/V; see atac_hf.sharding.subgroups), taken where it is estimated no slower than the
