@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from atac_hf.sharding.two_way import _two_way_anchor_segments, _two_way_flat
+from test_mutants_two_way import _rank_tokens_and_pairs  # noqa: E402
 
 
 def P(n: int) -> int:
@@ -35,16 +36,8 @@ def _split(lengths, anchors, owner, C=2):
 
 
 def _tokens_and_pairs(lengths, owner, seg, rank, C=2):
-    """Every rank's tokens and causal pairs (its anchor chunks and its whole tails), exactly."""
-    tok, pairs = [0] * C, [0] * C
-    for (_, s, e), r in zip(seg, rank):
-        tok[r] += e - s
-        pairs[r] += P(e) - P(s)
-    for d, r in enumerate(owner):
-        if r >= 0:
-            tok[r] += lengths[d]
-            pairs[r] += P(lengths[d])
-    return tok, pairs
+    """Every rank's tokens and causal pairs (its anchor chunks and its whole tails), exactly (Python ints)."""
+    return _rank_tokens_and_pairs(lengths, C, owner, seg, rank)
 
 
 def test_a_large_anchor_zigzag_leaves_the_next_anchor_an_exact_tie():

@@ -21,15 +21,11 @@ from atac_hf.sharding.atp import (_block_at, _least_price_error, _price_error_im
 from atac_hf.sharding.segments import finish_plan
 from atac_hf.sharding.subgroups import _scaled
 
-# attention pairs at 1 s each, no token-wise price; one K/V byte a token over an 8 byte/s link
-PAIRS = CostModel(linear_s_per_token=0.0, attn_s_per_pair=1.0, tile=1, kv_bytes_per_token=1.0, link_bandwidth=8.0,
-                  link_latency_s=0.0)
+from test_mutants_pass14 import NODES2, PAIRS  # noqa: E402  (pairs at 1 s over an 8 B/s link; nodes of 2 ranks)
+
 # tokens and pairs at 1 s each; one K/V byte a token over a 1 byte/s link: a gathered token costs 1 s
 SLOW = CostModel(linear_s_per_token=1.0, attn_s_per_pair=1.0, tile=1, kv_bytes_per_token=1.0, link_bandwidth=1.0,
                  link_latency_s=0.0)
-# tokens and pairs at 1 s each; nodes of 2 ranks, K/V 1 byte a token at 1 byte/s between nodes, 8 inside one
-NODES2 = CostModel(linear_s_per_token=1.0, attn_s_per_pair=1.0, tile=1, kv_bytes_per_token=1.0, link_bandwidth=1.0,
-                   link_latency_s=0.0, node_size=2, intra_node_bandwidth=8.0)
 
 
 def _segs(plan):
