@@ -290,7 +290,8 @@ def test_check_doc_lengths_refusals_with_their_whole_messages():
     refused(np.array([1.5]), "doc_lengths must be integers (ints >= 1), got dtype float64")
     # 2**62 as a float is not converted (the conversion stops below 2**62)
     refused([2.0**62], "doc_lengths must be integers (ints >= 1), got dtype float64")
-    refused([2**61, 2**61], "the pack holds 4.61e+18 tokens, more than 2**62: the document lengths are not token counts")
+    refused([2**61, 2**61], "the pack holds 4.61e+18 tokens, 2**62 or more: the document lengths are not token counts "
+            "(a pack holds at most 2**62 - 1 tokens)")
     _eq(check_doc_lengths([3.0, 4.0]), [3, 4])
     _eq(check_doc_lengths(np.array([2, 5], dtype=np.int32)), [2, 5])
 

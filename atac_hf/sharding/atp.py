@@ -16,8 +16,9 @@ import numpy as np
 from ..cost import CostModel
 from .baselines import contiguous_compute_floor, contiguous_segments
 from .plan import ShardPlan
-from .subgroups import ANCHOR_SHARES, _level, _plan_subgroups, _scaled
+from .subgroups import ANCHOR_SHARES, _plan_subgroups, _scaled
 from .two_way import _two_way_anchor_segments, _two_way_flat  # noqa: F401  (_two_way_anchor_segments: tests)
+from .water_fill import _split_by_share, _water_fill  # noqa: F401  (_split_by_share: tests)
 from .bounds import _per_doc_a2a_floor, _per_doc_lower_bound, _per_doc_may_win, _work_lower_bound  # noqa: F401
 from .segments import (_doc_work_lower_bounds, _exact_pairs, finish_flat, finish_plan, per_doc_flat,
                        resolve_exchange, row_offsets)
@@ -329,105 +330,6 @@ def _head_tail_flat(docs: np.ndarray, bounds: np.ndarray, C: int) -> tuple[np.nd
     rank = np.tile(r, 2 * len(docs))
     keep = seg[:, 2] > seg[:, 1]
     return seg[keep].astype(np.int64), rank[keep]
-
-
-def _water_fill(cm: CostModel, lengths: np.ndarray, costs: np.ndarray, load: np.ndarray,
-                tok: np.ndarray, cap: float):
-    """Split anchors head-tail with per-rank shares that level the loads.
-
-    Args: anchor lengths and whole costs (j,), per-rank load and tokens before them.
-    Returns ((j, 2C+1) chunk bounds, (C,) added cost per rank), or None if the cap forbids it.
-    """
-    C = len(load)
-    room = cap - tok
-    share = _level(load, float(costs.sum()))
-    shared = share.sum()
-    frac = share / shared if shared > 0 else np.full(C, 1.0 / C)
-    split = _split_by_share(cm, lengths, frac, room)
-    if split is None:
-        return None
-    bounds, n, added = split
-    # Tile quantisation makes per-token cost differ a little between ranks: one
-    # correction step rescales each rank's tokens by its measured cost per token.
-    # Per rank in Python scalars (C of them, elementwise: the same IEEE divisions as numpy's, a few
-    # us fewer than a dozen numpy calls on (C,) arrays); only the sum of adj stays numpy's.
-    got, add_l = n.sum(axis=0).tolist(), added.tolist()
-    if shared > 0 and all(a > 0 for g, a in zip(got, add_l) if g > 0):
-        per_tok = [a / max(g, 1) if g > 0 else 0.0 for g, a in zip(got, add_l)]
-        adj = np.array([s / p if f > 0 and p > 0 else 0.0
-                        for s, p, f in zip(share.tolist(), per_tok, frac.tolist())])
-        adj_sum = adj.sum()
-        if adj_sum > 0:
-            split2 = _split_by_share(cm, lengths, adj / adj_sum, room)
-            if split2 is not None and np.max(load + split2[2]) < np.max(load + added):
-                bounds, n, added = split2
-    return bounds, added
-
-
-def _split_by_share(cm: CostModel, lengths: np.ndarray, frac: np.ndarray, room: np.ndarray):
-    """Head-tail bounds giving rank r about ``frac[r]`` of each document's tokens, with
-    no rank over its ``room`` (tokens left under the cap). Returns (bounds, tokens
-    (j, C), cost per rank), or None if the documents do not fit."""
-    C = len(frac)
-    total = int(lengths.sum())
-    if total > room.sum():
-        return None
-    # clip shares at the cap, handing the excess to ranks with room (a few rounds at most). A
-    # share a rounding error over its room is not over: the floors below keep each rank's whole
-    # tokens within it (refusing there turned away anchors that fit exactly, issue 20).
-    want_tot = frac * total
-    tol = min(0.5, 1e-9 * total)
-    for _ in range(C):
-        over = want_tot > room + tol
-        if not over.any():
-            break
-        excess = float((want_tot[over] - room[over]).sum())
-        want_tot[over] = room[over]
-        free = (~over) & (want_tot < room)
-        weights = frac * free if (frac * free).sum() > 0 else free.astype(float)
-        if weights.sum() == 0:
-            return None
-        want_tot = want_tot + excess * weights / weights.sum()
-    frac = want_tot / total
-    want = lengths[:, None] * frac[None, :]
-    n = np.floor(want + 1e-9).astype(np.int64)
-    rest = (lengths - n.sum(axis=1)).tolist()
-    if any(rest):
-        # hand out the remainders (largest fraction first) in Python scalars: a few per document
-        prefs = np.argsort(-(want - n), axis=1, kind="stable").tolist()
-        left, nl = (room - n.sum(axis=0)).tolist(), n.tolist()
-        for d, k in enumerate(rest):
-            for r in prefs[d]:
-                if k == 0:
-                    break
-                if left[r] >= 1:
-                    nl[d][r] += 1
-                    left[r] -= 1
-                    k -= 1
-            if k:
-                for r in [q for q in range(C) if left[q] >= 1][:k]:
-                    nl[d][r] += 1
-                    left[r] -= 1
-                    k -= 1
-            for r in range(C):  # still more than the ranks with room: several tokens a rank
-                if k == 0:
-                    break
-                take = min(k, int(left[r]))
-                if take > 0:
-                    nl[d][r] += take
-                    left[r] -= take
-                    k -= take
-            if k:
-                return None
-        n = np.array(nl, dtype=np.int64).reshape(n.shape)
-    heads = (n + 1) // 2
-    sizes = np.concatenate([heads, (n - heads)[:, ::-1]], axis=1)
-    bounds = np.zeros((len(lengths), 2 * C + 1), dtype=np.int64)
-    np.cumsum(sizes, axis=1, out=bounds[:, 1:])
-    # every chunk costed in one call: rank r holds chunk r (its head) and chunk 2C-1-r (its tail)
-    cost = cm.segment_cost(bounds[:, :-1], bounds[:, 1:])
-    added = (cost[:, :C] + cost[:, :C - 1:-1]).sum(axis=0)
-    return bounds, n, added
 
 
 def _place_tails(num_docs, tails, cost, attn, toks, base_load, base_tok, cap):

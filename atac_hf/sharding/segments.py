@@ -65,9 +65,10 @@ def check_doc_lengths(doc_lengths: Any) -> np.ndarray:
             f"document {bad} has length {int(arr[bad])}; every document must have >= 1 token "
             "(drop empty documents before packing)"
         )
-    if float(arr.astype(np.float64).sum()) >= 2.0**62:
-        raise ValueError(f"the pack holds {float(arr.astype(np.float64).sum()):.3g} tokens, more than 2**62: "
-                         "the document lengths are not token counts")
+    approx = float(arr.astype(np.float64).sum())  # exact below (Python ints) only near the bound
+    if approx >= 2.0**62 * (1 - 1e-9) and (approx > 2.0**62 * (1 + 1e-9) or sum(arr.tolist()) >= 2**62):
+        raise ValueError(f"the pack holds {approx:.3g} tokens, 2**62 or more: the document lengths are not "
+                         "token counts (a pack holds at most 2**62 - 1 tokens)")
     return arr.astype(np.int64)
 
 

@@ -38,6 +38,25 @@ def _two_way_anchor_segments(lengths: np.ndarray, C: int, anchors: np.ndarray, o
     return [seg[a:b] for a, b in zip([0] + ends[:-1], ends)]
 
 
+def _proportional_split(A: np.ndarray, goal: np.ndarray) -> np.ndarray:
+    """(j, C) int64 token counts: anchor ``d``'s ``A[d]`` tokens split over the ranks in proportion to
+    ``goal`` (which sums to ``A.sum()``), each floor's remainder to the largest fractions first.
+    In floats where every product is exact enough (below 2**53), else in Python ints."""
+    G = int(goal.sum())
+    if int(A.max(initial=0)) * G < 2 ** 53:
+        want = A[:, None] * (goal / G)[None, :]
+        n = np.floor(want).astype(np.int64)
+        frac = want - n
+    else:  # exact: A[d] * goal[r] overflows int64 and float here
+        prod = [[a * g for g in goal.tolist()] for a in A.tolist()]
+        n = np.array([[x // G for x in row] for row in prod], dtype=np.int64).reshape(len(A), len(goal))
+        frac = np.array([[(x % G) / G for x in row] for row in prod]).reshape(n.shape)
+    for d in range(len(A)):  # hand out the rounding remainders, largest fraction first
+        short = int(A[d] - n[d].sum())
+        n[d, np.argsort(-frac[d], kind="stable")[:short]] += 1
+    return n
+
+
 def _two_way_flat(lengths: np.ndarray, C: int, anchors: np.ndarray, owner: np.ndarray, cap: float,
                   min_chunk: int) -> tuple[np.ndarray, np.ndarray] | None:
     """:func:`_two_way_anchor_segments` as one (n, 3) array of every rank's segments in turn and the
@@ -52,14 +71,15 @@ def _two_way_flat(lengths: np.ndarray, C: int, anchors: np.ndarray, owner: np.nd
         return None
     A = L[anchors]
     # level token counts: integer per-rank totals (within a token of level, so under every
-    # feasible cap), each anchor split in proportion to them, rounding repaired
-    goal = np.floor(need_tok + 1e-9).astype(np.int64)
-    goal[np.argsort(-(need_tok - goal), kind="stable")[: int(A.sum() - goal.sum())]] += 1
-    want = A[:, None] * (goal / goal.sum())[None, :]
-    n = np.floor(want).astype(np.int64)
-    for d in range(len(A)):  # hand out the rounding remainders, largest fraction first
-        short = int(A[d] - n[d].sum())
-        n[d, np.argsort(-(want[d] - n[d]), kind="stable")[:short]] += 1
+    # feasible cap), each anchor split in proportion to them, rounding repaired. The totals are
+    # exact integers (past 2**53 tokens a float floor no longer sums to the anchors' tokens, and
+    # the repair below never ended, issue 20); the float fractions only order the top-ups.
+    tail_int = np.zeros(C, dtype=np.int64)
+    np.add.at(tail_int, owner[tails], L[tails])
+    q, m = divmod(int(L.sum()), C)
+    goal = q - tail_int
+    goal[np.argsort(-(need_tok - np.floor(need_tok + 1e-9)), kind="stable")[:m]] += 1
+    n = _proportional_split(A, goal)
     off = n.sum(axis=0) - goal
     while off.any():  # per-anchor rounding can leave a rank a token or two over its total
         o, u = int(np.argmax(off)), int(np.argmin(off))
