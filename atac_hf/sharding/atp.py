@@ -206,10 +206,10 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
     anchor_plan = None
     if best is not None:
         anchor_plan, level_two_ways = build(*best[1:])
-        # The counts above price the exchange as the all-gather; the all-to-all (routed across nodes)
-        # can move far less. Where it may be taken and the ranks are off level, the fewest anchors
-        # that level them compete too, built with their exchange.
-        if exchange != "all_gather" and anchor_plan.imbalance > 1.005:
+        # The counts above price the exchange as the all-gather, and its overlap only roughly; the
+        # all-to-all (routed across nodes) can move far less. Where the ranks are off level, the
+        # fewest anchors that level them compete too, built with their exchange (the all-gather's too).
+        if anchor_plan.imbalance > 1.005:
             for j in range(best[1] + 1, jmax + 1):
                 got = attempt(j)
                 if got is not None and float(got[3].max()) <= float(got[3].sum()) / C * 1.005:
