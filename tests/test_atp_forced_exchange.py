@@ -5,7 +5,7 @@ second search (the fewest anchors that level the ranks, built with their exchang
 the all-to-all could be taken. With ``kv_exchange="all_gather"`` it never ran, so a user forcing the
 exchange that ATP itself would pick got a slower plan: ``[13159, 10107, 4904, 16372, 15122, 12583]``
 at CP 4 (default model) planned 63.28 ms at imbalance 1.020, where the unforced plan, which uses
-the all-gather too, is 62.28 ms at 1.001 (the twenty-fifth mutation pass, plan_atp 380/381,
+the all-gather too, is 62.28 ms at 1.001 (the twenty-fourth mutation pass, plan_atp 380/381,
 docs/TESTING.md). Over 3,000 random packs under 6 models, 27 of the 1,211 whose unforced plan uses
 the all-gather came out up to 2% slower when it was forced; none does now.
 """

@@ -1,7 +1,7 @@
 """Packs past 2**53 tokens, where float64 no longer holds every token count.
 
 ``check_doc_lengths`` takes packs of up to 2**62 - 1 tokens. Past 2**53, ATP's two splits lost
-tokens to float rounding (the twenty-fifth mutation pass, docs/TESTING.md):
+tokens to float rounding (found by the twenty-fourth mutation pass, docs/TESTING.md):
 
 - the water fill (``_split_by_share``) raised OverflowError with no token cap (``int(inf)``), and
   where a float floor overshot a document it refused a split that fits (None);
