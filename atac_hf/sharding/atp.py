@@ -20,7 +20,7 @@ from .subgroups import ANCHOR_SHARES, _plan_subgroups, _scaled
 from .two_way import _two_way_anchor_segments, _two_way_flat  # noqa: F401  (_two_way_anchor_segments: tests)
 from .water_fill import _split_by_share, _water_fill  # noqa: F401  (_split_by_share: tests)
 from .bounds import _per_doc_a2a_floor, _per_doc_lower_bound, _per_doc_may_win, _work_lower_bound  # noqa: F401
-from .segments import (_doc_work_lower_bounds, _exact_pairs, finish_flat, finish_plan, per_doc_flat,
+from .segments import (_doc_work_lower_bounds, _exact_pairs, fill_empty_ranks, finish_flat, finish_plan, per_doc_flat,
                        resolve_exchange, row_offsets)
 
 __all__ = ["PRICE_ERROR_BAND", "ROBUST_EXTRA_ANCHORS", "SUBGROUP_MARGIN", "SUBGROUP_SKIP_LEVEL", "TWO_WAY_TOLERANCE", "plan_atp"]
@@ -71,6 +71,9 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
     approximately. It replaces the cost-level split unless its estimated block time is
     more than :data:`TWO_WAY_TOLERANCE` higher. Last, head-tail inside every document
     (the ``per_doc`` layout) competes on estimated block time.
+
+    Last, fewer anchors than that count (documents costlier than a rank's share kept whole) compete,
+    where their split's exchange or overheads may cost more than it saves (:func:`_fewer_anchors`).
 
     Every candidate is costed with the K/V exchange ``kv_exchange`` (None: ``"auto"``, the faster of
     the all-gather and the all-to-all by the estimate), so a plan for a given exchange is chosen for it.
@@ -285,6 +288,8 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
             if sub is not None and (anchor_plan is None or sub.block_time_s <= anchor_plan.block_time_s
                                     and _robustly_no_worse(sub, robust_ref, cm, alt_blocks)):
                 anchor_plan, robust_ref, alt_blocks = sub, sub, {}
+    if anchor_plan is not None and best is not None:  # last: fewer anchors, documents costlier than a share whole
+        anchor_plan = _fewer_anchors(anchor_plan, best[1], whole, cand, attempt, build, cm, kv_exchange)
     if anchor_plan is None:  # nothing else fits the cap; a contiguous split fits every cap >= ceil(tokens / C),
         # i.e. every cap any placement can respect (plan_shards reports the overflow otherwise)
         return finish_plan(lengths, C, "atp", contiguous_segments(lengths, C), None, cm, exchange)
@@ -365,6 +370,37 @@ def _place_tails(num_docs, tails, cost, attn, toks, base_load, base_tok, cap):
         who[i] = r
     owner[tails] = who
     return owner, np.asarray(load), np.asarray(tok, dtype=np.int64), np.asarray(tail_attn)
+
+
+def _fewer_anchors(plan: ShardPlan, j_best: int, whole, cand, attempt, build, cm: CostModel, kv_exchange):
+    """``plan``, or the plan of fewer anchors than the ``j_best`` it started from where that is faster.
+
+    ATP splits documents costlier than a rank's share first, but keeping one whole wins where its
+    split's exchange or overheads cost more, and a count's estimate (``attempt``) can rank counts
+    otherwise than their finished plans. Counts below ``j_best`` are looked at while the costliest
+    document they keep whole (its rank computes at least its cost; lower counts keep costlier ones)
+    costs less than ``plan``'s block time (with a token on every rank, as
+    :func:`~atac_hf.sharding.plan_shards` returns it); the one of least estimate is built where that
+    estimate is under it. It is taken by the contiguous candidate's rule: over
+    :data:`TWO_WAY_TOLERANCE` faster, and no less level or no slower at 0.25x-4x the attention price
+    (a split levels ranks whatever the price, a document kept whole does not); never where it leaves
+    a rank idle (filling it is another plan).
+    """
+    incumbent = fill_empty_ranks(plan, cm, kv_exchange)
+    below, least = None, incumbent.block_time_s
+    for j in range(j_best - 1, -1, -1):
+        if float(whole[cand[j]]) >= incumbent.block_time_s * (1 - 1e-9):
+            break
+        got = attempt(j)
+        if got is not None and got[0] < least * (1 - 1e-9):
+            below, least = (j, got[1], got[2]), got[0]
+    if below is None:
+        return plan
+    fewer = resolve_exchange(build(*below)[0], cm)
+    if (fewer.num_tokens >= fewer.cp_size and int(fewer.rank_num_tokens().min()) == 0
+            or fewer.block_time_s * (1 + TWO_WAY_TOLERANCE) >= incumbent.block_time_s):
+        return plan
+    return fewer if fewer.imbalance <= incumbent.imbalance or _robustly_no_worse(fewer, incumbent, cm) else plan
 
 
 def _robustly_no_worse(a: ShardPlan, b: ShardPlan, cm: CostModel, b_blocks: dict | None = None) -> bool:
