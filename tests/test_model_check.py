@@ -88,10 +88,14 @@ def test_exact_families_accepted(family):
 
 
 def test_probe_row_splits_a_document_at_two_ranks():
-    from atac_hf.attention.model_probe import PROBE_DOC_LENGTHS, PROBE_WINDOW
+    """The probe's plan splits a document and keeps others whole at 2 and 4 ranks, whatever the cost
+    model would choose for so short a row (the default model keeps every document whole there)."""
+    from atac_hf.attention.model_probe import PROBE_DOC_LENGTHS, PROBE_WINDOW, probe_plan
 
-    plan = plan_shards(list(PROBE_DOC_LENGTHS), 2)
-    assert len(plan.sharded_docs) >= 1 and len(plan.gathered_docs) >= 1  # the K/V gather runs at 2 ranks
+    for world in (2, 4):
+        plan = probe_plan(list(PROBE_DOC_LENGTHS), world)
+        assert len(plan.sharded_docs) >= 1 and len(plan.gathered_docs) >= 1  # the K/V gather runs
+        assert len(plan.gathered_docs) < len(PROBE_DOC_LENGTHS)  # and some document attends locally
     assert len(PROBE_DOC_LENGTHS) > 1 and sum(n > PROBE_WINDOW for n in PROBE_DOC_LENGTHS) >= 2
 
 

@@ -19,11 +19,11 @@ from typing import Any
 import torch
 
 __all__ = ["PROBE_DOC_LENGTHS", "PROBE_TOLERANCE", "PROBE_WINDOW", "ProbeResult", "ProbeTooLarge", "StockModelError",
-           "run_probe", "sequence_convolutions", "shrink_config"]
+           "probe_plan", "run_probe", "sequence_convolutions", "shrink_config"]
 
 PROBE_WINDOW = 8  # sliding window / chunk size of the tiny copy
 # one row; all but the 1-token document cross the window, and the first is longer than half the row,
-# so at 2 ranks it is split (the K/V gather runs)
+# so at 2 ranks, under probe_plan's cap, it is split (the K/V gather runs)
 PROBE_DOC_LENGTHS = (41, 1, 9, 13)
 PROBE_TOLERANCE = 1e-5  # max relative error accepted (fp64; stock fp32 steps give ~1e-7)
 _WIDTHS = {  # standard config names -> tiny value
@@ -316,6 +316,15 @@ def _logits(out: Any) -> torch.Tensor:
     return logits.reshape(-1, logits.shape[-1])
 
 
+def probe_plan(lengths: list[int], world: int):
+    """The probe's ATP plan: capped at an even share of the row's tokens, so a document longer than
+    that share is split whatever the cost model says (for rows this short the default model keeps
+    every document whole, and the K/V gather would not run)."""
+    from ..sharding import plan_shards
+
+    return plan_shards(lengths, world, "atp", max_tokens_per_rank=-(-sum(lengths) // world))
+
+
 def run_probe(model_cls: type, tiny: Any, *, rank: int = 0, world: int = 1, group: Any = None) -> ProbeResult:
     """Run ``tiny`` (a config from :func:`shrink_config`) through ``atac_cp`` and through the stock model.
 
@@ -325,7 +334,6 @@ def run_probe(model_cls: type, tiny: Any, *, rank: int = 0, world: int = 1, grou
     Raises:
         whatever the model raises on either path (the caller names the reason).
     """
-    from ..sharding import plan_shards
     from .relay import install_relay
     from .runtime import ATTN_IMPLEMENTATION, register_attention
     from .shard import shard_batch, unshard
@@ -367,7 +375,7 @@ def run_probe(model_cls: type, tiny: Any, *, rank: int = 0, world: int = 1, grou
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
     install_relay(model)  # as check_model does for the models it accepts
     pos = torch.cat([torch.arange(m) for m in lengths])[None]
-    plan = plan_shards(lengths, world)
+    plan = probe_plan(lengths, world)
     local = shard_batch({"input_ids": ids, "position_ids": pos, "inputs_embeds": embeds}, plan, rank, group)
     local.pop("input_ids")
     e_local = local["inputs_embeds"].clone().requires_grad_(True)
