@@ -49,6 +49,39 @@ def test_a_document_costlier_than_a_share_stays_whole_where_splitting_costs_more
     assert plan.block_time_s < before
 
 
+def test_the_count_just_below_the_chosen_one_is_looked_at():
+    """``[26, 30]`` at CP 2 on a slow link: ATP's count loop chose 1 anchor (2 tokens of the
+    30-token document moved to the other rank, 11.42 s); 0 anchors, one document a rank, is 7.65 s.
+    Kills the twenty-fifth pass's ``_fewer_anchors`` mutant 16 (counts from ``j_best - 2``: nothing
+    below 1 anchor was looked at)."""
+    cm = _model(linear_s_per_token=0.1, attn_s_per_pair=0.01, tile=1, link_bandwidth=1.0, link_latency_s=0.0)
+    plan = plan_shards([26, 30], 2, "atp", cm)
+    assert plan.block_time_s == pytest.approx(7.65)
+    assert sorted(s.tolist() for s in plan.segments) == [[[0, 0, 26]], [[1, 0, 30]]]
+
+
+ATTN_SLOW_LINK = _model(linear_s_per_token=0.0, attn_s_per_pair=1.0, tile=4, link_bandwidth=1.0, link_latency_s=0.5)
+ATTN_LINK16 = _model(linear_s_per_token=0.0, attn_s_per_pair=1.0, tile=4, link_bandwidth=16.0, link_latency_s=0.5)
+
+
+def test_a_count_whose_estimate_only_ties_is_not_built():
+    """``[23, 19, 24, 14, 6]`` at CP 4: keeping every document whole ties ATP's 336 s but is less
+    level (1.2 against 1.12). Only a count whose estimate is under the plan's block time is built;
+    kills the twenty-fifth pass's ``_fewer_anchors`` mutants 34, 35 and 36 (the margin loosened)."""
+    plan = plan_shards([23, 19, 24, 14, 6], 4, "atp", ATTN_SLOW_LINK)
+    assert plan.block_time_s == pytest.approx(336.0)
+    assert plan.imbalance == pytest.approx(1.12)
+
+
+def test_fewer_anchors_within_the_tolerance_are_not_taken():
+    """``[6, 35, 37]`` at CP 2 under a 43-token cap: every document whole is 880 s, 1.8% under ATP's
+    level 896 s plan (imbalance 1.068 against 1.0): within TWO_WAY_TOLERANCE the level plan stays.
+    Kills ``_fewer_anchors`` mutants 55 and 56 (the tolerance divided or subtracted)."""
+    plan = plan_shards([6, 35, 37], 2, "atp", ATTN_LINK16, max_tokens_per_rank=43)
+    assert plan.block_time_s == pytest.approx(896.0)
+    assert plan.imbalance == pytest.approx(1.0)
+
+
 def test_fewer_anchors_that_leave_a_rank_idle_are_not_taken():
     """``[19, 5]`` at CP 3: two whole documents leave a rank idle, costed at 2.4 s, but
     ``plan_shards`` gives every rank a token, which makes that plan 5.3 s; taken, it replaced the
