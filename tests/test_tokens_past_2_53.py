@@ -139,3 +139,18 @@ def test_a_pack_is_refused_from_2_62_tokens_exactly():
     for bad in ([2**61, 2**61], [2**62], [2**61, 2**61 - 1, 1]):
         with pytest.raises(ValueError, match=r"2\*\*62 or more: the document lengths are not token counts"):
             check_doc_lengths(bad)
+
+
+@pytest.mark.parametrize("A, goal", [([2**58 + 5, 2**54 + 1], [2**58 - 3, 2**54 + 2, 3, 4]),
+                                     ([2**61 + 11], [2**60 + 7, 2**59 + 1, 2**59 + 3])])
+def test_proportional_split_gives_remainders_to_the_largest_fractions(A, goal):
+    """Past 2**53 (the exact path) each anchor's floors are topped up where the exact fraction
+    ``A[d] * goal[r] % G / G`` is largest (ties by rank), as the float path does below 2**53: not to
+    the largest shares (the twenty-fifth pass's ``_proportional_split`` mutant 35)."""
+    n = _proportional_split(np.array(A, dtype=np.int64), np.array(goal, dtype=np.int64))
+    G = sum(goal)
+    for d, a in enumerate(A):
+        floors = [a * g // G for g in goal]
+        short = a - sum(floors)
+        order = sorted(range(len(goal)), key=lambda r: (-(a * goal[r] % G), r))[:short]
+        assert n[d].tolist() == [f + (r in order) for r, f in enumerate(floors)]
