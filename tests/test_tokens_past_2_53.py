@@ -154,3 +154,21 @@ def test_proportional_split_gives_remainders_to_the_largest_fractions(A, goal):
         short = a - sum(floors)
         order = sorted(range(len(goal)), key=lambda r: (-(a * goal[r] % G), r))[:short]
         assert n[d].tolist() == [f + (r in order) for r, f in enumerate(floors)]
+
+
+@pytest.mark.parametrize("lengths, frac, want", [
+    ([18014398509482220, 18014398509482785, 576460752303424070], [0.5712241113807355, 0.4287758886192647],
+     [[10290258780637424, 7724139728844796], [10290258780637747, 7724139728845038],
+      [329288280980393542, 247172471323030528]]),
+    ([18014398509482455, 18014398509482757],
+     [0.011242157922649028, 0.586398236808552, 0.3845305232238172, 0.017829082044982004],
+     [[202520712925135, 10563611523127115, 6927086084413641, 321180189016564],
+      [202520712925138, 10563611523127293, 6927086084413757, 321180189016569]]),
+])
+def test_split_by_share_gives_an_overshoot_back_from_the_smallest_fractions(lengths, frac, want):
+    """Past 2**53 a float floor can exceed a document's tokens; the excess is given back from the
+    ranks whose share's fraction is smallest (the twenty-fifth pass's ``_split_by_share`` mutants 56
+    and 60 gave it back from rank 0, or from the largest share). Pinned outputs of 8bee53d's rule."""
+    _, n, _ = _split_by_share(TOKENS, np.array(lengths, dtype=np.int64), np.array(frac), np.full(len(frac), np.inf))
+    assert n.tolist() == want
+    assert n.sum(axis=1).tolist() == lengths
