@@ -72,8 +72,9 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
     more than :data:`TWO_WAY_TOLERANCE` higher. Last, head-tail inside every document
     (the ``per_doc`` layout) competes on estimated block time.
 
-    Last, fewer anchors than that count (documents costlier than a rank's share kept whole) compete,
-    where their split's exchange or overheads may cost more than it saves (:func:`_fewer_anchors`).
+    After every other candidate, fewer anchors than the chosen count (documents costlier than a rank's
+    share kept whole) compete, where a split's exchange or overheads may cost more than it saves
+    (:func:`_fewer_anchors`).
 
     Every candidate is costed with the K/V exchange ``kv_exchange`` (None: ``"auto"``, the faster of
     the all-gather and the all-to-all by the estimate), so a plan for a given exchange is chosen for it.
@@ -397,7 +398,7 @@ def _fewer_anchors(plan: ShardPlan, j_best: int, whole, cand, attempt, build, cm
     if below is None:
         return plan
     fewer = resolve_exchange(build(*below)[0], cm)
-    if (fewer.num_tokens >= fewer.cp_size and int(fewer.rank_num_tokens().min()) == 0
+    if (fill_empty_ranks(fewer, cm, kv_exchange) is not fewer  # an idle rank: filled, it is another plan
             or fewer.block_time_s * (1 + TWO_WAY_TOLERANCE) >= incumbent.block_time_s):
         return plan
     return fewer if fewer.imbalance <= incumbent.imbalance or _robustly_no_worse(fewer, incumbent, cm) else plan

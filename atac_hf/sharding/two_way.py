@@ -63,7 +63,9 @@ def _two_way_flat(lengths: np.ndarray, C: int, anchors: np.ndarray, owner: np.nd
     (n,) rank of each: what :func:`finish_flat` takes (two numpy calls, not two per rank)."""
     L = lengths.astype(np.int64)
     tails = (owner >= 0).nonzero()[0]
-    tail_tok = np.bincount(owner[tails], weights=L[tails].astype(np.float64), minlength=C)
+    tail_int = np.zeros(C, dtype=np.int64)  # exact (the level totals below need it past 2**53)
+    np.add.at(tail_int, owner[tails], L[tails])
+    tail_tok = tail_int.astype(np.float64)
     tail_pairs = np.bincount(owner[tails], weights=causal_pairs_float(L[tails]), minlength=C)
     need_tok = float(L.sum()) / C - tail_tok
     need_pairs = causal_pairs_total(L) / C - tail_pairs
@@ -74,8 +76,6 @@ def _two_way_flat(lengths: np.ndarray, C: int, anchors: np.ndarray, owner: np.nd
     # feasible cap), each anchor split in proportion to them, rounding repaired. The totals are
     # exact integers (past 2**53 tokens a float floor no longer sums to the anchors' tokens, and
     # the repair below never ended, issue 20); the float fractions only order the top-ups.
-    tail_int = np.zeros(C, dtype=np.int64)
-    np.add.at(tail_int, owner[tails], L[tails])
     q, m = divmod(int(L.sum()), C)
     goal = q - tail_int
     goal[np.argsort(-(need_tok - np.floor(need_tok + 1e-9)), kind="stable")[:m]] += 1
