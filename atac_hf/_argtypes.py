@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-__all__ = ["model_arg", "parse_tokens"]
+__all__ = ["model_arg", "parse_tokens", "profile_model"]
 
 
 def parse_tokens(text: str) -> int:
@@ -32,3 +32,13 @@ def model_arg(spec: str) -> Any:
             raise ValueError(f"--model {spec!r} must hold a JSON object (an HF config.json), got {type(data).__name__}")
         return data
     raise ValueError(f"--model {spec!r} is neither a preset {sorted(MODEL_PRESETS)} nor an existing config.json")
+
+
+def profile_model(path: str, flag: str) -> Any:
+    """``CostModel.from_profile(path)``, its refusals naming the flag that gave the path."""
+    from .cost import CostModel
+
+    try:
+        return CostModel.from_profile(path)
+    except ValueError as e:
+        raise ValueError(f"{e} (check {flag})") from None

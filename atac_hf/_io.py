@@ -63,7 +63,7 @@ def load_json(path: str | os.PathLike, what: str, setting: str) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{what} {path!r} is not valid JSON: {e}") from None
+        raise ValueError(f"{what} {path!r} is not valid JSON: {e} (check {setting})") from None
     depth = _max_depth(text)
     if depth > MAX_JSON_DEPTH:
         raise ValueError(f"{what} {path!r} nests {depth} levels deep, more than {MAX_JSON_DEPTH} "
@@ -71,7 +71,7 @@ def load_json(path: str | os.PathLike, what: str, setting: str) -> Any:
     try:
         return json.loads(text)
     except (json.JSONDecodeError, RecursionError) as e:
-        raise ValueError(f"{what} {path!r} is not valid JSON: {e}") from None
+        raise ValueError(f"{what} {path!r} is not valid JSON: {e} (check {setting})") from None
     except ValueError as e:  # an int of more than 4300 digits (Python's int-from-string limit)
         raise ValueError(f"{what} {path!r} cannot be parsed: {e} (check {setting})") from None
 

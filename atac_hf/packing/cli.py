@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any
 
+from .._argtypes import parse_tokens, profile_model
 from ..cost import HARDWARE_PRESETS, MODEL_PRESETS, CostModel
 from ..workloads import WORKLOADS, load_lengths, make_workload
 from .config import OVERLENGTH_POLICIES, STRATEGIES, PackingConfig
@@ -39,7 +40,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     src.add_argument("--workload", choices=sorted(WORKLOADS), help="a built-in parametric workload instead")
     p.add_argument("--num-samples", type=int, default=100_000, help="samples of --workload (default 100000)")
     p.add_argument("--seed", type=int, default=0, help="seed of --workload (default 0)")
-    p.add_argument("--max-tokens", type=int, required=True, help="token cap of one pack")
+    p.add_argument("--max-tokens", type=parse_tokens, required=True, help="token cap of one pack, e.g. 65536 or 64K")
     p.add_argument("--packs-per-window", type=int, default=64,
                    help="packs per window, e.g. DP replicas x gradient accumulation (default 64)")
     p.add_argument("--window", type=int, default=None,
@@ -71,8 +72,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         lengths = make_workload(args.workload, args.num_samples, seed=args.seed)
         source = f"workload {args.workload} (n={args.num_samples}, seed={args.seed})"
+    if args.window is not None and args.window < 1:
+        raise ValueError(f"--window={args.window if abs(args.window) < 10**30 else '<huge>'} is invalid: it must be an "
+                         "int >= 1 (new samples per window), or omit --window to size windows by tokens")
     if args.cost_profile:
-        cm = CostModel.from_profile(args.cost_profile)
+        cm = profile_model(args.cost_profile, "--cost-profile")
     else:
         cm = CostModel.from_model(args.model, args.hardware)
     options: dict[str, Any] = {}

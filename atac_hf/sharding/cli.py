@@ -6,6 +6,7 @@ import argparse
 import json
 import time
 
+from .._argtypes import parse_tokens, profile_model
 from ..cost import HARDWARE_PRESETS, MODEL_PRESETS, CostModel
 from ..workloads import load_lengths
 from .api import STRATEGIES, CapExceededError, plan_shards
@@ -24,7 +25,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="8b", choices=sorted(MODEL_PRESETS), help="model preset for the cost model")
     p.add_argument("--hardware", default="H100", choices=sorted(HARDWARE_PRESETS))
     p.add_argument("--profile", help="calibration profile JSON (overrides --model/--hardware)")
-    p.add_argument("--max-tokens-per-rank", type=int, default=None)
+    p.add_argument("--max-tokens-per-rank", type=parse_tokens, default=None, metavar="N",
+                   help="token cap of one rank, e.g. 16384 or 16K (default: none)")
     p.add_argument("--json", action="store_true", help="print one JSON object per strategy, one per line")
     p.set_defaults(func=run)
 
@@ -47,7 +49,7 @@ def _read_lengths(spec: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     lengths = _read_lengths(args.doc_lengths)
-    cm = CostModel.from_profile(args.profile) if args.profile else CostModel.from_model(args.model, args.hardware)
+    cm = profile_model(args.profile, "--profile") if args.profile else CostModel.from_model(args.model, args.hardware)
     names = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
     rows = []
     for name in names:

@@ -187,18 +187,21 @@ class ClusterConfig:
         if self.num_gpus is not None and self.num_gpus != world:
             raise ValueError(
                 f"ClusterConfig.num_gpus={self.num_gpus!r} does not match dp_size x pp_size x cp_size x tp_size = "
-                f"{self.dp_size} x {self.pp_size} x {self.cp_size} x {self.tp_size} = {world}; change the sizes or num_gpus"
+                f"{self.dp_size} x {self.pp_size} x {self.cp_size} x {self.tp_size} = {world}; change the sizes (dp_size / --dp, "
+                f"pp_size / --pp, cp_size / --cp, tp_size / --tp) or set num_gpus / --num-gpus to {world}"
             )
         dims = self.dims
         if self.pp_size > dims.num_layers:
             raise ValueError(
                 f"ClusterConfig.pp_size={self.pp_size} exceeds the model's num_layers={dims.num_layers}: "
-                "every pipeline stage needs at least one layer"
+                f"every pipeline stage needs at least one layer; set pp_size / --pp to at most {dims.num_layers}"
             )
         if dims.num_heads % self.tp_size or dims.num_kv_heads % self.tp_size and self.tp_size % dims.num_kv_heads:
             raise ValueError(
                 f"ClusterConfig.tp_size={self.tp_size} must divide num_heads={dims.num_heads} and divide (or be a "
-                f"multiple of) num_kv_heads={dims.num_kv_heads}"
+                f"multiple of) num_kv_heads={dims.num_kv_heads}; legal: "
+                f"{[t for t in range(1, dims.num_heads + 1) if not dims.num_heads % t and not (dims.num_kv_heads % t and t % dims.num_kv_heads)]} "
+                "(set tp_size / --tp)"
             )
         if self.max_tokens < self.cp_size:
             raise ValueError(f"ClusterConfig.max_tokens={self.max_tokens} is smaller than cp_size={self.cp_size}")

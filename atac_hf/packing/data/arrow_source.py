@@ -28,7 +28,8 @@ def _arrow_source(dataset: Any) -> tuple[Any, np.ndarray | None]:
     rows = None
     if indices is not None:
         col = indices.column(0)
-        rows = col.to_numpy() if col.num_chunks == 1 else np.concatenate([c.to_numpy() for c in col.chunks])
+        rows = col.to_numpy() if col.num_chunks == 1 else np.concatenate(
+            [c.to_numpy() for c in col.chunks] or [np.zeros(0, dtype=np.int64)])  # no chunk: 0 rows (a filter kept none)
         rows = rows.astype(np.int64, copy=False)
     return table, rows
 
@@ -46,6 +47,44 @@ def _list_lengths(column: Any, rows: np.ndarray | None) -> np.ndarray:
     arr = np.concatenate([c.to_numpy(zero_copy_only=False) for c in lens.chunks]) if lens.num_chunks else \
         np.zeros(0, dtype=np.int64)
     arr = arr.astype(np.int64, copy=False)
+    return arr if rows is None else arr[rows]
+
+
+def _token_lengths(column: Any, rows: np.ndarray | None, name: str) -> np.ndarray:
+    """Tokens of each sample of a token-id list ``column`` as the collator counts them: a sample stored
+    as a ``(1, n)`` row (a list holding one list of ids, what ``tokenizer(..., return_tensors="pt")``
+    gives per sample) holds n tokens, not 1; a null sample none. Raises InputTypeError for a column
+    that is not a list of ints (text, say) or a sample of several rows (the collator refuses both)."""
+    import pyarrow as pa
+
+    from ..validate import InputTypeError
+
+    t = column.type
+    if pa.types.is_null(t):  # no value in any row (an empty dataset built from a dict, or every entry None)
+        return np.zeros(len(column) if rows is None else len(rows), dtype=np.int64)
+    hint = ("one sample per row, as a 1-D list of int token ids (or a (1, n) row); tokenize the text first, "
+            f"or cast: dataset.cast_column({name!r}, datasets.Sequence(datasets.Value('int64')))")
+    if not _is_list(t):
+        raise InputTypeError(f"{name} must be a list column of int token ids, got Arrow type {t}: {hint}")
+    if not _is_list(t.value_type):
+        return _list_lengths(column, rows)
+    if not (pa.types.is_integer(t.value_type.value_type) or pa.types.is_null(t.value_type.value_type)):
+        raise InputTypeError(f"{name} must be a list column of int token ids, got Arrow type {t}: {hint}")
+    outer = _list_lengths(column, rows)
+    if (outer > 1).any():
+        i = int(np.argmax(outer > 1))
+        raise InputTypeError(f"sample {i}: {name} holds {int(outer[i])} rows of ids (Arrow type {t}): {hint}")
+    import pyarrow.compute as pc
+
+    parts = []  # per chunk: each row's first inner list length (0 where the row has none)
+    for chunk in column.chunks:
+        starts = chunk.offsets.to_numpy()[:-1]  # absolute offsets into chunk.values (slices too)
+        inner = pc.fill_null(pc.list_value_length(chunk.values), 0).to_numpy(zero_copy_only=False)
+        got = np.zeros(len(chunk), dtype=np.int64)
+        has = (pc.fill_null(pc.list_value_length(chunk), 0).to_numpy(zero_copy_only=False) == 1)
+        got[has] = inner[starts[has]]
+        parts.append(got)
+    arr = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
     return arr if rows is None else arr[rows]
 
 

@@ -50,7 +50,7 @@ from ...cost import CostModel, default_cost_model
 from ..config import PackingConfig
 from ..metrics import pack_costs
 from .arrow_source import (_arrow_source, _check_token_values, _is_hf_dataset, _is_list, _list_lengths,
-                           _refuse_packed_source, _token_columns)
+                           _refuse_packed_source, _token_columns, _token_lengths)
 from .cache_files import cache_path, code_digest, load_cache, plan_from_rows, split_cache_names, write_cache
 from .window_planner import plan_packs
 
@@ -64,7 +64,9 @@ _BUILD_SPANS = 1 << 16  # spans per built record batch (each holds an Arrow slic
 
 def dataset_lengths(dataset: Any, *, column: str = "input_ids", batch_size: int = 10_000,
                     progress: bool = False) -> np.ndarray:
-    """Token count of every row of ``dataset`` (int64 array, in row order).
+    """Token count of every row of ``dataset`` (int64 array, in row order), as the collator counts
+    them: a sample stored as a ``(1, n)`` row (``tokenizer(..., return_tensors="pt")`` per sample)
+    holds n tokens.
 
     Reads the Arrow list lengths of a ``datasets.Dataset`` (any format) without decoding
     the tokens; any other indexable of mappings is read row by row. ``batch_size`` and
@@ -72,20 +74,34 @@ def dataset_lengths(dataset: Any, *, column: str = "input_ids", batch_size: int 
 
     Raises:
         ValueError: the column is missing (the message lists the columns found).
+        InputTypeError: (a ``TypeError`` and ``ValueError``) an Arrow column that is not a list of
+            int token ids (text, say), or a sample of several rows.
     """
     names = getattr(dataset, "column_names", None)
     if names is not None and column not in names:
         raise ValueError(_missing_column(column, names))
     if _is_hf_dataset(dataset):
         table, rows = _arrow_source(dataset)
-        return _list_lengths(table.column(column), rows)
+        return _token_lengths(table.column(column), rows, column)
     lengths = np.zeros(len(dataset), dtype=np.int64)
     for i in range(len(dataset)):
         row = dataset[i]
         if column not in row:
             raise ValueError(_missing_column(column, list(row), where=f"row {i}"))
-        lengths[i] = len(row[column])
+        lengths[i] = _sample_tokens(row[column])
     return lengths
+
+
+def _sample_tokens(value: Any) -> int:
+    """Tokens of one sample's ids as the collator counts them: a ``(1, n)`` array, tensor or list of one
+    list holds n (the collator flattens it); anything else its ``len``."""
+    shape = getattr(value, "shape", None)
+    if shape is not None and len(shape) == 2 and shape[0] == 1:
+        return int(shape[1])
+    if isinstance(value, (list, tuple)) and len(value) == 1 and (isinstance(value[0], (list, tuple))
+                                                                 or getattr(value[0], "ndim", 0) == 1):
+        return len(value[0])
+    return len(value)
 
 
 def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, strategy: str = "wfap",

@@ -101,6 +101,9 @@ class WFAPBatchSampler(Sampler[list[Span]]):
         if progress is not None and not isinstance(progress, (bool, np.bool_)):
             raise TypeError(f"progress={_short(progress)} must be True, False or None (set progress)")
         seed = check_seed(seed, "seed")
+        if lengths.size == 0:
+            raise ValueError("the dataset has 0 samples (empty, or a filter kept none): nothing to pack; "
+                             "pass a dataset with at least one non-empty sample")
         if not (lengths > 0).any():
             raise ValueError(f"every one of the {lengths.size} samples is empty: nothing to pack")
         check_overlength(lengths, range(lengths.size), config)
