@@ -23,8 +23,8 @@ datasets = pytest.importorskip("datasets")
 from atac_hf.cli import main  # noqa: E402
 from atac_hf.packing import PackingConfig  # noqa: E402
 from atac_hf.packing.data.dataset import dataset_lengths  # noqa: E402
-from atac_hf.packing.data.sampler import WFAPBatchSampler  # noqa: E402
-from atac_hf.packing.validate import InputTypeError  # noqa: E402
+from atac_hf.packing.data.sampler import SpanDataset, WFAPBatchSampler  # noqa: E402
+from atac_hf.packing.validate import InputTypeError, one_row  # noqa: E402
 
 LENS = [50, 60, 40, 30, 55]
 
@@ -63,6 +63,27 @@ def test_one_row_samples_count_their_tokens(name):
     packs = list(sampler)  # each a list of (sample, start, end) spans
     assert packs and all(sum(e - s for _, s, e in p) <= 64 for p in packs)
     assert sorted((i, s, e) for p in packs for i, s, e in p) == [(i, 0, n) for i, n in enumerate(want)]
+
+
+@pytest.mark.parametrize("name", list(_row_datasets()))
+def test_one_row_samples_split_into_their_tokens(name):
+    """Over the cap, a (1, n) sample is split into fragments: each span of it is its tokens [s, e) (the view
+    cut the outer axis before: a first fragment of the whole row, later ones empty)."""
+    ds, want = _row_datasets()[name]
+    flat = [np.asarray(dataset_row[0] if isinstance(dataset_row, list) else dataset_row).reshape(-1).tolist()
+            for dataset_row in (ds[i]["input_ids"] for i in range(len(want)))]
+    sampler = WFAPBatchSampler.from_dataset(ds, PackingConfig(max_tokens=24, packs_per_window=2), shuffle=False)
+    view = SpanDataset(ds)
+    got = {i: [] for i in range(len(want))}
+    for pack in sampler:
+        assert sum(e - s for _, s, e in pack) <= 24
+        for i, s, e in pack:
+            piece = view[(i, s, e)]["input_ids"]
+            assert one_row(piece)  # still a row, as the sample was: the collator flattens it
+            ids = np.asarray(piece[0] if isinstance(piece, list) else piece).reshape(-1).tolist()
+            assert ids == flat[i][s:e]
+            got[i].append((s, ids))
+    assert {i: [t for _, ids in sorted(v) for t in ids] for i, v in got.items()} == dict(enumerate(flat))
 
 
 def test_flat_samples_empty_rows_and_empty_one_row_samples():
@@ -112,12 +133,13 @@ def test_trainer_packs_one_row_samples_under_the_cap(tmp_path):
                                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256))
     seen = []
     model.register_forward_pre_hook(lambda m, a, kw: seen.append(int(kw["input_ids"].shape[-1])), with_kwargs=True)
-    ds = datasets.Dataset.from_dict({"input_ids": [[_ids(n, i)] for i, n in enumerate(LENS)]})
+    lens = LENS + [150]  # and one over the cap: split into 64 + 64 + 22 tokens
+    ds = datasets.Dataset.from_dict({"input_ids": [[_ids(n, i)] for i, n in enumerate(lens)]})
     args = TrainingArguments(output_dir=str(tmp_path), num_train_epochs=1, report_to=[], use_cpu=True,
                              disable_tqdm=True, save_strategy="no")
     ATACTrainer(model=model, args=args, train_dataset=ds,
                 atac_config=ATACConfig(max_tokens=64, cost_preset="default")).train()
-    assert sorted(seen) == sorted(LENS)  # each sample alone: no two fit under 64
+    assert max(seen) <= 64 and sum(seen) == sum(lens)  # one 235-token forward before
 
 
 # ----------------------------------------------------------------------------------------------- CLI

@@ -128,6 +128,7 @@ def check_collator(collator: Callable, dataset: Any, *, max_tokens: int, name: s
     """
     from ..attention import doc_lengths_from_batch
     from ..packing.data.sampler import SpanDataset
+    from ..packing.validate import one_row
 
     if len(dataset) == 0:
         return
@@ -135,10 +136,13 @@ def check_collator(collator: Callable, dataset: Any, *, max_tokens: int, name: s
     view = SpanDataset(dataset)
     cut = max(1, int(max_tokens) // 2)
     features = []
+    def tokens(ids):  # a (1, n) row holds n tokens (the collators flatten it)
+        return len(ids[0]) if one_row(ids) else len(ids)
+
     for i in range(min(2, len(view))):
-        n = len(view[i]["input_ids"])
+        n = tokens(view[i]["input_ids"])
         features.append(view[(i, 0, min(n, cut))] if n else view[i])
-    want = [len(f["input_ids"]) for f in features if len(f["input_ids"])]
+    want = [tokens(f["input_ids"]) for f in features if tokens(f["input_ids"])]
     try:
         batch = collator(features)
     except Exception as e:  # the collator's own error, with what it was asked to do

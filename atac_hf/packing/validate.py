@@ -79,6 +79,16 @@ class _LengthMsgs(_Msgs):
                 f"<= {MAX_LENGTH} (2**40); drop or cut that sample")
 
 
+def one_row(value: Any) -> bool:
+    """Whether a sample's per-token value is a ``(1, n)`` row (a 2-D array or tensor of one row, or a
+    list of one list or 1-D array), which the token fields take as its n entries."""
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return len(shape) == 2 and shape[0] == 1
+    return isinstance(value, (list, tuple)) and len(value) == 1 and (
+        isinstance(value[0], (list, tuple)) or getattr(value[0], "ndim", 0) == 1)
+
+
 def _int_array(value: Any, msgs: _Msgs) -> np.ndarray:
     """A flat sequence of ints (Python or numpy ints, numpy/torch int arrays; for token
     fields a (1, n) row is flattened) as a 1-D int64 array; every element checked to fit int64."""

@@ -49,6 +49,7 @@ import numpy as np
 from ...cost import CostModel, default_cost_model
 from ..config import PackingConfig
 from ..metrics import pack_costs
+from ..validate import one_row
 from .arrow_source import (_arrow_source, _check_token_values, _is_hf_dataset, _is_list, _list_lengths,
                            _refuse_packed_source, _token_columns, _token_lengths)
 from .cache_files import cache_path, code_digest, load_cache, plan_from_rows, split_cache_names, write_cache
@@ -93,15 +94,9 @@ def dataset_lengths(dataset: Any, *, column: str = "input_ids", batch_size: int 
 
 
 def _sample_tokens(value: Any) -> int:
-    """Tokens of one sample's ids as the collator counts them: a ``(1, n)`` array, tensor or list of one
-    list holds n (the collator flattens it); anything else its ``len``."""
-    shape = getattr(value, "shape", None)
-    if shape is not None and len(shape) == 2 and shape[0] == 1:
-        return int(shape[1])
-    if isinstance(value, (list, tuple)) and len(value) == 1 and (isinstance(value[0], (list, tuple))
-                                                                 or getattr(value[0], "ndim", 0) == 1):
-        return len(value[0])
-    return len(value)
+    """Tokens of one sample's ids as the collator counts them: a ``(1, n)`` row holds n (the collator
+    flattens it); anything else its ``len``."""
+    return len(value[0]) if one_row(value) else len(value)
 
 
 def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, strategy: str = "wfap",

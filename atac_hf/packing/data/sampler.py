@@ -33,7 +33,7 @@ from torch.utils.data import Dataset, Sampler
 
 from ...cost import CostModel
 from ..config import PackingConfig
-from ..validate import _is_int, _short, check_dealable, check_lengths, check_overlength, check_seed, state_int
+from ..validate import _is_int, _short, check_dealable, check_lengths, check_overlength, check_seed, one_row, state_int
 from .window_planner import Span, _check_common, _config_parts, _fingerprint
 from .window_planner import plan_packs, replica_order
 from .iterable import PackedIterableDataset
@@ -338,7 +338,9 @@ class SpanDataset(Dataset):
         return [self._slice(row, s, e) for row, (_, s, e) in zip(rows, spans)]
 
     def _slice(self, row: Mapping[str, Any], start: int, end: int | None) -> dict[str, Any]:
-        return {c: row[c][start:end] for c in self.columns if c in row and row[c] is not None}
+        # a (1, n) row is cut along its tokens and stays one row (the collator flattens it)
+        return {c: ([row[c][0][start:end]] if isinstance(row[c], (list, tuple)) else row[c][:, start:end])
+                if one_row(row[c]) else row[c][start:end] for c in self.columns if c in row and row[c] is not None}
 
 
 def _as_span(key: Any) -> tuple[int, int, int]:
