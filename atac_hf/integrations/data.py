@@ -135,10 +135,10 @@ def check_collator(collator: Callable, dataset: Any, *, max_tokens: int, name: s
     label = f"{name}={getattr(collator, '__qualname__', None) or type(collator).__name__}"
     view = SpanDataset(dataset)
     cut = max(1, int(max_tokens) // 2)
-    features = []
     def tokens(ids):  # a (1, n) row holds n tokens (the collators flatten it)
         return len(ids[0]) if one_row(ids) else len(ids)
 
+    features = []
     for i in range(min(2, len(view))):
         n = tokens(view[i]["input_ids"])
         features.append(view[(i, 0, min(n, cut))] if n else view[i])
