@@ -22,16 +22,17 @@ def _pack(ds, **kw):
 
 
 # ---------------------------------------------------------------------------- pack_dataset
-@pytest.mark.parametrize("ids, arrow", [
-    ([[1.5, 2.0]], "double"),
-    ([["a", "b"]], "string"),
-    ([[True, False]], "bool"),
-    ([[[1, 2], [3]]], "list<item: int"),
+@pytest.mark.parametrize("ids, arrow, hint", [
+    ([[1.5, 2.0]], "double", "cast_column"),
+    ([["a", "b"]], "string", "cast_column"),
+    ([[True, False]], "bool", "cast_column"),
+    # rows of ids per sample: a cast cannot flatten them (red-team 11: the hint said cast_column)
+    ([[[1, 2], [3]]], "list<item: int", r"flatten each sample first: dataset\.map"),
 ])
-def test_pack_dataset_refuses_input_ids_that_are_not_int_token_ids(ids, arrow):
+def test_pack_dataset_refuses_input_ids_that_are_not_int_token_ids(ids, arrow, hint):
     # was: packed as they were (float, string, bool or nested "token ids" in the rows)
     with pytest.raises(TypeError, match=rf"input_ids must be a list column of int token ids, got Arrow type "
-                                        rf"list<item: {arrow}.*cast_column"):
+                                        rf"list<item: {arrow}.*{hint}"):
         _pack(datasets.Dataset.from_dict({"input_ids": ids}))
 
 

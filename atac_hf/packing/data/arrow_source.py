@@ -140,6 +140,10 @@ def _check_token_values(table: Any, rows: np.ndarray | None, name: str, *, negat
     vtype = col.type.value_type
     if pa.types.is_null(vtype):  # Arrow's type of lists that are all empty: no value to check
         return
+    if _is_list(vtype):  # (1, n) rows: what the collator flattens; pack_dataset cuts flat token buffers
+        raise InputTypeError(f"{name} must be a list column of int token ids, got Arrow type {col.type} (a list "
+                             f"of rows per sample); flatten each sample first: dataset.map(lambda s: {{{name!r}: "
+                             f"s[{name!r}][0]}}) for (1, n) rows (ATACTrainer and the collator take them as they are)")
     if not pa.types.is_integer(vtype):
         raise InputTypeError(f"{name} must be a list column of int token ids, got Arrow type {col.type} (values "
                              f"{vtype}); tokenize into int ids (or cast: dataset.cast_column({name!r}, "
