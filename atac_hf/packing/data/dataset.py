@@ -9,12 +9,17 @@ row is one pack::
     input_ids    flat token ids of the pack's documents (the source's dtype)
     <per-token>  every other list column with one entry per token (``labels``,
                  ``attention_mask``, ...), cut and concatenated like ``input_ids``
+    labels       where the source has TRL's ``completion_mask`` / ``assistant_masks`` and no
+                 ``labels``: the token where every mask is 1, -100 elsewhere (the collator's
+                 rule; a trainer that drops columns ``model.forward`` does not take, such as
+                 TRL's SFTTrainer, would otherwise drop the masks and train on the prompts)
     seq_lengths  document lengths (sum = len(input_ids))
     spans        [[sample, start, end], ...] source rows and token ranges, for audit
 
 Other columns (text, ids, lists of another length such as ``messages``) are dropped (a log
 line names them): a pack holds several samples, so a per-sample value has no single place
-in it. A null ``labels`` entry is filled with the sample's ``input_ids``. The rows keep the
+in it. A null ``labels`` entry is filled with the sample's ``input_ids``, a null mask entry
+(``attention_mask``, ``completion_mask``, ``assistant_masks``) with ones. The rows keep the
 source's format (``with_format``).
 
 Where the rows live follows ``Dataset.map``: a source backed by cache files (``load_dataset``,
@@ -52,6 +57,7 @@ from ..metrics import pack_costs
 from ..validate import one_row
 from .arrow_source import (_arrow_source, _check_token_values, _is_hf_dataset, _is_list, _list_lengths,
                            _refuse_packed_source, _token_columns, _token_lengths)
+from .collator import LOSS_MASK_COLUMNS
 from .cache_files import cache_path, code_digest, load_cache, plan_from_rows, split_cache_names, write_cache
 from .window_planner import plan_packs
 
@@ -150,7 +156,8 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
 
     Returns:
         a ``datasets.Dataset`` (a ``DatasetDict`` for a ``DatasetDict``) with columns
-        ``input_ids``, every per-token list column of the source, ``seq_lengths`` and
+        ``input_ids``, every per-token list column of the source (``labels`` built from
+        TRL's loss masks where it has them and no ``labels``), ``seq_lengths`` and
         ``spans``, in the source's format. Zero-length samples are skipped (a warning gives
         their count). With ``return_metrics``: ``(dataset, metrics)``, metrics a dict
         (per split for a ``DatasetDict``): ``num_samples``, ``num_packs``, ``tokens``,
@@ -292,6 +299,17 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
 
 
 # ---------------------------------------------------------------------------- building rows
+#: per-token 0/1 masks: a sample whose entry is null gets ones (every token counts), not its token ids
+_MASK_COLUMNS = ("attention_mask", *LOSS_MASK_COLUMNS)
+
+
+def _derives_labels(token_cols: Sequence[str]) -> bool:
+    """Whether the rows get a ``labels`` column built from TRL's loss masks (no ``labels`` of their own): a
+    trainer that keeps only ``model.forward``'s arguments (``remove_unused_columns``, TRL's SFTTrainer) would
+    drop the masks, and train on the prompts."""
+    return "labels" not in token_cols and any(m in token_cols for m in LOSS_MASK_COLUMNS)
+
+
 def _chunk_index(column: Any) -> tuple[list[Any], np.ndarray, np.ndarray]:
     """Per chunk its flat values; per table row its chunk and its first value's offset."""
     values, starts, chunk_of = [], [], []
@@ -343,28 +361,41 @@ def _build_batches(table: Any, rows: np.ndarray | None, token_cols: Sequence[str
             row_off = np.concatenate([[0], np.cumsum(pack_len[b0:b1])])
             lens = span_len[s0:s1].tolist()  # per batch: Python lists only of this batch's spans
             ids_values, ids_starts, ids_chunk = sources["input_ids"][:3]
-            arrays = []
+            arrays, flats = [], {}
             for name in token_cols:
                 values, starts, chunk_of, col_type, null = sources[name]
                 st, ch = starts[s0:s1].tolist(), chunk_of[s0:s1].tolist()
                 if null is None:
                     pieces = [values[c].slice(a, n) for c, a, n in zip(ch, st, lens)]
-                else:  # null labels: the sample's input_ids
+                elif name in _MASK_COLUMNS:  # a null mask: every token counts (as a sample without the mask)
+                    nl = null[s0:s1].tolist()
+                    pieces = [pa.array(np.ones(lens[j], dtype=np.int8)).cast(col_type.value_type) if nl[j]
+                              else values[ch[j]].slice(st[j], lens[j]) for j in range(s1 - s0)]
+                else:  # null labels (and other columns): the sample's input_ids
                     ist, ich, nl = ids_starts[s0:s1].tolist(), ids_chunk[s0:s1].tolist(), null[s0:s1].tolist()
                     pieces = [(ids_values[ich[j]].slice(ist[j], lens[j]).cast(col_type.value_type)
                                if nl[j] else values[ch[j]].slice(st[j], lens[j]))
                               for j in range(s1 - s0)]
                 flat = pa.concat_arrays(pieces) if pieces else pa.array([], type=col_type.value_type)
+                flats[name] = flat
                 off_type = pa.int64() if pa.types.is_large_list(col_type) else pa.int32()
                 arrays.append(type(table.column(name).chunks[0]).from_arrays(pa.array(row_off, type=off_type), flat,
                                                                              type=col_type))
+            if _derives_labels(token_cols):  # TRL's rule, as the collator applies it: ids where every mask is 1
+                keep = np.ones(len(flats["input_ids"]), dtype=bool)
+                for name in LOSS_MASK_COLUMNS:
+                    if name in flats:
+                        keep &= flats[name].to_numpy(zero_copy_only=False).astype(bool)
+                ids = flats["input_ids"].to_numpy(zero_copy_only=False).astype(np.int64)
+                arrays.append(pa.ListArray.from_arrays(pa.array(row_off, type=pa.int32()),
+                                                       pa.array(np.where(keep, ids, -100), type=pa.int64())))
             seq = pa.ListArray.from_arrays(pa.array(offsets[b0:b1 + 1] - s0, type=pa.int32()),
                                            pa.array(span_len[s0:s1], type=pa.int64()), type=seq_type)
             span_vals = pa.ListArray.from_arrays(pa.array(np.arange(0, 3 * (s1 - s0) + 1, 3), type=pa.int32()),
                                                  pa.array(spans[s0:s1].reshape(-1), type=pa.int64()))
             span_rows = pa.ListArray.from_arrays(pa.array(offsets[b0:b1 + 1] - s0, type=pa.int32()), span_vals)
-            batch = pa.RecordBatch.from_arrays(arrays + [seq, span_rows],
-                                               names=list(token_cols) + ["seq_lengths", "spans"])
+            batch = pa.RecordBatch.from_arrays(arrays + [seq, span_rows], names=list(token_cols) + (
+                ["labels"] if _derives_labels(token_cols) else []) + ["seq_lengths", "spans"])
             if not batch.schema.equals(schema, check_metadata=False):  # e.g. a feature type Arrow infers otherwise
                 yield from pa.Table.from_batches([batch]).cast(schema).to_batches()  # (RecordBatch.cast: pyarrow 16)
             else:
@@ -374,6 +405,8 @@ def _build_batches(table: Any, rows: np.ndarray | None, token_cols: Sequence[str
 
 def _features(datasets: Any, source: Any, token_cols: Sequence[str]) -> Any:
     feats = {name: source.features[name] for name in token_cols}
+    if _derives_labels(token_cols):
+        feats["labels"] = datasets.List(datasets.Value("int64"))
     feats["seq_lengths"] = datasets.List(datasets.Value("int64"))
     feats["spans"] = datasets.List(datasets.List(datasets.Value("int64")))
     return datasets.Features(feats)
@@ -386,7 +419,7 @@ def _with_source_format(result: Any, source: Any) -> Any:
     columns = fmt.get("columns")
     if columns is not None:
         columns = [c for c in columns if c in result.column_names]
-        columns += [c for c in ("seq_lengths", "spans") if c not in columns]
+        columns += [c for c in ("labels", "seq_lengths", "spans") if c not in columns and c in result.column_names]
     return result.with_format(fmt.get("type"), columns=columns, output_all_columns=fmt.get("output_all_columns", False),
                               **fmt.get("format_kwargs", {}))
 
