@@ -44,7 +44,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--dataset_split", default="train")
     g.add_argument("--text_column", default="text", help="text column to tokenize (unless the data has input_ids)")
     g.add_argument("--max_length", type=int, default=None, help="truncate samples to this many tokens")
-    g.add_argument("--num_samples", type=int, default=600, help="synthetic corpus size / cap on dataset rows")
+    g.add_argument("--num_samples", type=int, default=None,
+                   help="training samples: the synthetic corpus's size (default 600); with --dataset, use only its "
+                        "first N rows (default: every row)")
     g.add_argument("--eval_samples", type=int, default=0, help="hold out this many samples and evaluate at the end")
     g.add_argument("--peft", choices=("none", "lora"), default="none")
     g.add_argument("--lora_r", type=int, default=8)
@@ -87,7 +89,8 @@ def load_dataset_and_tokenizer(args):
 
         tokenizer = AutoTokenizer.from_pretrained(name)
     if args.dataset is None:
-        texts = synthetic_corpus(args.num_samples + args.eval_samples, seed=args.seed)
+        texts = synthetic_corpus((600 if args.num_samples is None else args.num_samples) + args.eval_samples,
+                                 seed=args.seed)
         ds = datasets.Dataset.from_dict({"text": texts})
     elif os.path.isfile(args.dataset):
         ds = datasets.load_dataset("json", data_files=args.dataset, split="train")
@@ -97,9 +100,10 @@ def load_dataset_and_tokenizer(args):
             ds = ds[args.dataset_split]
     else:
         ds = datasets.load_dataset(args.dataset, args.dataset_config, split=args.dataset_split)
-    total = args.num_samples + args.eval_samples
-    if args.dataset is not None and len(ds) > total:
-        ds = ds.select(range(total))
+    if args.dataset is not None and args.num_samples is not None and len(ds) > args.num_samples + args.eval_samples:
+        print(f"using the first {args.num_samples + args.eval_samples} of the dataset's {len(ds)} rows "
+              "(--num_samples + --eval_samples)", flush=True)
+        ds = ds.select(range(args.num_samples + args.eval_samples))
     if "input_ids" not in ds.column_names:
         if args.text_column not in ds.column_names:
             raise ValueError(f"dataset {args.dataset!r} has neither 'input_ids' nor the text column "
@@ -118,8 +122,12 @@ def load_dataset_and_tokenizer(args):
         ds = ds.map(tokenize, batched=True, remove_columns=ds.column_names, desc="tokenizing")
     ds = ds.select_columns([c for c in ("input_ids", "labels") if c in ds.column_names])
     train, evals = ds, None
-    if args.eval_samples:
-        train, evals = ds.select(range(args.num_samples)), ds.select(range(args.num_samples, len(ds)))
+    if args.eval_samples:  # the last --eval_samples rows are held out
+        if not 0 < args.eval_samples < len(ds):
+            raise ValueError(f"--eval_samples={args.eval_samples} must be from 1 to {len(ds) - 1}: the data hold "
+                             f"{len(ds)} samples and training needs at least one; lower --eval_samples")
+        cut = len(ds) - args.eval_samples
+        train, evals = ds.select(range(cut)), ds.select(range(cut, len(ds)))
     return train, evals, tokenizer
 
 
@@ -211,6 +219,7 @@ def main(argv=None) -> int:
     import transformers
 
     from atac_hf.integrations import ATACConfig
+    from atac_hf.packing.data.dataset import dataset_lengths
 
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
@@ -240,7 +249,7 @@ def main(argv=None) -> int:
         print(f"world {world} = {mesh} | packing "
               f"{atac_config.packing_strategy} (max_tokens {atac_config.max_tokens}) | sharding "
               f"{atac_config.sharding_strategy} | backend {atac_config.attention_backend} | "
-              f"{len(train)} samples, {sum(len(x) for x in train['input_ids'])} tokens", flush=True)
+              f"{len(train)} samples, {int(dataset_lengths(train).sum())} tokens", flush=True)
     rows, wall, eval_loss, trainer = run(args, atac_config, model, train, evals, out, atac_config.sharding_strategy)
     if rank0:
         _summary(atac_config.sharding_strategy, rows, wall, eval_loss)

@@ -86,3 +86,47 @@ def test_row_selection_and_chunks_keep_masks_with_their_tokens():
                                                                src[i]["assistant_masks"][s:e])]
                     for i, s, e in row["spans"]), [])
         assert row["labels"] == want
+
+
+# ------------------------------------------------------------------- examples/finetune_long_context.py
+def _example():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "finetune_long_context.py"
+    spec = importlib.util.spec_from_file_location("finetune_long_context_example", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _jsonl(path, n):
+    import json
+
+    path.write_text("".join(json.dumps({"text": "word " * (5 + i % 40)}) + "\n" for i in range(n)))
+    return str(path)
+
+
+def test_example_trains_on_every_row_of_the_users_data(tmp_path, capsys):
+    """--dataset kept only its first 600 rows (--num_samples' default, the synthetic corpus's size), silently."""
+    ex = _example()
+    data = _jsonl(tmp_path / "big.jsonl", 900)
+    train, evals, _ = ex.load_dataset_and_tokenizer(ex.parse_args(["--dataset", data, "--tokenizer", "byte"]))
+    assert len(train) == 900 and evals is None
+    train, evals, _ = ex.load_dataset_and_tokenizer(ex.parse_args(["--dataset", data, "--tokenizer", "byte",
+                                                                   "--num_samples", "100", "--eval_samples", "7"]))
+    assert (len(train), len(evals)) == (100, 7)
+    assert "using the first 107 of the dataset's 900 rows" in capsys.readouterr().out
+    train, evals, _ = ex.load_dataset_and_tokenizer(ex.parse_args(["--tokenizer", "byte"]))  # synthetic: 600
+    assert len(train) == 600 and evals is None
+
+
+def test_example_holds_out_eval_rows_of_a_small_dataset(tmp_path):
+    """--eval_samples on a dataset under 600 rows raised IndexError (it selected rows past the end)."""
+    ex = _example()
+    data = _jsonl(tmp_path / "small.jsonl", 50)
+    train, evals, _ = ex.load_dataset_and_tokenizer(ex.parse_args(["--dataset", data, "--tokenizer", "byte",
+                                                                   "--eval_samples", "10"]))
+    assert (len(train), len(evals)) == (40, 10)
+    with pytest.raises(ValueError, match=r"^--eval_samples=50 must be from 1 to 49: the data hold 50 samples"):
+        ex.load_dataset_and_tokenizer(ex.parse_args(["--dataset", data, "--tokenizer", "byte", "--eval_samples", "50"]))
