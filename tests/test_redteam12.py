@@ -130,3 +130,34 @@ def test_example_holds_out_eval_rows_of_a_small_dataset(tmp_path):
     assert (len(train), len(evals)) == (40, 10)
     with pytest.raises(ValueError, match=r"^--eval_samples=50 must be from 1 to 49: the data hold 50 samples"):
         ex.load_dataset_and_tokenizer(ex.parse_args(["--dataset", data, "--tokenizer", "byte", "--eval_samples", "50"]))
+
+
+# ------------------------------------------------------------------------- window sizing look-ahead
+@pytest.mark.parametrize("strategy", ["wfap", "bfd", "wlb", "sequential"])
+def test_window_sizing_does_not_depend_on_the_look_ahead(strategy):
+    """The map-style sampler sized every window over 4,096 samples, 1 ms a window at one pack per window
+    (60 s for 2M samples); feeders now start from twice the last window's samples. Any look-ahead gives the
+    same windows, as the docstring of next_window argues: every window of a stream, fed alike, at looks 1-4096."""
+    from atac_hf.packing import StreamPacker
+    from atac_hf.packing.feed import next_window
+
+    rng = np.random.default_rng(3)
+    lengths = np.concatenate([rng.integers(0, 300, 400), rng.integers(2000, 9000, 8), rng.integers(1, 50, 300)])
+    lengths = rng.permutation(lengths).astype(np.int64)
+    cfg_kw = dict(max_tokens=1024, packs_per_window=2, strategy=strategy)
+    from atac_hf.packing import PackingConfig
+
+    packers = {look: StreamPacker(PackingConfig(**cfg_kw)) for look in (1, 7, 64, 4096)}
+    pos = {look: 0 for look in packers}
+    windows = 0
+    while pos[4096] < lengths.size:
+        got = {}
+        for look, packer in packers.items():
+            k, _ = next_window(packer, lengths, pos[look], look, prev_empty=False)  # each its own fixed start
+            got[look] = k
+            packer.add_window(list(range(pos[look], pos[look] + k)), lengths[pos[look]:pos[look] + k].tolist(),
+                              last=pos[look] + k >= lengths.size)
+            pos[look] += k
+        assert len(set(got.values())) == 1, got
+        windows += 1
+    assert windows > 20

@@ -9,7 +9,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["next_window"]
+__all__ = ["MIN_LOOK", "next_window"]
+
+#: The smallest look-ahead (samples) a feeder starts a window's sizing with.
+MIN_LOOK = 64
 
 
 def next_window(packer: Any, lengths: np.ndarray, pos: int, look: int, *, prev_empty: bool,
@@ -17,7 +20,10 @@ def next_window(packer: Any, lengths: np.ndarray, pos: int, look: int, *, prev_e
     """``(k, look)``: take the next ``k`` samples of ``lengths`` (checked int64, from ``pos``).
 
     :meth:`~atac_hf.packing.StreamPacker.window_size` over a look-ahead of ``look`` samples,
-    doubled until the window fills (the returned ``look`` is kept for the next call); at least
+    doubled until the window fills (the returned ``look``, twice this window's samples and at least
+    :data:`MIN_LOOK`, is for the next call: ``window_size`` is a function of each sample alone and of
+    the running sum, so any look-ahead that fills the window gives the same ``k``, and one sized by
+    the last window costs a small window far less than thousands of samples); at least
     one sample where the previous window packed nothing (``prev_empty``: always make progress);
     and, with ``lookahead``, the whole rest of the stream where it fits this window
     (:meth:`~atac_hf.packing.StreamPacker.rest_fits_window`; the window is then fed as the last).
@@ -32,4 +38,5 @@ def next_window(packer: Any, lengths: np.ndarray, pos: int, look: int, *, prev_e
         k = 1
     if lookahead and 0 < k < n - pos and packer.rest_fits_window(lengths[pos + k:]):
         k = n - pos  # one-window lookahead: the rest of the stream joins this window
-    return max(0, min(k, n - pos)), look
+    k = max(0, min(k, n - pos))
+    return k, max(MIN_LOOK, 2 * k)

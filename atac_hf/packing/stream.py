@@ -21,7 +21,7 @@ from .planners.baselines import WLB_COHORT_MAX_DEFER, WLB_COHORT_SHARE, plan_bfd
 from .config import PackingConfig
 from .validate import _is_int, check_lengths, check_overlength, check_packer_pool, check_window, state_int
 from .metrics import MetricsAccumulator, pack_costs
-from .feed import next_window
+from .feed import MIN_LOOK, next_window
 from .result import Pack, PackResult, Span
 from .planners.wfap import HELD_LIMIT, heavy_lengths, plan_wfap, wfap_held
 from .planners.wfap_end import rest_fits_window
@@ -472,7 +472,7 @@ def pack_lengths(lengths: Sequence[int], config: PackingConfig | None = None, co
     n = arr.size
     arrival = np.zeros(n, dtype=np.int64)
     windows: list[list[Pack]] = []
-    pos, look = 0, 4096
+    pos, look = 0, MIN_LOOK
     with _progress_bar(n) if progress else contextlib.nullcontext() as bar:
         while pos < n:
             if window is not None:

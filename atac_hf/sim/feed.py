@@ -68,12 +68,12 @@ def run_packer(strategy: str, stream: np.ndarray, cluster: ClusterConfig, cm: Co
 
 def _feed(packer: Any, strategy: str, stream: np.ndarray, cluster: ClusterConfig, cm: CostModel,
           fixed: list[np.ndarray] | None, min_fragment: int, tell_last: bool = False) -> PackedStream:
-    from ..packing.feed import next_window
+    from ..packing.feed import MIN_LOOK, next_window
 
     stream = np.asarray(stream, dtype=np.int64)
     n = len(stream)
     arrival = np.full(n, -1, dtype=np.int64)
-    out, secs, fed_windows, pos, look = [], [], [], 0, 4096
+    out, secs, fed_windows, pos, look = [], [], [], 0, MIN_LOOK
     while (pos < n) if fixed is None else (len(out) < len(fixed)):
         if fixed is not None:
             ids = fixed[len(out)]

@@ -40,7 +40,7 @@ import numpy as np
 
 from ...cost import CostModel, default_cost_model
 from ..config import MAX_LENGTH, MAX_PACKS_PER_WINDOW, PackingConfig
-from ..feed import next_window
+from ..feed import MIN_LOOK, next_window
 from ..metrics import pack_costs
 from ..planners.window import checked_ref_cost_per_token
 from ..split_fill import plan_split_fill
@@ -134,6 +134,7 @@ class WindowPlanner:
         self.num_replicas = int(num_replicas)
         self.even_batches = bool(even_batches)
         self.prev_empty = True  # the last window emitted no pack (the next must take a sample)
+        self._look = MIN_LOOK  # samples the next window's sizing looks at first (next_window; not state: no effect)
         self.num_batches = 0
         self.loads = [0.0] * self.num_replicas
         self.reserve: list[list[Span]] = []
@@ -161,8 +162,8 @@ class WindowPlanner:
         n = int(lengths.size)
         if self.window_size is not None:
             return max(0, min(self.window_size, n - pos))
-        k, _look = next_window(self.packer, lengths, pos, 4096, lookahead=not more_coming,
-                               prev_empty=self.prev_empty and not (more_coming and pos >= n))
+        k, self._look = next_window(self.packer, lengths, pos, self._look, lookahead=not more_coming,
+                                    prev_empty=self.prev_empty and not (more_coming and pos >= n))
         return k
 
     def add(self, sample_ids: Sequence[int], lengths: Sequence[int], *, last: bool = False) -> list[list[Span]]:
