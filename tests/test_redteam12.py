@@ -161,3 +161,12 @@ def test_window_sizing_does_not_depend_on_the_look_ahead(strategy):
         assert len(set(got.values())) == 1, got
         windows += 1
     assert windows > 20
+
+
+@pytest.mark.parametrize("mask, bad", [([[0, 1, 1], [1, 2]], "[2]"), ([[0, 1, 1], [1, None]], "[nan]")])
+def test_mask_values_are_checked_where_the_labels_are_built(mask, bad):
+    """Built into labels by pack_dataset, a mask value other than 0/1 would pass unseen (the collator reads the
+    labels, not the mask): pack_dataset refuses it, naming the sample."""
+    ds = datasets.Dataset.from_dict({"input_ids": [[5, 6, 7], [8, 9]], "completion_mask": mask})
+    with pytest.raises(ValueError, match=rf"^pack_dataset: sample 1: completion_mask has values \{bad[:-1]}\]; legal"):
+        pack_dataset(ds, max_tokens=8, progress=False)

@@ -55,8 +55,8 @@ from ...cost import CostModel, default_cost_model
 from ..config import PackingConfig
 from ..metrics import pack_costs
 from ..validate import one_row
-from .arrow_source import (_arrow_source, _check_token_values, _is_hf_dataset, _is_list, _list_lengths,
-                           _refuse_packed_source, _token_columns, _token_lengths)
+from .arrow_source import (_arrow_source, _check_token_values, _first_bad_row, _is_hf_dataset, _is_list,
+                           _list_lengths, _refuse_packed_source, _token_columns, _token_lengths)
 from .collator import LOSS_MASK_COLUMNS
 from .cache_files import cache_path, code_digest, load_cache, plan_from_rows, split_cache_names, write_cache
 from .window_planner import plan_packs
@@ -250,6 +250,15 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
     token_cols, dropped = _token_columns(table, rows, lengths)
     if dropped:
         logger.info("pack_dataset: dropped columns %s (not one entry per input_ids token)", dropped)
+    if _derives_labels(token_cols):  # the labels are built from the masks here: their values are checked here
+        for col in (c for c in LOSS_MASK_COLUMNS if c in token_cols):
+            bad = _first_bad_row(table, rows, col, lambda v: ~np.isin(v, (0, 1)))
+            if bad is not None:
+                row, _count, seg, _rows = bad
+                raise ValueError(f"pack_dataset: sample {row}: {col} has values "
+                                 f"{np.unique(seg[~np.isin(seg, (0, 1))])[:5].tolist()}; legal values: 0 (no loss on "
+                                 "the token) and 1 (train on it), never null: the labels are built from it (-100 "
+                                 "where 0). Fix the mask, or give the dataset its own 'labels' column")
 
     from datasets.fingerprint import Hasher
 
