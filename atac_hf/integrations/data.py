@@ -128,16 +128,13 @@ def check_collator(collator: Callable, dataset: Any, *, max_tokens: int, name: s
     """
     from ..attention import doc_lengths_from_batch
     from ..packing.data.sampler import SpanDataset
-    from ..packing.validate import one_row
+    from ..packing.data.dataset import _sample_tokens as tokens  # a (1, n) row holds n tokens
 
     if len(dataset) == 0:
         return
     label = f"{name}={getattr(collator, '__qualname__', None) or type(collator).__name__}"
     view = SpanDataset(dataset)
     cut = max(1, int(max_tokens) // 2)
-    def tokens(ids):  # a (1, n) row holds n tokens (the collators flatten it)
-        return len(ids[0]) if one_row(ids) else len(ids)
-
     features = []
     for i in range(min(2, len(view))):
         n = tokens(view[i]["input_ids"])
