@@ -72,9 +72,10 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
     more than :data:`TWO_WAY_TOLERANCE` higher. Last, head-tail inside every document
     (the ``per_doc`` layout) competes on estimated block time.
 
-    After every other candidate, fewer anchors than the chosen count (documents costlier than a rank's
-    share kept whole) compete, where a split's exchange or overheads may cost more than it saves
-    (:func:`_fewer_anchors`).
+    Fewer anchors than the chosen count (documents costlier than a rank's share kept whole) compete,
+    where a split's exchange or overheads may cost more than it saves (:func:`_fewer_anchors`): judged
+    against the flat plan, and against a hierarchical plan where one was taken; the faster of the
+    two is kept, so neither candidate family can make a plan slower than it is without it.
 
     Every candidate is costed with the K/V exchange ``kv_exchange`` (None: ``"auto"``, the faster of
     the all-gather and the all-to-all by the estimate), so a plan for a given exchange is chosen for it.
@@ -251,6 +252,7 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
                                                       or even.block_time_s < anchor_plan.block_time_s):
             anchor_plan = even
     robust_ref = None  # the plan a hierarchical candidate must stay no slower than at every price
+    took_sub = False
     if anchor_plan is not None:
         anchor_plan = robust_ref = resolve_exchange(anchor_plan, cm)  # the flat plan's exchange kept (deferred in build)
         # One contiguous run per rank (the fewest kernel calls; only cut documents gathered) competes:
@@ -265,6 +267,9 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
             if (run.rank_num_tokens().max() <= cap and run.block_time_s * (1 + TWO_WAY_TOLERANCE) < anchor_plan.block_time_s
                     and (run.imbalance <= anchor_plan.imbalance or _robustly_no_worse(run, anchor_plan, cm))):
                 anchor_plan = run
+        # fewer anchors (documents costlier than a share kept whole), judged against this flat plan
+        flat_fewer = None if best is None else _fewer_anchors(anchor_plan, best[1], whole, cand, attempt, build, cm,
+                                                              kv_exchange)
     # Hierarchical placement: anchors over sub-groups of just enough ranks (only those move
     # their K/V; see atac_hf.sharding.subgroups), taken where it is estimated no slower than the
     # flat (or per_doc) plan, at the estimate's attention price and at 0.25x-4x of it. No plan's
@@ -288,9 +293,14 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
                                   np.inf if anchor_plan is None else anchor_plan.block_time_s, doc_costs, exchange)
             if sub is not None and (anchor_plan is None or sub.block_time_s <= anchor_plan.block_time_s
                                     and _robustly_no_worse(sub, robust_ref, cm, alt_blocks)):
-                anchor_plan, robust_ref, alt_blocks = sub, sub, {}
-    if anchor_plan is not None and best is not None:  # last: fewer anchors, documents costlier than a share whole
-        anchor_plan = _fewer_anchors(anchor_plan, best[1], whole, cand, attempt, build, cm, kv_exchange)
+                anchor_plan, robust_ref, alt_blocks, took_sub = sub, sub, {}, True
+    if best is not None:  # fewer anchors again, judged against the hierarchical plan where one was taken;
+        # then the faster of that and the flat plan's fewer anchors (each family was judged against the
+        # flat plan: neither makes a plan slower than it is without it)
+        if took_sub:
+            anchor_plan = _fewer_anchors(anchor_plan, best[1], whole, cand, attempt, build, cm, kv_exchange)
+        if flat_fewer.block_time_s < anchor_plan.block_time_s or not took_sub:
+            anchor_plan = flat_fewer
     if anchor_plan is None:  # nothing else fits the cap; a contiguous split fits every cap >= ceil(tokens / C),
         # i.e. every cap any placement can respect (plan_shards reports the overflow otherwise)
         return finish_plan(lengths, C, "atp", contiguous_segments(lengths, C), None, cm, exchange)
