@@ -112,11 +112,11 @@ def test_the_step_never_makes_a_plan_slower_or_fragile(monkeypatch):
     each time it runs, the plan it returns is its input, or over TWO_WAY_TOLERANCE faster and no
     less level or no slower at 0.25x-4x the attention price than that input.
 
-    The step runs twice: on the flat plan (before the sub-group candidates) and on a sub-group plan
-    that was taken; the faster by the estimate is kept. So a plan that changed is checked against
-    the plan the step was given, not against the plan without the step: a flat plan's fewer
-    anchors can beat a sub-group plan by under TWO_WAY_TOLERANCE, and must (sub-groups never make
-    a plan slower: test_sub_groups_never_make_a_plan_slower)."""
+    The step is judged against the flat plan, as the sub-group candidates are, and the faster of its
+    result and theirs is kept. So a plan that changed is checked against the plan the step was
+    given, not against the plan without the step: a flat plan's fewer anchors can beat a sub-group
+    plan by under TWO_WAY_TOLERANCE, and must (sub-groups never make a plan slower:
+    test_sub_groups_never_make_a_plan_slower)."""
     rng = np.random.default_rng(7)
     cases = []
     for _ in range(150):
@@ -199,3 +199,4 @@ def test_sub_groups_never_make_a_plan_slower():
         with_sub = plan_shards(L, C, "atp", cm, **kw)
         flat = _sub_groups_off_plan(L, C, cm, **kw)
         assert with_sub.block_time_s <= flat.block_time_s * (1 + 1e-9), (L.tolist(), C, cm, kw)
+
