@@ -101,8 +101,9 @@ def load_dataset_and_tokenizer(args):
     else:
         ds = datasets.load_dataset(args.dataset, args.dataset_config, split=args.dataset_split)
     if args.dataset is not None and args.num_samples is not None and len(ds) > args.num_samples + args.eval_samples:
-        print(f"using the first {args.num_samples + args.eval_samples} of the dataset's {len(ds)} rows "
-              "(--num_samples + --eval_samples)", flush=True)
+        if int(os.environ.get("RANK", "0")) == 0:  # once, not on every rank
+            print(f"using the first {args.num_samples + args.eval_samples} of the dataset's {len(ds)} rows "
+                  "(--num_samples + --eval_samples)", flush=True)
         ds = ds.select(range(args.num_samples + args.eval_samples))
     if "input_ids" not in ds.column_names:
         if args.text_column not in ds.column_names:
