@@ -39,6 +39,19 @@ STREAM_STATE_NAME = "atac_stream.json"
 _FORMAT = "atac-hf/trainer-stream/v1"
 
 
+def stream_dispatch(args: Any) -> None:
+    """Streaming datasets: every process packs the stream itself and Accelerate deals the rows
+    (``dispatch_batches=False``); rows differ in length, so a dispatcher could not concatenate them."""
+    acc = args.accelerator_config
+    if getattr(acc, "dispatch_batches", None):
+        raise ValueError("accelerator_config.dispatch_batches=True with a streaming dataset: ATACTrainer packs the "
+                         "stream on every process and deals rows round-robin; set dispatch_batches to None or False")
+    if getattr(acc, "split_batches", False):
+        raise ValueError("accelerator_config.split_batches=True with a streaming dataset: a batch is one packed row "
+                         "and cannot be split; set split_batches=False")
+    acc.dispatch_batches = False
+
+
 class StreamResumeMixin:
     """The streaming-resume part of ``ATACTrainer`` (placed before ``Trainer`` in its bases)."""
 

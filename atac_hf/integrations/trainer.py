@@ -31,6 +31,9 @@ What it changes, and where:
   sampler's epoch and seed (checked against the dataset and settings), and Trainer skips the
   batches already seen. A streaming run's ``atac_stream.json`` holds the packed stream's pass and
   position; on resume it is checked and restored and Trainer skips nothing (:mod:`.stream_state`).
+* guards (:mod:`.trainer_guards`): a ``compute_loss`` override that bypasses Trainer's, a loss that
+  ignores ``num_items_in_batch``, a best metric never reported under CP, and an ``evaluate()``
+  before ``train()`` that would keep DDP off.
 """
 
 from __future__ import annotations
@@ -49,16 +52,18 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, get_
 from transformers.utils import logging as hf_logging
 
 from .accelerate import as_atac_parallelism_config, build_parallelism_config, bypass_torch_cp_hooks, check_tp_layout
-from ._hf_compat import drain_gloo_workers, loss_num_items_refusal, track_group_holder
+from ._hf_compat import drain_gloo_workers, track_group_holder
 from .accelerate import cp_coordinates
 from .config import ATACConfig
 from .data import build_packed_dataloader, check_collator, check_dataset_columns, is_streaming_dataset
 from .layout import warn_placement
 from .sharder import (BatchSharder, check_position_limit, model_kv_bytes_per_token, prepare_model,
                       unwrap_base_model)
-from .stream_state import STREAM_STATE_NAME, StreamResumeMixin
+from .stream_state import STREAM_STATE_NAME, StreamResumeMixin, stream_dispatch
 from .tensor_parallel import apply_tensor_parallel, dp_cp_group, full_state_dict, remap_optimizer_params
 from .tensor_parallel import sync_tp_gradients
+from .trainer_guards import (LossGuardMixin, check_best_metric, check_label_names, install_loss_override_check,
+                             loss_scale_refusal, release_eval_preparation)
 
 __all__ = ["ATACTrainer", "SAMPLER_STATE_NAME", "STREAM_STATE_NAME"]
 
@@ -136,19 +141,8 @@ def _sampling_strategy(args: TrainingArguments) -> str:
     return str(strategy)
 
 
-def _stream_dispatch(args: TrainingArguments) -> None:
-    """Streaming datasets: every process packs the stream itself and Accelerate deals the rows
-    (``dispatch_batches=False``); rows differ in length, so a dispatcher could not concatenate them."""
-    acc = args.accelerator_config
-    if getattr(acc, "dispatch_batches", None):
-        raise ValueError("accelerator_config.dispatch_batches=True with a streaming dataset: ATACTrainer packs the "
-                         "stream on every process and deals rows round-robin; set dispatch_batches to None or False")
-    if getattr(acc, "split_batches", False):
-        raise ValueError("accelerator_config.split_batches=True with a streaming dataset: a batch is one packed row "
-                         "and cannot be split; set split_batches=False")
-    acc.dispatch_batches = False
 
-class ATACTrainer(StreamResumeMixin, Trainer):
+class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
     """``Trainer`` that packs with WFAP and shards every pack over a CP group with ATP-CP.
 
     Args:
@@ -209,9 +203,10 @@ class ATACTrainer(StreamResumeMixin, Trainer):
                 raise ValueError(f"dataloader_num_workers={args.dataloader_num_workers} with a streaming dataset: the "
                                  "stream is packed by one sequential, resumable packer, which cannot be split over "
                                  "DataLoader workers; set dataloader_num_workers to 0 or 1")
-            _stream_dispatch(args)
+            stream_dispatch(args)
         _default_device_args(args, model)
         _check_args(args, config)
+        check_best_metric(args, config.cp_size)
         config.check_runtime(args.device.type)
         fsdp = bool(args.fsdp) or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
         # every refusal comes before the model and args change (a refused operation changes nothing)
@@ -236,9 +231,10 @@ class ATACTrainer(StreamResumeMixin, Trainer):
         for key, ds in evals.items():
             check_position_limit(model, ds, config, f"eval_dataset[{key!r}]" if key else "eval_dataset")
         stale = getattr(unwrap_base_model(model), "accepts_loss_kwargs", None) is False  # _hf_compat 7
-        if why := loss_num_items_refusal(model) if stale else None:  # checked before any change
-            raise ValueError(f"{type(unwrap_base_model(model)).__name__} declares accepts_loss_kwargs=False and {why}; "
-                             "ATP-CP needs the loss as the target sum over num_items_in_batch (not a per-rank mean)")
+        if why := loss_scale_refusal(model, stale, config.cp_size):  # checked before any change
+            raise ValueError(f"{type(unwrap_base_model(model)).__name__}{' declares accepts_loss_kwargs=False and' * stale}"
+                             f" {why}; ATP-CP needs the loss as the target sum over num_items_in_batch (a per-rank "
+                             f"mean is cp_size={config.cp_size} times the loss and gradients)")
         args.parallelism_config = pc
         warn_placement(pc, fsdp=fsdp)
         prepare_model(model, config)
@@ -257,6 +253,7 @@ class ATACTrainer(StreamResumeMixin, Trainer):
                                                      timeout_s=config.collective_timeout_s)
         track_group_holder(self, self.accelerator)  # state and cp_group outlive end_training: _hf_compat (6, 8)
         self.atac_tp_size = int(args.parallelism_config.tp_size)
+        install_loss_override_check(self, LossGuardMixin, config.cp_size * self.atac_tp_size)
         self.atac_tp_rank = 0
         if self.atac_tp_size > 1:  # the model's own tp_plan on the mesh's "tp" axis (after the checks above)
             mesh = self.accelerator.torch_device_mesh
@@ -396,6 +393,7 @@ class ATACTrainer(StreamResumeMixin, Trainer):
                               "returns the loss (prediction_loss_only=True)", stacklevel=2)
                 self._atac_warned_logits = True
             prediction_loss_only = True
+        check_label_names(self, inputs)
         return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
 
     # ------------------------------------------------------------------ logging
@@ -450,6 +448,7 @@ class ATACTrainer(StreamResumeMixin, Trainer):
         try:
             if self._atac_resume_dir is not None and is_streaming_dataset(self.train_dataset):
                 self._atac_stream_check_resume(self._atac_resume_dir)  # before Trainer loads anything
+            release_eval_preparation(self)  # an evaluate() before train() must not keep DDP off
             return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             self._atac_resume_dir = None

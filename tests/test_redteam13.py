@@ -1,0 +1,142 @@
+"""Red-team 13: a user of stock ``Trainer`` switching to ``ATACTrainer`` with the Trainer features they rely on.
+
+Under CP 2 (2 gloo processes, ``tests/_redteam13_worker.py``): an ``evaluate()`` or ``predict()``
+before ``train()`` left the model without DDP (Accelerate's evaluation-mode prepare marks it
+prepared), so the CP ranks' gradient shares were never summed and their weights drifted apart; a
+``compute_loss`` override returning ``model(**inputs).loss`` trained on half the loss; a model whose
+loss ignores ``num_items_in_batch`` trained on twice it. In one process: ``metric_for_best_model``
+naming a ``compute_metrics`` metric (never reported under CP) and ``label_names`` the packed batch
+does not hold failed late or in other words.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _launch import ROOT, torchrun  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cp2(tmp_path_factory):
+    out = tmp_path_factory.mktemp("rt13") / "cp2.json"
+    torchrun(2, ROOT / "tests" / "_redteam13_worker.py", out, timeout=600)
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first", ["evaluate_first", "predict_first"])
+def test_training_after_an_evaluation_sums_the_cp_ranks_gradients(cp2, first):
+    ref, got = cp2["train_only"], cp2[first]
+    assert got["wrapper"] == ref["wrapper"] == "DistributedDataParallel"
+    np.testing.assert_allclose(got["sums"][0], got["sums"][1], rtol=0, atol=1e-9)  # the ranks agree
+    np.testing.assert_allclose(got["sums"], ref["sums"], rtol=1e-9)
+    np.testing.assert_allclose(got["loss"], ref["loss"], rtol=1e-6)
+    np.testing.assert_allclose(got["eval_after"], ref["eval_after"], rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_compute_loss_override_that_bypasses_trainer_is_refused_before_any_step(cp2):
+    got = cp2["plain"]
+    assert got["error"] and "PlainLoss.compute_loss returned a loss without calling super().compute_loss" in got["error"]
+    assert "cp_size=1" in got["error"]
+    assert got["after"] == got["before"]  # refused before the backward: no weight changed
+
+
+@pytest.mark.slow
+def test_a_compute_loss_override_through_super_trains_as_without_it(cp2):
+    np.testing.assert_allclose(cp2["super"]["loss"], cp2["train_only"]["loss"], rtol=1e-6)
+    np.testing.assert_allclose(cp2["super"]["sums"], cp2["train_only"]["sums"], rtol=1e-9)
+
+
+@pytest.mark.slow
+def test_a_model_whose_loss_ignores_num_items_is_refused_under_cp(cp2):
+    got = cp2["mean_model"]
+    assert got["error"] and "MeanLossLlama" in got["error"] and "its loss ignores num_items_in_batch" in got["error"]
+    assert "cp_size=2" in got["error"]
+    assert got["attn"] != "atac_cp"  # refused before the model was switched
+
+
+# ------------------------------------------------------------------ in one process
+def _tiny():
+    from transformers import AutoModelForCausalLM
+
+    from atac_hf.integrations.demo import tiny_llama_config
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(tiny_llama_config(hidden_size=32, num_layers=1, vocab_size=64,
+                                                              max_position_embeddings=512))
+
+
+def _ds(n=12):
+    from datasets import Dataset
+
+    g = torch.Generator().manual_seed(0)
+    return Dataset.from_list([{"input_ids": torch.randint(3, 64, (int(L),), generator=g).tolist()}
+                              for L in torch.randint(5, 60, (n,), generator=g)])
+
+
+def _args(tmp_path, **kw):
+    from transformers import TrainingArguments
+
+    kw = {"save_strategy": "no", **kw}
+    return TrainingArguments(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=1, report_to="none",
+                             disable_tqdm=True, use_cpu=True, **kw)
+
+
+@pytest.mark.parametrize("metric", ["accuracy", "eval_accuracy"])
+def test_metric_for_best_model_from_compute_metrics_is_refused_under_cp(tmp_path, metric):
+    from atac_hf.integrations import ATACConfig, ATACTrainer
+
+    model = _tiny()
+    args = _args(tmp_path, eval_strategy="steps", eval_steps=1, save_strategy="steps", save_steps=1, load_best_model_at_end=True,
+                 metric_for_best_model=metric)
+    with pytest.raises(ValueError, match=rf"metric_for_best_model='{metric}' with cp_size=2: .*compute_metrics is "
+                                         r"not run.*Set metric_for_best_model='loss'"):
+        ATACTrainer(model=model, args=args, train_dataset=_ds(), eval_dataset=_ds(),
+                    compute_metrics=lambda p: {"accuracy": 1.0}, atac_config=ATACConfig(cp_size=2, max_tokens=128))
+    assert model.config._attn_implementation != "atac_cp"  # a refused operation changes nothing
+
+
+def test_metric_for_best_model_on_the_loss_is_taken(tmp_path):
+    from atac_hf.integrations.trainer_guards import check_best_metric
+
+    for name in ("loss", "eval_loss", "eval_valid_loss", None):
+        check_best_metric(type("A", (), {"metric_for_best_model": name})(), cp_size=2)
+    check_best_metric(type("A", (), {"metric_for_best_model": "accuracy"})(), cp_size=1)  # metrics run at CP 1
+
+
+def test_label_names_the_packed_batch_lacks_are_refused_in_words(tmp_path):
+    from atac_hf.integrations import ATACConfig, ATACTrainer
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tr = ATACTrainer(model=_tiny(), args=_args(tmp_path, label_names=["labels", "my_weights"]),
+                         train_dataset=_ds(), eval_dataset=_ds(), atac_config=ATACConfig(cp_size=1, max_tokens=128))
+        with pytest.raises(ValueError, match=r"label_names=\['labels', 'my_weights'\]: the packed batch has no "
+                                             r"'my_weights'.*label_names=\['labels'\]"):
+            tr.evaluate()
+
+
+def test_the_loss_probe_refuses_only_a_loss_shown_to_ignore_num_items():
+    from atac_hf.integrations.trainer_guards import loss_scale_refusal
+
+    class Broken(torch.nn.Module):  # a model the 4-token check cannot run: not refused (no verdict)
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, **kw):
+            raise RuntimeError("needs pixel_values")
+
+    assert loss_scale_refusal(Broken(), stale=False, cp_size=2) is None
+    assert "failed" in loss_scale_refusal(Broken(), stale=True, cp_size=2)  # declared stale: shown or refused
+    assert loss_scale_refusal(_tiny(), stale=False, cp_size=2) is None  # a stock model honours it
+    assert loss_scale_refusal(Broken(), stale=False, cp_size=1) is None  # not checked without CP
