@@ -22,17 +22,19 @@ from _integration_worker import dataset, model  # noqa: E402
 torch.set_num_threads(1)
 
 
-def make(cls, out_dir: str, m=None, eval_ds=None):
+def make(cls, out_dir: str, m=None, eval_ds=None, train_ds=None, **kw):
     from transformers import PrinterCallback, TrainingArguments
 
     from atac_hf.integrations import ATACConfig
 
+    kw = {"max_steps": 3, **kw}
     args = TrainingArguments(
-        output_dir=out_dir, max_steps=3, optim="sgd", learning_rate=0.5, lr_scheduler_type="constant",
+        output_dir=out_dir, optim="sgd", learning_rate=0.5, lr_scheduler_type="constant",
         max_grad_norm=0.0, weight_decay=0.0, logging_steps=1, per_device_train_batch_size=1,
         per_device_eval_batch_size=1, use_cpu=True, report_to=[], seed=0, save_strategy="no", disable_tqdm=True,
-        log_level="error", ddp_find_unused_parameters=False)
-    t = cls(model=m if m is not None else model(), args=args, train_dataset=dataset(60, seed=1),
+        log_level="error", ddp_find_unused_parameters=False, **kw)
+    t = cls(model=m if m is not None else model(), args=args,
+            train_dataset=dataset(60, seed=1) if train_ds is None else train_ds,
             eval_dataset=eval_ds, atac_config=ATACConfig(cp_size=2, max_tokens=384, min_chunk=8))
     t.remove_callback(PrinterCallback)
     return t
@@ -106,6 +108,13 @@ def main(out_path: str) -> None:
         res["mean_model"] = {"error": None}
     except ValueError as e:
         res["mean_model"] = {"error": str(e), "attn": mean_model.config._attn_implementation}
+    # tokens seen: a 1-token pack (padded to one token per CP rank) counts 1
+    import datasets
+
+    t = make(ATACTrainer, os.path.join(tmp, "tokens"), train_ds=datasets.Dataset.from_dict({"input_ids": [[5]]}),
+             max_steps=1, include_num_input_tokens_seen="all")
+    t.train()
+    res["tokens_tiny"] = t.state.num_input_tokens_seen
     if int(os.environ.get("RANK", "0")) == 0:
         with open(out_path, "w") as f:
             json.dump(res, f)

@@ -140,3 +140,11 @@ def test_the_loss_probe_refuses_only_a_loss_shown_to_ignore_num_items():
     assert "failed" in loss_scale_refusal(Broken(), stale=True, cp_size=2)  # declared stale: shown or refused
     assert loss_scale_refusal(_tiny(), stale=False, cp_size=2) is None  # a stock model honours it
     assert loss_scale_refusal(Broken(), stale=False, cp_size=1) is None  # not checked without CP
+
+
+
+@pytest.mark.slow
+def test_tokens_seen_count_a_tiny_pack_without_its_padding(cp2):
+    """A 1-token pack is padded to one token per CP rank; the count is the pack's (the general case,
+    CP 2 against CP 1 on 160 samples, is in test_integration_trainer)."""
+    assert cp2["tokens_tiny"] == 1

@@ -355,18 +355,17 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
         training = bool(getattr(self, "_atac_training_step", False))
         local = self.atac_sharder(inputs, record=training)
         if training:
-            self._atac_local_ids = local["input_ids"]
             self._atac_docs_trained += self.atac_sharder.last_stats.num_docs
         return contextlib.nullcontext, local
 
     def _track_num_input_tokens(self, inputs):
-        # Trainer sums the count over the world: count this rank's share of the pack, not the full
-        # copy, and only once per TP group (its ranks hold the same tokens)
-        local = getattr(self, "_atac_local_ids", None)
-        if (self.atac_config.cp_size > 1 or self.atac_tp_size > 1) and local is not None:
-            main = getattr(self.model, "main_input_name", "input_ids")
+        # Trainer sums the count over the world: count each replica's full pack once, on its first CP and
+        # TP rank (not the tokens each rank holds: a pack shorter than cp_size is padded to one per rank)
+        main = getattr(self.model, "main_input_name", "input_ids")
+        ids = inputs.get(main)
+        if (self.atac_config.cp_size > 1 or self.atac_tp_size > 1) and isinstance(ids, torch.Tensor):
             inputs = {k: v for k, v in inputs.items() if k != main and k != "attention_mask"}
-            inputs[main] = local if self.atac_tp_rank == 0 else local[:, :0]
+            inputs[main] = ids if self.cp_rank == 0 and self.atac_tp_rank == 0 else ids[:, :0]
         return super()._track_num_input_tokens(inputs)
 
     def floating_point_ops(self, inputs: dict[str, Any]) -> int:
