@@ -100,10 +100,9 @@ def release_eval_preparation(trainer: Any) -> None:
     so that ``train()`` wraps it in DDP. Only where Accelerate would wrap it: several processes, no
     FSDP or DeepSpeed (whose evaluation prepare wraps or shards the model itself), no tensor
     parallelism (no DDP wrapper; its gradients are averaged by ``training_step``)."""
-    model = trainer.model
-    if (trainer.args.world_size <= 1 or trainer.model_wrapped is not model
-            or not getattr(model, "_is_accelerate_prepared", False)
-            or trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled or trainer.atac_tp_size > 1):
+    model = getattr(trainer, "model", None)
+    if (not getattr(model, "_is_accelerate_prepared", False) or trainer.model_wrapped is not model
+            or trainer.args.world_size <= 1 or trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled or trainer.atac_tp_size > 1):
         return
     del model._is_accelerate_prepared
     models = trainer.accelerator._models
