@@ -11,6 +11,7 @@ Prints the pack's loss per optimizer step (identical for any cp_size) and the pl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 import torch
@@ -56,26 +57,28 @@ def main(argv=None) -> int:
         sampler.set_epoch(epoch)  # new packs each epoch (packed_dataloader keeps the loader in step)
         it = iter(loader)
         while step < args.max_steps:
-            batches = [b for _, b in zip(range(GA), it)]
-            if len(batches) < GA:
+            batches = [b for _, b in zip(range(GA), it)]   # the step's packs (fewer at the epoch's end)
+            if not batches:
                 break
             n_items = accelerator.count_items(batches)                  # global target count of the step
             step_loss, stats = 0.0, []
-            for batch in batches:
-                with accelerator.accumulate(model):
+            for i, batch in enumerate(batches):
+                # gradients are synced on the step's last pack only: accelerator.accumulate() cannot tell
+                # which that is here (the loader is read ahead to the step's end, and it would sync there)
+                with contextlib.nullcontext() if i == len(batches) - 1 else accelerator.no_sync(model):
                     inputs = accelerator.shard(batch, num_items_in_batch=n_items)
                     loss = model(**inputs).loss
                     accelerator.backward(loss)   # DDP/FSDP mean over dp x cp == sum of the CP shares
-                    optimizer.step()
-                    optimizer.zero_grad()
                 step_loss += accelerator.reduce_loss(loss).item()
                 stats.append(accelerator.sharder.last_stats)
+            optimizer.step()                     # one update per step, the epoch's last (shorter) one too
+            optimizer.zero_grad()
             step += 1
             if accelerator.is_main_process:
                 imb = sum(s.imbalance for s in stats) / len(stats)
                 kv = sum(s.kv_mb for s in stats) / len(stats)
                 print(f"step {step:3d} | loss {step_loss:.6f} | imbalance {imb:.3f} | kv_mb {kv:.3f} | tokens "
-                      f"{sum(s.num_tokens for s in stats)}", flush=True)
+                      f"{sum(s.num_tokens for s in stats)} | packs {len(stats)}", flush=True)
         epoch += 1
     accelerator.wait_for_everyone()
     accelerator.end_training()

@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 from accelerate import Accelerator, PartialState
 from accelerate.parallelism_config import ParallelismConfig
+from accelerate.scheduler import AcceleratedScheduler
 from accelerate.utils import DistributedType, InitProcessGroupKwargs
 
 from ._hf_compat import bypass_torch_cp_hooks, drain_gloo_workers, track_group_holder, validate_parallelism_on_cpu
@@ -212,6 +213,28 @@ def _fsdp_requested(kwargs: Mapping[str, Any]) -> bool:
     return kwargs.get("fsdp_plugin") is not None or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
 
 
+class ReplicaStepScheduler(AcceleratedScheduler):
+    """Accelerate's scheduler wrapper, stepped once per DP replica at each optimizer step. Accelerate's
+    steps once per process (each brings its own batch), but the CP and TP ranks of a replica train on
+    one batch: a schedule sized for one device would otherwise run ``cp_size x tp_size`` times too fast."""
+
+    def __init__(self, prepared: AcceleratedScheduler, replicas: int) -> None:
+        super().__init__(prepared.scheduler, prepared.optimizers, step_with_optimizer=prepared.step_with_optimizer,
+                         split_batches=prepared.split_batches)
+        self.replicas = replicas
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        if self.split_batches or not self.step_with_optimizer or not self.gradient_state.sync_gradients:
+            return super().step(*args, **kwargs)
+        if any(opt.step_was_skipped for opt in self.optimizers):
+            return None
+        for _ in range(self.replicas):
+            total = getattr(self.scheduler, "total_steps", None)  # OneCycleLR: never past its last step
+            if total is None or self.scheduler._step_count <= total:
+                self.scheduler.step(*args, **kwargs)
+        return None
+
+
 class ATACAccelerator(Accelerator):
     """An ``Accelerator`` with an ATP-CP mesh, for plain training loops.
 
@@ -291,6 +314,29 @@ class ATACAccelerator(Accelerator):
                     remap_optimizer_params(optimizers, old, dict(obj.named_parameters()))
         return super().prepare(*args, **kwargs)
 
+    def prepare_scheduler(self, scheduler: Any):
+        """``Accelerator.prepare_scheduler``, stepped once per DP replica (:class:`ReplicaStepScheduler`):
+        size the schedule in optimizer steps, as on one device."""
+        prepared = super().prepare_scheduler(scheduler)
+        if type(prepared) is AcceleratedScheduler and self.dp_size != self.num_processes:
+            wrapped = ReplicaStepScheduler(prepared, self.dp_size)
+            self._schedulers[self._schedulers.index(prepared)] = wrapped
+            return wrapped
+        return prepared
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """``Accelerator.register_for_checkpointing``; a packed loader's sampler is refused (see the error)."""
+        from ..packing.data.sampler import WFAPBatchSampler
+
+        if any(isinstance(o, WFAPBatchSampler) for o in objects):
+            raise ValueError(
+                "register_for_checkpointing(sampler): save_state would store the batches the sampler has drawn, "
+                "and Accelerate's loader draws one batch per process ahead of the loop, so a resume would skip "
+                "them. Save sampler.state_dict(position=optimizer_steps_done x gradient_accumulation_steps x "
+                f"{self.dp_size} (DP replicas)) with your checkpoint and pass it to sampler.load_state_dict on "
+                "resume, or resume with accelerator.skip_first_batches(loader, batches_done)")
+        super().register_for_checkpointing(*objects)
+
     def _setup_model(self, model: torch.nn.Module) -> None:
         prepare_model(model, self.atac_config)
         if self.tp_size > 1:
@@ -328,6 +374,12 @@ class ATACAccelerator(Accelerator):
         """
         from .data import build_packed_dataloader
 
+        dl = getattr(self, "dataloader_config", None)
+        for flag in ("dispatch_batches", "split_batches"):
+            if getattr(dl, flag, None):
+                raise ValueError(f"DataLoaderConfiguration({flag}=True): a packed batch is one row of up to max_tokens "
+                                 "tokens, dealt whole to each DP replica by the WFAP sampler; it cannot be dispatched "
+                                 f"from one process or split; leave {flag} unset (False)")
         cost = self.sharder.cost_model if self.sharder is not None else None
         loader, sampler = build_packed_dataloader(dataset, self.atac_config, num_replicas=self.dp_size,
                                                   grad_accum=self.gradient_accumulation_steps, seed=seed,
@@ -366,17 +418,20 @@ class ATACAccelerator(Accelerator):
         if self.sharder is None:
             raise RuntimeError("call accelerator.prepare(model, ...) before shard(): it selects the atac_cp "
                                "attention and builds the planner's cost model")
+        # gradient accumulation scales a training loss only (no_grad: an evaluation's batch is its own mean)
+        self._loss_ga = self.gradient_accumulation_steps if torch.is_grad_enabled() else 1
         if num_items_in_batch is None:  # this micro-batch's mean: the step averages the micro-batches' means
             norm = max(float(self.count_items(batch)), 1.0) / (self.num_processes // self.tp_size)
         else:
-            norm = max(float(num_items_in_batch), 1.0) / (self.num_processes // self.tp_size
-                                                          * self.gradient_accumulation_steps)
+            norm = max(float(num_items_in_batch), 1.0) / (self.num_processes // self.tp_size * self._loss_ga)
         return self.sharder(batch, num_items_in_batch=norm)
 
     def reduce_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """The micro-batch's loss (its share of the step's mean) from the per-rank loss of :meth:`shard`.
 
-        Collective. Without gradient accumulation this is the step's loss. (With TP every TP rank
+        Collective: every rank calls it (not under ``if accelerator.is_main_process``). Without gradient
+        accumulation, and for a batch sharded under ``torch.no_grad()`` (evaluation), this is the
+        batch's loss. (With TP every TP rank
         holds the same loss, scaled by ``num_processes / tp_size``: the world sum over
         ``num_processes`` is the same figure.)
         """
@@ -386,4 +441,4 @@ class ATACAccelerator(Accelerator):
         total = loss.detach().clone()
         if self.num_processes > 1:
             dist.all_reduce(total)
-        return total / (self.num_processes * self.gradient_accumulation_steps)
+        return total / (self.num_processes * getattr(self, "_loss_ga", self.gradient_accumulation_steps))
