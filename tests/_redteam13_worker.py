@@ -53,7 +53,7 @@ def losses(t) -> list[float]:
 
 
 def main(out_path: str) -> None:
-    from transformers import LlamaForCausalLM
+    from transformers import LlamaForCausalLM, Trainer
 
     from atac_hf.integrations import ATACTrainer
 
@@ -81,6 +81,14 @@ def main(out_path: str) -> None:
                                        num_items_in_batch=num_items_in_batch)
             return got if return_outputs else got + 0.0
 
+    class DirectLoss(ATACTrainer):  # Trainer's loss called by name, not through super(): exact too
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            return Trainer.compute_loss(self, model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+
+    t = make(DirectLoss, os.path.join(tmp, "direct"))
+    t.train()
+    res["direct"] = {"loss": losses(t), "sums": per_rank_sum(t)}
     t = make(PlainLoss, os.path.join(tmp, "plain"))
     before = per_rank_sum(t)
     try:

@@ -43,6 +43,9 @@ def main(out_path: str) -> None:
     with torch.no_grad():
         res["eval_ga2"] = float(acc.reduce_loss(m(**acc.shard(batch)).loss))
         res["eval_ga2_count"] = float(acc.reduce_loss(m(**acc.shard(batch, num_items_in_batch=acc.count_items(batch))).loss))
+    inputs = acc.shard(batch)  # sharded with grad on, the forward under no_grad: still the batch's own mean
+    with torch.no_grad():
+        res["eval_ga2_late"] = float(acc.reduce_loss(m(**inputs).loss))
     acc.gradient_accumulation_steps = 1
     with torch.no_grad():
         res["eval_ga1"] = float(acc.reduce_loss(m(**acc.shard(batch)).loss))

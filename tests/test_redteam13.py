@@ -51,9 +51,10 @@ def test_a_compute_loss_override_that_bypasses_trainer_is_refused_before_any_ste
 
 
 @pytest.mark.slow
-def test_a_compute_loss_override_through_super_trains_as_without_it(cp2):
-    np.testing.assert_allclose(cp2["super"]["loss"], cp2["train_only"]["loss"], rtol=1e-6)
-    np.testing.assert_allclose(cp2["super"]["sums"], cp2["train_only"]["sums"], rtol=1e-9)
+@pytest.mark.parametrize("how", ["super", "direct"])  # super().compute_loss, Trainer.compute_loss(self, ...)
+def test_a_compute_loss_override_through_trainers_trains_as_without_it(cp2, how):
+    np.testing.assert_allclose(cp2[how]["loss"], cp2["train_only"]["loss"], rtol=1e-6)
+    np.testing.assert_allclose(cp2[how]["sums"], cp2["train_only"]["sums"], rtol=1e-9)
 
 
 @pytest.mark.slow
@@ -140,6 +141,41 @@ def test_the_loss_probe_refuses_only_a_loss_shown_to_ignore_num_items():
     assert "failed" in loss_scale_refusal(Broken(), stale=True, cp_size=2)  # declared stale: shown or refused
     assert loss_scale_refusal(_tiny(), stale=False, cp_size=2) is None  # a stock model honours it
     assert loss_scale_refusal(Broken(), stale=False, cp_size=1) is None  # not checked without CP
+
+    class NaNLoss(torch.nn.Module):  # an overflowing check (fp16): no verdict, not refused under CP
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, **kw):
+            return type("Out", (), {"loss": torch.tensor(float("nan"))})()
+
+    assert loss_scale_refusal(NaNLoss(), stale=False, cp_size=2) is None
+    assert "gave nan" in loss_scale_refusal(NaNLoss(), stale=True, cp_size=2)
+
+
+def test_release_eval_preparation_resets_a_compiled_copy_too():
+    """With torch_compile the evaluation prepare marks a compiled copy (``_orig_mod`` is the model) and
+    Trainer holds it as model_wrapped, which train() would take as wrapped already (no DDP)."""
+    from types import SimpleNamespace
+
+    from atac_hf.integrations.trainer_guards import release_eval_preparation
+
+    model = torch.nn.Linear(2, 2)
+    compiled = SimpleNamespace(_orig_mod=model, _is_accelerate_prepared=True)
+    other = torch.nn.Linear(2, 2)
+    acc = SimpleNamespace(_models=[compiled, other])
+    args = SimpleNamespace(world_size=2, torch_compile=True)
+    tr = SimpleNamespace(model=model, model_wrapped=compiled, accelerator=acc, args=args, is_deepspeed_enabled=False,
+                         is_fsdp_enabled=True, atac_tp_size=1)
+    release_eval_preparation(tr)
+    assert tr.model_wrapped is model and acc._models == [other]
+    assert not hasattr(compiled, "_is_accelerate_prepared")
+    tr.args = SimpleNamespace(world_size=2, torch_compile=False)  # FSDP's own evaluation prepare: left alone
+    model._is_accelerate_prepared = True
+    tr.model_wrapped, acc._models = model, [model]
+    release_eval_preparation(tr)
+    assert acc._models == [model] and model._is_accelerate_prepared
 
 
 

@@ -39,6 +39,7 @@ def test_a_prepared_scheduler_steps_once_per_optimizer_step_under_cp(cp2):
 def test_an_evaluation_loss_is_the_batch_loss_whatever_the_accumulation(cp2):
     assert cp2["eval_ga2"] == pytest.approx(cp2["eval_ga1"], rel=1e-6)
     assert cp2["eval_ga2_count"] == pytest.approx(cp2["eval_ga1"], rel=1e-6)
+    assert cp2["eval_ga2_late"] == pytest.approx(cp2["eval_ga1"], rel=1e-6)  # shard() outside no_grad
 
 
 @pytest.mark.slow

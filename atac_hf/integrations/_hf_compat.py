@@ -195,8 +195,9 @@ def loss_num_items_refusal(model: Any, rtol: float = 1e-5) -> str | None:
         return f"the check of its loss on a 4-token row failed ({type(e).__name__}: {str(e)[:200]})"
     finally:
         model.train(training)
-    if (bool(torch.isfinite(mean)) and torch.allclose(one, 3 * mean, rtol=rtol)
-            and torch.allclose(three, mean, rtol=rtol)):
+    if not bool(torch.isfinite(mean)):
+        return f"the check of its loss on a 4-token row gave {float(mean)}"
+    if torch.allclose(one, 3 * mean, rtol=rtol) and torch.allclose(three, mean, rtol=rtol):
         return None
     return (f"its loss ignores num_items_in_batch (a 4-token row: {float(one):.4g} with 1 item, {float(three):.4g} "
             f"with 3, mean {float(mean):.4g})")

@@ -418,20 +418,20 @@ class ATACAccelerator(Accelerator):
         if self.sharder is None:
             raise RuntimeError("call accelerator.prepare(model, ...) before shard(): it selects the atac_cp "
                                "attention and builds the planner's cost model")
-        # gradient accumulation scales a training loss only (no_grad: an evaluation's batch is its own mean)
-        self._loss_ga = self.gradient_accumulation_steps if torch.is_grad_enabled() else 1
+        self._atac_counted = num_items_in_batch is not None  # how reduce_loss undoes the scale
         if num_items_in_batch is None:  # this micro-batch's mean: the step averages the micro-batches' means
             norm = max(float(self.count_items(batch)), 1.0) / (self.num_processes // self.tp_size)
         else:
-            norm = max(float(num_items_in_batch), 1.0) / (self.num_processes // self.tp_size * self._loss_ga)
+            norm = max(float(num_items_in_batch), 1.0) / (self.num_processes // self.tp_size
+                                                          * self.gradient_accumulation_steps)
         return self.sharder(batch, num_items_in_batch=norm)
 
     def reduce_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """The micro-batch's loss (its share of the step's mean) from the per-rank loss of :meth:`shard`.
 
         Collective: every rank calls it (not under ``if accelerator.is_main_process``). Without gradient
-        accumulation, and for a batch sharded under ``torch.no_grad()`` (evaluation), this is the
-        batch's loss. (With TP every TP rank
+        accumulation, and for a loss computed without a graph (evaluation under ``torch.no_grad()``)
+        from ``shard(batch)``, this is the batch's loss. (With TP every TP rank
         holds the same loss, scaled by ``num_processes / tp_size``: the world sum over
         ``num_processes`` is the same figure.)
         """
@@ -441,4 +441,8 @@ class ATACAccelerator(Accelerator):
         total = loss.detach().clone()
         if self.num_processes > 1:
             dist.all_reduce(total)
-        return total / (self.num_processes * getattr(self, "_loss_ga", self.gradient_accumulation_steps))
+        # a micro-batch's mean (no count) is a share of the step's only in training: an evaluation loss
+        # (no graph: computed under no_grad / inference_mode) is the batch's own mean
+        counted = getattr(self, "_atac_counted", True)
+        ga = self.gradient_accumulation_steps if counted or loss.requires_grad else 1
+        return total / (self.num_processes * ga)

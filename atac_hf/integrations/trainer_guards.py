@@ -28,15 +28,26 @@ from ._hf_compat import loss_num_items_refusal
 
 
 class LossGuardMixin:
-    """``compute_loss`` records that Trainer's loss was reached (see :func:`install_loss_override_check`)."""
+    """Records that Trainer's loss was reached (see :func:`install_loss_override_check`): through
+    ``super().compute_loss``, or ``Trainer.compute_loss(self, ...)`` called directly (it reads
+    ``compute_loss_func`` first)."""
 
     def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any):
         self._atac_loss_reached = True
         return super().compute_loss(model, inputs, *args, **kwargs)
 
+    @property
+    def compute_loss_func(self) -> Any:
+        self._atac_loss_reached = True
+        return self.__dict__.get("_atac_compute_loss_func")
+
+    @compute_loss_func.setter
+    def compute_loss_func(self, value: Any) -> None:
+        self.__dict__["_atac_compute_loss_func"] = value
+
 
 def install_loss_override_check(trainer: Any, base: type, shards: int) -> None:
-    """Where ``type(trainer)`` overrides ``compute_loss`` and a pack is sharded over ``shards`` > 1 ranks,
+    """Where ``type(trainer)`` overrides ``compute_loss`` and a pack is sharded over ``shards`` > 1 CP ranks,
     wrap the instance's ``compute_loss`` so that a call that returns without reaching ``base``'s
     (:class:`LossGuardMixin`'s) raises, before Trainer runs the backward."""
     if shards <= 1 or type(trainer).compute_loss is base.compute_loss:
@@ -72,7 +83,7 @@ def loss_scale_refusal(model: Any, stale: bool, cp_size: int) -> str | None:
     config = getattr(unwrap_base_model(model), "config", None)
     if cp_size <= 1 or config is not None and router_loss_refusal(config) is not None:
         return None  # an MoE router loss is refused, in its own words, where the model is prepared
-    why = loss_num_items_refusal(model, rtol=1e-2)
+    why = loss_num_items_refusal(model, rtol=1e-2)  # only a verdict refuses (not a failed or non-finite check)
     return why if why is not None and why.startswith("its loss ignores") else None
 
 
@@ -97,13 +108,19 @@ def check_label_names(trainer: Any, inputs: Any) -> None:
 
 def release_eval_preparation(trainer: Any) -> None:
     """Clear the "prepared" mark an evaluation left on the unwrapped model (see the module docstring),
-    so that ``train()`` wraps it in DDP. Only where Accelerate would wrap it: several processes, no
-    FSDP or DeepSpeed (whose evaluation prepare wraps or shards the model itself), no tensor
-    parallelism (no DDP wrapper; its gradients are averaged by ``training_step``)."""
+    (or on its compiled copy, with ``torch_compile``), so that ``train()`` wraps it in DDP. Only where
+    Accelerate would wrap it: several processes, no DeepSpeed, no FSDP but with ``torch_compile`` (their
+    evaluation prepare wraps or shards the model itself), no tensor parallelism (no DDP wrapper; its
+    gradients are averaged by ``training_step``)."""
     model = getattr(trainer, "model", None)
-    if (not getattr(model, "_is_accelerate_prepared", False) or trainer.model_wrapped is not model
-            or trainer.args.world_size <= 1 or trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled or trainer.atac_tp_size > 1):
+    wrapped = getattr(trainer, "model_wrapped", None)
+    compiled = wrapped is not model and getattr(wrapped, "_orig_mod", None) is model  # torch_compile=True
+    held = [m for m in (model, wrapped if compiled else None) if getattr(m, "_is_accelerate_prepared", False)]
+    if (not held or not (wrapped is model or compiled) or trainer.args.world_size <= 1
+            or trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled and not trainer.args.torch_compile
+            or trainer.atac_tp_size > 1):
         return
-    del model._is_accelerate_prepared
-    models = trainer.accelerator._models
-    models[:] = [m for m in models if m is not model]
+    for m in held:
+        del m._is_accelerate_prepared
+    trainer.accelerator._models[:] = [m for m in trainer.accelerator._models if m is not model and m is not wrapped]
+    trainer.model_wrapped = model  # train() prepares (compiles and wraps) it again
