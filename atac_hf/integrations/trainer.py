@@ -232,9 +232,10 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
             check_position_limit(model, ds, config, f"eval_dataset[{key!r}]" if key else "eval_dataset")
         stale = getattr(unwrap_base_model(model), "accepts_loss_kwargs", None) is False  # _hf_compat 7
         if why := loss_scale_refusal(model, stale, config.cp_size):  # checked before any change
-            raise ValueError(f"{type(unwrap_base_model(model)).__name__}{' declares accepts_loss_kwargs=False and' * stale}"
-                             f" {why}; ATP-CP needs the loss as the target sum over num_items_in_batch (a per-rank "
-                             f"mean is cp_size={config.cp_size} times the loss and gradients)")
+            declared = " declares accepts_loss_kwargs=False and" if stale else ""
+            raise ValueError(f"{type(unwrap_base_model(model)).__name__}{declared} {why}; ATP-CP needs the loss as the "
+                             f"target sum over num_items_in_batch (a per-rank mean is cp_size={config.cp_size} times "
+                             "the loss and gradients)")
         args.parallelism_config = pc
         warn_placement(pc, fsdp=fsdp)
         prepare_model(model, config)
