@@ -41,6 +41,15 @@ def torchrun(nproc: int, script, *args, timeout: float = 300) -> subprocess.Comp
                 script, *args], timeout=timeout)
 
 
+def torchrun_json(nproc: int, worker: str, out_dir, timeout: float = 600) -> dict:
+    """Run ``tests/<worker>`` under torchrun with an output path and read back the JSON its rank 0 wrote."""
+    import json
+
+    out = Path(out_dir) / "out.json"
+    torchrun(nproc, ROOT / "tests" / worker, out, timeout=timeout)
+    return json.loads(out.read_text())
+
+
 def accelerate_launch(config: str, script, *args, timeout: float = 300) -> subprocess.CompletedProcess:
     return run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", ROOT / config, "--main_process_port", free_port(),
                 script, *args], timeout=timeout)

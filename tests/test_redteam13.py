@@ -11,7 +11,6 @@ does not hold failed late or in other words.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import warnings
@@ -21,14 +20,12 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _launch import ROOT, torchrun  # noqa: E402
+from _launch import torchrun_json  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def cp2(tmp_path_factory):
-    out = tmp_path_factory.mktemp("rt13") / "cp2.json"
-    torchrun(2, ROOT / "tests" / "_redteam13_worker.py", out, timeout=600)
-    return json.loads(out.read_text())
+    return torchrun_json(2, "_redteam13_worker.py", tmp_path_factory.mktemp("rt13"))
 
 
 @pytest.mark.slow

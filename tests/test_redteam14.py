@@ -11,7 +11,6 @@ optimizer updates in an epoch's last step, or dropped its leftover packs.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -20,14 +19,12 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _launch import ROOT, run, torchrun  # noqa: E402
+from _launch import run, torchrun_json  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def cp2(tmp_path_factory):
-    out = tmp_path_factory.mktemp("rt14") / "cp2.json"
-    torchrun(2, ROOT / "tests" / "_redteam14_worker.py", out, timeout=600)
-    return json.loads(out.read_text())
+    return torchrun_json(2, "_redteam14_worker.py", tmp_path_factory.mktemp("rt14"))
 
 
 @pytest.mark.slow
