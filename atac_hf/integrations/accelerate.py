@@ -286,6 +286,7 @@ class ATACAccelerator(Accelerator):
         self.tp_size = int(parallelism_config.tp_size)
         self.dp_size = self.num_processes // (config.cp_size * self.tp_size)
         self.sharder: BatchSharder | None = None
+        self._atac_counted = True  # the last shard() was given the step's count (how reduce_loss undoes the scale)
 
     def end_training(self) -> None:
         """Accelerate's ``end_training`` (trackers finished, the process group destroyed), with gloo's
@@ -418,7 +419,7 @@ class ATACAccelerator(Accelerator):
         if self.sharder is None:
             raise RuntimeError("call accelerator.prepare(model, ...) before shard(): it selects the atac_cp "
                                "attention and builds the planner's cost model")
-        self._atac_counted = num_items_in_batch is not None  # how reduce_loss undoes the scale
+        self._atac_counted = num_items_in_batch is not None
         if num_items_in_batch is None:  # this micro-batch's mean: the step averages the micro-batches' means
             norm = max(float(self.count_items(batch)), 1.0) / (self.num_processes // self.tp_size)
         else:
@@ -443,6 +444,5 @@ class ATACAccelerator(Accelerator):
             dist.all_reduce(total)
         # a micro-batch's mean (no count) is a share of the step's only in training: an evaluation loss
         # (no graph: computed under no_grad / inference_mode) is the batch's own mean
-        counted = getattr(self, "_atac_counted", True)
-        ga = self.gradient_accumulation_steps if counted or loss.requires_grad else 1
+        ga = self.gradient_accumulation_steps if self._atac_counted or loss.requires_grad else 1
         return total / (self.num_processes * ga)

@@ -254,7 +254,7 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
                                                      timeout_s=config.collective_timeout_s)
         track_group_holder(self, self.accelerator)  # state and cp_group outlive end_training: _hf_compat (6, 8)
         self.atac_tp_size = int(args.parallelism_config.tp_size)
-        install_loss_override_check(self, LossGuardMixin, config.cp_size)
+        install_loss_override_check(self, config.cp_size)
         self.atac_tp_rank = 0
         if self.atac_tp_size > 1:  # the model's own tp_plan on the mesh's "tp" axis (after the checks above)
             mesh = self.accelerator.torch_device_mesh

@@ -46,11 +46,11 @@ class LossGuardMixin:
         self.__dict__["_atac_compute_loss_func"] = value
 
 
-def install_loss_override_check(trainer: Any, base: type, shards: int) -> None:
+def install_loss_override_check(trainer: Any, shards: int) -> None:
     """Where ``type(trainer)`` overrides ``compute_loss`` and a pack is sharded over ``shards`` > 1 CP ranks,
-    wrap the instance's ``compute_loss`` so that a call that returns without reaching ``base``'s
-    (:class:`LossGuardMixin`'s) raises, before Trainer runs the backward."""
-    if shards <= 1 or type(trainer).compute_loss is base.compute_loss:
+    wrap the instance's ``compute_loss`` so that a call that returns without reaching Trainer's (as
+    :class:`LossGuardMixin` records) raises, before Trainer runs the backward."""
+    if shards <= 1 or type(trainer).compute_loss is LossGuardMixin.compute_loss:
         return
     user = trainer.compute_loss
     owner = next(c for c in type(trainer).__mro__ if "compute_loss" in vars(c))
