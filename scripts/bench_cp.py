@@ -328,7 +328,7 @@ def preset_table(rows: list[dict], preset: str) -> list[str]:
               f"calibrated-planned one's.", "",
           "| CP | pack | strategy | packs planned differently | attn max/mean: calibrated, preset "
           "| layer max/mean: calibrated, preset | layer max, preset / calibrated (mean over packs; those planned "
-          "differently: worst) | KV MB/layer: calibrated, preset |",
+          "differently: worst) | KV MiB/layer: calibrated, preset |",
           "|---:|---:|---|---:|---:|---:|---:|---:|"]
     for (cp, pack, s), cal in by.items():
         if s not in PRESET_STRATEGIES:
@@ -341,7 +341,7 @@ def preset_table(rows: list[dict], preset: str) -> list[str]:
                   f"{cal['attn max/mean']:.3f}, {pre['attn max/mean']:.3f} | "
                   f"{cal['layer max/mean']:.3f}, {pre['layer max/mean']:.3f} | "
                   f"{statistics.mean(ratios):.3f}; {worst} | "
-                  f"{cal['KV MB sent/layer']:.2f}, {pre['KV MB sent/layer']:.2f} |")
+                  f"{cal['KV MiB sent/layer']:.2f}, {pre['KV MiB sent/layer']:.2f} |")
     return md
 
 
@@ -422,7 +422,7 @@ def main(argv=None) -> int:
                     "layer max ms": 1e3 * statistics.mean(d["layer_max_s"]),
                     "step vs contiguous": sum(d["step_s"]) / base_step,
                     "step ms": 1e3 * statistics.mean(d["step_s"]),
-                    "KV MB sent/layer": statistics.mean(d["kv_mb"]),
+                    "KV MiB sent/layer": statistics.mean(d["kv_mb"]),
                     "planner ms": statistics.mean(d["plan_ms"]),
                     "layer max s per pack": d["layer_max_s"], "same plan per pack": d["same_plan"],
                 })
@@ -448,14 +448,14 @@ def main(argv=None) -> int:
           f"timings: every strategy and rank interleaved, minimum kept; steps: median).", "",
           "| CP | pack | strategy | attn max/mean (mean, worst) | layer max/mean | attn max ms | layer max ms "
           "| step vs contiguous "
-          "| step ms | KV MB sent/layer | planner ms |",
+          "| step ms | KV MiB sent/layer | planner ms |",
           "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         md.append(f"| {r['cp']} | {r['pack']} | {r['strategy']} | {r['attn max/mean']:.3f}, "
                   f"{r['attn max/mean worst']:.3f} | {r['layer max/mean']:.3f} | {r['attn max ms']:.1f} | "
                   f"{r['layer max ms']:.1f} | "
                   f"{r['step vs contiguous']:.3f} | "
-                  f"{r['step ms']:.0f} | {r['KV MB sent/layer']:.2f} | {r['planner ms']:.2f} |")
+                  f"{r['step ms']:.0f} | {r['KV MiB sent/layer']:.2f} | {r['planner ms']:.2f} |")
     if preset_cm is not None:
         md += preset_table(rows, preset_cm.name)
     md += ["", "Planner alone, 128K-token pack of 200 documents, cp_size 8 (mean of 50 calls):", "",

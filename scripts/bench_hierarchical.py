@@ -159,8 +159,8 @@ def to_markdown(results, cmd):
            "Estimates of the cost model the planners use (a 2-node CP group is priced at its inter-node link, "
            "50 GB/s against 450 GB/s NVLink); nothing here ran on a GPU.", "",
            f"Reproduce: `{cmd}`", "",
-           "| scenario | model | workload | packs | K/V recv / rank, flat AG (MB) | hier max (MB) | hier mean (MB) | "
-           "AG of hier's split docs (MB) | layer time summed, flat -> hier (ms x layers) | speedup | packs slower (worst) "
+           "| scenario | model | workload | packs | K/V recv / rank, flat AG (MiB) | hier max (MiB) | hier mean (MiB) | "
+           "AG of hier's split docs (MiB) | layer time summed, flat -> hier (ms x layers) | speedup | packs slower (worst) "
            "| packs a2a / hierarchical | hier K/V max / AG of its split docs | max/mean at 0.5x,2x attn: flat, hier "
            "| ATP plan CPU time (ms, median / p99 / max) |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

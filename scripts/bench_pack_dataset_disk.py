@@ -110,8 +110,8 @@ def main(argv=None) -> int:
                     print(f"note: {label} at {n} failed:\n{res.stderr[-2000:]}", file=sys.stderr)
                     continue
                 r = json.loads(res.stdout.strip().splitlines()[-1])
-                print(f"| {n:,} | {r['source_mb']:,.0f} MB | {label} | {r['cpu_s']:.2f} s | {r['wall_s']:.2f} s "
-                      f"| {r['peak_anon_mb']:,.0f} MB | {r['rows']:,} | {'yes' if r['on_disk'] else 'no'} |",
+                print(f"| {n:,} | {r['source_mb']:,.0f} MiB | {label} | {r['cpu_s']:.2f} s | {r['wall_s']:.2f} s "
+                      f"| {r['peak_anon_mb']:,.0f} MiB | {r['rows']:,} | {'yes' if r['on_disk'] else 'no'} |",
                       flush=True)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -180,8 +180,8 @@ def run_dataset_bench(sizes: list[int], max_tokens: int, with_trl: bool) -> tupl
             r = {"label": label, "kind": kind, "n": n, **json.loads(res.stdout.strip().splitlines()[-1])}
             rows.append(r)
             print(f"  {n:>7,} {label:38s} cpu {r['cpu_s']:.2f}s wall {r['wall_s']:.2f}s packs {r['num_packs']} "
-                  f"(lb {r['lower_bound']}) max/mean {r['imbalance_mean']:.3f} peak {r['peak_mb']:.0f} MB "
-                  f"(input {r['input_mb']:.0f} MB)", flush=True)
+                  f"(lb {r['lower_bound']}) max/mean {r['imbalance_mean']:.3f} peak {r['peak_mb']:.0f} MiB "
+                  f"(input {r['input_mb']:.0f} MiB)", flush=True)
     cols = ["samples", "packer", "CPU time", "wall time", "vs TRL (CPU)", "packs", "vs ceil(tokens / cap)",
             "max/mean pack cost (mean over windows of 64)", "vs TRL", "peak memory", "vs input Arrow size"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -195,7 +195,7 @@ def run_dataset_bench(sizes: list[int], max_tokens: int, with_trl: bool) -> tupl
                       f"| {(r['imbalance_mean'] - 1) / (trl['imbalance_mean'] - 1):.2f}x excess | "
                       if trl else f"{r['num_packs']:,} | {r['num_packs'] / r['lower_bound'] - 1:+.3%} "
                       f"| {r['imbalance_mean']:.3f} | - | ")
-        lines[-1] += f"{r['peak_mb']:,.0f} MB | {r['peak_mb'] / r['input_mb']:.2f}x |"
+        lines[-1] += f"{r['peak_mb']:,.0f} MiB | {r['peak_mb'] / r['input_mb']:.2f}x |"
     return "\n".join(lines), rows
 
 

@@ -3,6 +3,7 @@
 import argparse
 import json
 import os
+import re
 
 import pytest
 
@@ -185,3 +186,50 @@ def test_bench_reproduce_line_carries_every_option_that_changes_the_report():
                                  "--workload-file", "w.json", "--profile", "p.json", "--plots-dir", "plots"])
     assert bench_command(args) == ("atac-hf bench --output 'my docs/B.md' --workload-file w.json --plots-dir plots "
                                    "--profile p.json --scenarios tiny-a,tiny-b --seed 4")
+
+
+def _paper_grid(side_options):
+    def grid(workload_file=None):
+        c = dict(model="1b", hardware="H100", max_tokens=8192, cp_size=2, pp_size=1, dp_size=2, num_micro_batches=2)
+        return [Scenario(bench_mod.PAPER_SCENARIO, c, "longtail", 3),
+                Scenario(bench_mod.PAPER_SPLIT, c, "longtail", 3, side_options,
+                         (("sequential", "zigzag"), ("wfap", "atp")), extra=True)]
+    return grid
+
+
+def test_bench_paper_line_says_when_the_balance_split_side_run_split_nothing(monkeypatch, capsys):
+    """Red-team 16: the side run's sentence gave its (unchanged) figures as the effect of balance
+    splits where, on a short stream, no sample became overdue and nothing was split."""
+    monkeypatch.setattr(bench_mod, "default_grid", _paper_grid({"balance_split": True}))
+    assert _run(["bench", "--no-write", "--workers", "1"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("Paper-like"))
+    assert re.search(r"split no sample in this \d+-step run \(they split only heavy samples held back past "
+                     r"their deadline\): ATAC is unchanged\.$", line), line
+    # packs that differ from the paper scenario's: the side run's figures are reported
+    monkeypatch.setattr(bench_mod, "default_grid", _paper_grid({"price_band": (0.25, 4.0)}))
+    assert _run(["bench", "--no-write", "--workers", "1"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("Paper-like"))
+    assert "of the attention work (a split document loses the attention across the cut), ATAC is" in line
+
+
+def test_cluster_describe_names_the_pack_size_and_micro_batches_exactly():
+    """Red-team 16: 100,000-token packs were described as 97K, and one micro-batch as "1 micro-batches"."""
+    from atac_hf.sim import ClusterConfig
+
+    one = ClusterConfig(model="8b", hardware="H100", cp_size=2, max_tokens=100_000, num_micro_batches=1).describe()
+    assert one.endswith("1 micro-batch, 100,000-token packs")
+    four = ClusterConfig(model="8b", hardware="H100", cp_size=2, max_tokens=32768, num_micro_batches=4).describe()
+    assert four.endswith("4 micro-batches, 32K-token packs")
+
+
+def test_plan_table_labels_kv_in_mib():
+    """Red-team 16: the K/V column divides by 2**20 and was labelled MB."""
+    import contextlib
+    import io
+
+    from atac_hf.cli import main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        main(["plan", "--doc-lengths", "6000,500,300", "--cp-size", "2"])
+    assert "KV MiB" in buf.getvalue() and "KV MB" not in buf.getvalue()

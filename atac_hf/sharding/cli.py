@@ -27,7 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", help="calibration profile JSON (overrides --model/--hardware)")
     p.add_argument("--max-tokens-per-rank", type=parse_tokens, default=None, metavar="N",
                    help="token cap of one rank, e.g. 16384 or 16K (default: none)")
-    p.add_argument("--json", action="store_true", help="print one JSON object per strategy, one per line")
+    p.add_argument("--json", action="store_true", help="print one JSON object per strategy, one per line "
+                   "(kv_mb_per_layer: MiB, 2**20 bytes, as the table's KV MiB)")
     p.set_defaults(func=run)
 
 
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"no strategy fits --max-tokens-per-rank={args.max_tokens_per_rank}: {rows[0]['refused']}")
     if not args.json:
         print(f"{len(lengths)} documents, {sum(lengths)} tokens, cp_size={args.cp_size}, cost model {cm.name}")
-        print(f"{'strategy':<13}{'imbalance':>10}{'block ms':>10}{'KV MB':>9}{'anchors':>9}{'plan ms':>9}")
+        print(f"{'strategy':<13}{'imbalance':>10}{'block ms':>10}{'KV MiB':>9}{'anchors':>9}{'plan ms':>9}")
         for r in rows:
             if "refused" in r:
                 print(f"{r['strategy']:<13}  refused: over --max-tokens-per-rank={args.max_tokens_per_rank}")

@@ -41,8 +41,13 @@ class ShardPlan:
             (those need remote keys); strategies modelled on all-gather CP
             (``contiguous``, ``zigzag``) gather every document, as those systems do.
         rank_compute_s: (C,) estimated seconds of compute per rank (one layer, fwd+bwd).
-        comm_s: estimated exposed seconds of the K/V exchange (one layer, fwd+bwd).
-        block_time_s: estimated seconds of one layer for the group: max compute + comm_s.
+        comm_s: estimated seconds of the whole K/V exchange (one layer, fwd+bwd), hidden or not.
+        block_time_s: estimated seconds of one layer for the group: the slowest rank's, where a
+            rank's time is its compute with the attention of its local (whole, not gathered)
+            documents overlapping the exchange: ``compute - local_attn + max(local_attn,
+            comm_s - comm_tail_s) + comm_tail_s``. So ``max(rank_compute_s) <= block_time_s
+            <= max(rank_compute_s) + comm_s``; the exchange is exposed only where a rank's
+            local attention is shorter than it.
         kv_exchange: how gathered K/V travel: ``"all_gather"`` (every rank receives every
             gathered document) or ``"all_to_all"`` (every rank receives only the key prefixes
             its chunks attend to; see :mod:`atac_hf.sharding.exchange`). The planner picks

@@ -435,9 +435,11 @@ class ClusterConfig:
         m = self.model if isinstance(self.model, str) else f"h{d.hidden_size}x{d.num_layers}"
         src = f"profile {os.path.basename(self.profile)}" if self.profile else self.hw.name
         nodes = -(-self.world_size // self.gpus_per_node)
+        mb = self.num_micro_batches
+        tokens = f"{self.max_tokens // 1024}K" if self.max_tokens % 1024 == 0 else f"{self.max_tokens:,}"
         return (f"{m} on {src}: DP{self.dp_size} PP{self.pp_size} CP{self.cp_size} TP{self.tp_size} "
                 f"({self.world_size} GPUs, {nodes} node{'s' if nodes > 1 else ''}), "
-                f"{self.num_micro_batches} micro-batches, {self.max_tokens // 1024}K-token packs")
+                f"{mb} micro-batch{'es' if mb != 1 else ''}, {tokens}-token packs")
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

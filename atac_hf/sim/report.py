@@ -23,9 +23,11 @@ COMBO_LEGEND = (
     "device and micro-batch, 1F1B bubble and gradient all-reduce kept; 1.000 = perfectly balanced); CP imb = "
     "max/mean per-rank compute inside a pack (mean over packs); mb imb = max/mean pack time among the "
     "micro-batches of a step (mean over steps; the slowest pack stalls the pipeline); CV = std/mean of pack "
-    "times; KV MiB = K/V each CP rank receives per layer and pack (forward); frag = share of samples split into "
-    "fragments; work cut = attention work removed by splits beyond what the token cap forces; pad = unused pack "
-    "capacity; delay = windows a sample waits before its last fragment is trained, mean/max; plan ms = planner "
+    "times; KV MiB = K/V each CP rank receives per layer and pack (forward; all-gather: the mean rank, "
+    "all-to-all: the busiest); frag = share of samples split into "
+    "fragments; work cut = attention work removed by splits beyond what the token cap forces; pad = unused "
+    "capacity of the steps run, 1 - tokens / (steps x packs per step x cap) (a step short of packs counts its "
+    "empty slots); delay = windows a sample waits before its last fragment is trained, mean/max; plan ms = planner "
     "time per step (packing + sharding)."
 )
 

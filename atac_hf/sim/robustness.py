@@ -178,7 +178,7 @@ def robustness_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) 
     scenario = any("scenario" in r for r in rows)  # rows of several scenarios (atac-hf bench)
     head = ["scenario"] * scenario + [
         "timed by", "combination", "time/LB", "time/LB (1F1B formula)", "ATAC speedup", "window max/mean",
-        "worst window", "CP max/mean", "worst pack", "K/V MB/layer", "delay mean/max"]
+        "worst window", "CP max/mean", "worst pack", "K/V MiB/layer", "delay mean/max"]
     fmt = lambda v, f: "-" if v != v else format(v, f)  # noqa: E731 (NaN -> "-")
     body = [[r.get("scenario", "")] * scenario + (
              [r["eval"], r["combo"], "refused"] + ["-"] * (len(head) - 3 - scenario) if "refused" in r else [
