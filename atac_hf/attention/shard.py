@@ -11,6 +11,7 @@ single-device training.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -271,6 +272,11 @@ def shard_batch(
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise ValueError(f"'input_ids' must be a (B, S) tensor, got {type(input_ids).__name__} "
                          f"of shape {tuple(getattr(input_ids, 'shape', ()))}")
+    if not _is_index_dtype(input_ids):
+        raise ValueError(f"'input_ids' has dtype {input_ids.dtype}: token ids must be an integer tensor (torch.long)")
+    if not isinstance(debug, (bool, np.bool_)):
+        raise ValueError(f"debug={debug!r} is not a bool: pass True (compare the plan and batch over the group) or "
+                         "False")
     B, S = input_ids.shape
     if plan.num_tokens != B * S:
         raise ValueError(f"the plan covers {plan.num_tokens} tokens but the batch has {B} x {S} = {B * S}: "
@@ -281,6 +287,9 @@ def shard_batch(
             continue
         if not isinstance(lab, torch.Tensor):
             raise TypeError(f"'{key}' must be a tensor like input_ids, got {type(lab).__name__}")
+        if not _is_index_dtype(lab):
+            raise ValueError(f"'{key}' has dtype {lab.dtype}: labels must be an integer tensor (token ids, "
+                             f"{IGNORE_INDEX} where a token gets no loss)")
         if lab.numel() != B * S or (lab.dim() == 2 and tuple(lab.shape) != (B, S)):
             raise ValueError(f"'{key}' has shape {tuple(lab.shape)} ({lab.numel()} tokens) but input_ids has shape "
                              f"({B}, {S}) ({B * S} tokens): {key} must have one entry per input token")
@@ -297,6 +306,7 @@ def shard_batch(
             "gives every rank a token when the pack has >= cp_size tokens: pack more tokens (drop samples shorter "
             "than cp_size) or lower cp_size"
         )
+    _check_num_items(batch.get("num_items_in_batch"))
     mask = batch.get("attention_mask")
     if mask is not None and not bool(torch.as_tensor(mask).bool().all()):
         raise ValueError("attention_mask has padding (zeros): packed rows must not rely on it; make padding its "
@@ -339,6 +349,30 @@ def shard_batch(
     out["atac_shard"] = ShardContext(plan=plan, rank=rank, group=group, layout=plan.local_layout(rank),
                                      backend=backend, debug=debug)
     return out
+
+
+def _is_index_dtype(t: torch.Tensor) -> bool:
+    """Whether a tensor holds token ids or labels: an integer dtype (not bool, float or complex)."""
+    return not (t.dtype == torch.bool or t.dtype.is_floating_point or t.dtype.is_complex)
+
+
+def _check_num_items(n: Any) -> None:
+    """``num_items_in_batch``: None, a number >= 0 (int or float: a count, or a count divided over
+    ranks and micro-batches), or a one-element numeric tensor (Trainer's; its value is not read: that
+    would sync the device). The loss divides by it, so a bool, a string or a non-finite or negative
+    number would scale the loss silently."""
+    if n is None:
+        return
+    if isinstance(n, torch.Tensor):
+        if n.numel() != 1 or n.dtype == torch.bool or n.is_complex():
+            raise ValueError(f"num_items_in_batch is a {tuple(n.shape)} {n.dtype} tensor: it must be the count of "
+                             "target tokens the loss divides by, a number >= 0 or a one-element numeric tensor")
+        return
+    ok = isinstance(n, (int, float, np.integer, np.floating)) and not isinstance(n, (bool, np.bool_))
+    if not ok or not math.isfinite(float(n)) or float(n) < 0:
+        raise ValueError(f"num_items_in_batch={n!r} is invalid: it must be the count of target tokens the loss "
+                         "divides by, a finite number >= 0 or a one-element numeric tensor (None: this batch's "
+                         "own count)")
 
 
 def _short(a: np.ndarray) -> str:

@@ -37,6 +37,7 @@ import datetime
 import os
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator, PartialState
@@ -46,6 +47,7 @@ from accelerate.utils import DistributedType, InitProcessGroupKwargs
 
 from ._hf_compat import bypass_torch_cp_hooks, drain_gloo_workers, track_group_holder, validate_parallelism_on_cpu
 from .config import ATACConfig
+from .config_files import check_count
 from .layout import warn_placement
 from .sharder import (BatchSharder, count_targets, learned_position_limit, model_kv_bytes_per_token,
                       prepare_model, unwrap_base_model)
@@ -107,11 +109,18 @@ def build_parallelism_config(config: ATACConfig, world_size: int, *, fsdp: bool 
             whose sizes do not multiply to the world size or whose tp size disagrees with
             ``tp_size``, or ``sp_size > 1`` (not supported).
     """
+    if not isinstance(config, ATACConfig):
+        raise ValueError(f"config must be an ATACConfig, got {type(config).__name__}")
+    if environ is not None and not isinstance(environ, Mapping):
+        raise ValueError(f"environ must be a mapping of environment variables (e.g. os.environ) or None, got "
+                         f"{type(environ).__name__}")
     env = os.environ if environ is None else environ
     cp = int(config.cp_size)
-    world = int(world_size)
+    world = check_count(world_size, "world_size", "processes launched", low=None)
     if world < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size!r}")
+    if tp_size is not None:
+        check_count(tp_size, "tp_size", "tensor-parallel ranks; None: the launch config's", low=None)
     launch = env.get("ACCELERATE_USE_PARALLELISM_CONFIG", "").lower() == "true"
     launch_tp = _env_int(env, "PARALLELISM_CONFIG_TP_SIZE") if launch else 1
     if tp_size is not None and launch and int(tp_size) != launch_tp:
@@ -419,6 +428,8 @@ class ATACAccelerator(Accelerator):
         if self.sharder is None:
             raise RuntimeError("call accelerator.prepare(model, ...) before shard(): it selects the atac_cp "
                                "attention and builds the planner's cost model")
+        if num_items_in_batch is not None:
+            num_items_in_batch = _target_count(num_items_in_batch)
         self._atac_counted = num_items_in_batch is not None
         if num_items_in_batch is None:  # this micro-batch's mean: the step averages the micro-batches' means
             norm = max(float(self.count_items(batch)), 1.0) / (self.num_processes // self.tp_size)
@@ -446,3 +457,16 @@ class ATACAccelerator(Accelerator):
         # (no graph: computed under no_grad / inference_mode) is the batch's own mean
         ga = self.gradient_accumulation_steps if self._atac_counted or loss.requires_grad else 1
         return total / (self.num_processes * ga)
+
+
+def _target_count(n: Any) -> int:
+    """``shard``'s ``num_items_in_batch``: an int >= 0 (or a one-element integer tensor), the step's
+    target count; anything else would scale the loss silently (a bool, a string, NaN, a float)."""
+    if isinstance(n, torch.Tensor) and n.numel() == 1 and not (n.dtype == torch.bool or n.dtype.is_floating_point
+                                                                or n.dtype.is_complex):
+        n = int(n.item())
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ValueError(f"num_items_in_batch={n!r} is invalid: it must be the step's target count, an int >= 0 "
+                         "(accelerator.count_items(batches) over the step's micro-batches), or None to count this "
+                         "batch alone")
+    return int(n)

@@ -207,7 +207,11 @@ class ATACConfig:
     def packing_config(self, packs_per_window: int):
         """The :class:`~atac_hf.packing.PackingConfig` for windows of ``packs_per_window`` packs."""
         from ..packing.config import PackingConfig
+        from ..packing.validate import _is_int, _short
 
+        if not _is_int(packs_per_window) or packs_per_window < 1:
+            raise ValueError(f"packs_per_window={_short(packs_per_window)} is invalid: it must be an int >= 1, the "
+                             "packs of one window (DP replicas x gradient accumulation steps)")
         return PackingConfig.from_dict({**self.packing_options, "max_tokens": self.max_tokens,
                                         "packs_per_window": int(packs_per_window),
                                         "strategy": self.packing_strategy})
@@ -246,6 +250,7 @@ class ATACConfig:
 
     def resolved_min_chunk(self, device_type: str) -> int:
         """``min_chunk`` with the default filled in for ``device_type``."""
+        device_type = _device_type(device_type)
         if self.min_chunk is not None:
             return self.min_chunk
         return 128 if device_type == "cuda" else 1
@@ -253,6 +258,7 @@ class ATACConfig:
     def resolved_attention_backend(self, device_type: str) -> str:
         """``attention_backend`` with ``auto`` resolved for ``device_type`` and bf16/fp16 inputs
         (the kernel a bf16 run uses; ``auto`` itself decides per call, fp32 inputs run ``sdpa``)."""
+        device_type = _device_type(device_type)
         if self.attention_backend != "auto":
             return self.attention_backend
         from ..attention.backends import auto_backend
@@ -266,6 +272,7 @@ class ATACConfig:
             ValueError: ``flash`` without flash-attn or without CUDA; ``varlen`` without
                 torch's varlen_attn or without CUDA; ``flex`` for training on CPU.
         """
+        device_type = _device_type(device_type)
         backend = self.resolved_attention_backend(device_type)
         if backend == "varlen":
             from ..attention.varlen import check_varlen_runtime
@@ -446,3 +453,19 @@ def _parse_env(key: str, name: str, raw: str) -> Any:
         except ValueError:
             raise ValueError(f"{key}={short_repr(raw)} is not a number of seconds") from None
     return text
+
+
+def _device_type(device: Any) -> str:
+    """The device type (``"cpu"``, ``"cuda"``, ...) of a ``torch.device``, a device type or a device
+    string such as ``"cuda:0"``; anything else is refused."""
+    import torch
+
+    if isinstance(device, torch.device):
+        return device.type
+    if isinstance(device, str):
+        try:
+            return torch.device(device).type
+        except (RuntimeError, ValueError):
+            pass
+    raise ValueError(f"device_type={short_repr(device)} is not a device: pass a device type such as 'cpu' or "
+                     "'cuda', a device string such as 'cuda:0', or a torch.device (e.g. accelerator.device)")

@@ -37,6 +37,18 @@ def short_repr(value: Any) -> str:
         return f"<{type(value).__name__}>"
 
 
+def check_count(value: Any, name: str, what: str, low: int | None = 1) -> int:
+    """``value`` as an int >= ``low`` (a Python or numpy int; never a bool, a float or a string; ``low``
+    None: any int), or a ValueError naming it, what it counts and the legal values."""
+    import numpy as np
+
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or (low is not None
+                                                                                          and value < low):
+        legal = "an int" if low is None else f"an int >= {low}"
+        raise ValueError(f"{name}={short_repr(value)} is invalid: it must be {legal} ({what})")
+    return int(value)
+
+
 def path_repr(path: str) -> str:
     """repr of a path for messages: whole up to 400 characters (paths are what users search for)."""
     text = repr(path)
@@ -52,7 +64,22 @@ def _load_yaml(text: str) -> Any:
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     depth = 0
+    maps: list = []  # per open collection: [keys seen, expecting a key] for a mapping, None for a sequence
     for event in yaml.parse(text, Loader=loader):
+        if maps and maps[-1] is not None and isinstance(event, (yaml.NodeEvent, yaml.CollectionStartEvent)):
+            seen = maps[-1]
+            if seen[1] and isinstance(event, yaml.ScalarEvent):  # a key: YAML loaders keep the last of duplicates
+                if event.value in seen[0]:
+                    raise yaml.YAMLError(f"the key {event.value[:40]!r} appears twice in one mapping "
+                                         f"({_mark(event)}): keep one")
+                seen[0].add(event.value)
+            seen[1] = not seen[1]
+        if isinstance(event, yaml.MappingStartEvent):
+            maps.append([set(), True])
+        elif isinstance(event, yaml.SequenceStartEvent):
+            maps.append(None)
+        elif isinstance(event, yaml.CollectionEndEvent):
+            maps.pop()
         if isinstance(event, yaml.AliasEvent):
             raise yaml.YAMLError(f"found the alias *{str(event.anchor)[:40]} ({_mark(event)}): YAML aliases are "
                                  "not allowed in an ATAC config")
@@ -68,6 +95,15 @@ def _load_yaml(text: str) -> Any:
         return parser.get_single_data()
     finally:
         parser.dispose()
+
+
+def _unique_keys(pairs: list) -> dict:
+    """A JSON object's dict, refusing a key given twice (``json`` keeps the last)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        dup = next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i]))
+        raise ValueError(f"the key {dup[:40]!r} appears twice in one object: keep one")
+    return out
 
 
 def _mark(event: Any) -> str:
@@ -109,7 +145,7 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
             depth = _max_depth(text)
             if depth > MAX_CONFIG_DEPTH:
                 raise ValueError(f"nesting {depth} levels deep, more than {MAX_CONFIG_DEPTH}")
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_unique_keys)
         else:
             data = _load_yaml(text)
     except (yaml.YAMLError, ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError: ValueErrors

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from .columns import _check_token_columns, _list_chunks, checked_stream, prepare_stream_sample  # noqa: F401
 from .config import ATACConfig
+from .config_files import check_count, short_repr
 
 __all__ = ["REQUIRED_COLUMNS", "PackedRowDocuments", "build_packed_dataloader", "check_collator", "check_dataset_columns",
            "checked_stream", "prepare_stream_sample"]
@@ -75,6 +76,10 @@ def check_dataset_columns(dataset: Any, *, name: str = "dataset", streaming: boo
                          "lengths are known up front (datasets.Dataset, or a list of dicts with 'input_ids')")
     names = getattr(dataset, "column_names", None)
     if names is None:
+        if isinstance(dataset, Mapping) or not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+            raise ValueError(f"{name} is a {type(dataset).__name__}, not a map-style dataset: pass a "
+                             "datasets.Dataset (e.g. datasets.Dataset.from_dict(columns) for a dict of columns) or "
+                             "a list of dicts with 'input_ids'")
         if len(dataset) == 0:
             raise ValueError(f"{name} is empty")
         first = dataset[0]
@@ -221,6 +226,14 @@ def build_packed_dataloader(dataset: Any, config: ATACConfig, *, num_replicas: i
     from ..packing.data.dataset import dataset_lengths
     from ..packing.data.sampler import SpanDataset, WFAPBatchSampler
 
+    if not isinstance(config, ATACConfig):
+        raise ValueError(f"config must be an ATACConfig (the run's cap, packing and window), got "
+                         f"{type(config).__name__}")
+    num_replicas = check_count(num_replicas, "num_replicas", "DP replicas: world size // (cp_size x tp_size)")
+    grad_accum = check_count(grad_accum, "grad_accum", "micro-batches per optimizer step")
+    if collate_fn is not None and not callable(collate_fn):
+        raise ValueError(f"collate_fn={short_repr(collate_fn)} is not callable: pass a collator such as "
+                         "PackedDataCollator(), or None for the default")
     check_dataset_columns(dataset)
     names = _column_names(dataset)
     docs = PackedRowDocuments(dataset) if "seq_lengths" in names or "position_ids" in names else None

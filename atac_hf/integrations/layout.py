@@ -26,6 +26,8 @@ from __future__ import annotations
 from itertools import product
 from typing import Any
 
+from .config_files import check_count, short_repr
+
 __all__ = ["AXES", "mesh_groups", "placement_warnings", "warn_placement"]
 
 #: Accelerate's mesh order, outermost first.
@@ -34,9 +36,13 @@ AXES = ("dp_replicate", "dp_shard", "cp", "tp")
 
 def _sizes(pc: Any) -> dict[str, int]:
     if isinstance(pc, dict):
-        sizes = {a: int(pc.get(a, 1)) for a in AXES}
+        sizes = {a: pc.get(a, 1) for a in AXES}
+    elif all(hasattr(pc, f"{a}_size") for a in AXES):
+        sizes = {a: getattr(pc, f"{a}_size") for a in AXES}
     else:
-        sizes = {a: int(getattr(pc, f"{a}_size")) for a in AXES}
+        raise ValueError(f"a {type(pc).__name__} is not a mesh: pass an accelerate ParallelismConfig (e.g. "
+                         f"build_parallelism_config(config, world_size)) or a dict of sizes with keys {list(AXES)}")
+    sizes = {a: check_count(v, f"mesh size {a}", "ranks along that axis", low=None) for a, v in sizes.items()}
     bad = {a: v for a, v in sizes.items() if v < 1}
     if bad:
         raise ValueError(f"mesh sizes must be >= 1, got {bad}")
@@ -87,7 +93,7 @@ def placement_warnings(pc: Any, procs_per_node: int, *, fsdp: bool = False) -> l
     Raises:
         ValueError: ``procs_per_node`` < 1.
     """
-    g = int(procs_per_node)
+    g = check_count(procs_per_node, "procs_per_node", "processes per node: LOCAL_WORLD_SIZE, GPUs per node", low=None)
     if g < 1:
         raise ValueError(f"procs_per_node must be >= 1, got {procs_per_node!r}")
     sizes = _sizes(pc)

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from ..cost.presets import key_value_widths
 from ._hf_compat import track_group_holder
 from .config import ATACConfig
+from .config_files import check_count, short_repr
 
 __all__ = [
     "BatchSharder",
@@ -372,13 +373,29 @@ class BatchSharder:
                  tp_group: Any = None) -> None:
         from ..cost import default_cost_model
 
+        from ..sharding import STRATEGIES
+
+        if not isinstance(config, ATACConfig):
+            raise ValueError(f"config must be an ATACConfig, got {type(config).__name__}")
         self.config = config
         self.cp_size = config.cp_size
-        self.cp_rank = int(cp_rank)
+        self.cp_rank = check_count(cp_rank, "cp_rank", f"this process's index in its CP group, < cp_size="
+                                   f"{config.cp_size}", low=0)
+        if self.cp_rank >= config.cp_size:
+            raise ValueError(f"cp_rank={cp_rank} is outside the CP group of size {config.cp_size} (legal: "
+                             f"0..{config.cp_size - 1})")
         self.cp_group = cp_group
         self.cost_model = cost_model if cost_model is not None else default_cost_model()
+        b = kv_bytes_per_token
+        if isinstance(b, (bool, np.bool_)) or not isinstance(b, (int, float, np.integer, np.floating)) \
+                or not 0 <= float(b) < np.inf:
+            raise ValueError(f"kv_bytes_per_token={short_repr(b)} is invalid: a finite number >= 0 (K/V bytes of "
+                             "one token over all layers)")
         self.kv_bytes_per_token = float(kv_bytes_per_token)
         self.min_chunk = config.resolved_min_chunk(device_type)
+        if strategy is not None and strategy not in STRATEGIES:
+            raise ValueError(f"strategy={short_repr(strategy)} is not a sharding strategy; legal values: "
+                             f"{sorted(STRATEGIES)}, or None for config.sharding_strategy")
         self.strategy = strategy or config.sharding_strategy
         self.tp_group = tp_group
         if cp_group is not None or tp_group is not None:

@@ -108,7 +108,8 @@ class ShardPlan:
 
     def rank_token_indices(self, rank: int) -> np.ndarray:
         """Sorted int64 indices into the packed row of the tokens ``rank`` holds."""
-        key = ("tok", rank)
+        self._check_rank(rank)
+        key = ("tok", int(rank))
         if key not in self._cache:
             seg = self.rank_segments(rank)
             self._cache[key] = _expand(self.doc_offsets[seg[:, 0]] + seg[:, 1], seg[:, 2] - seg[:, 1])
@@ -138,6 +139,11 @@ class ShardPlan:
         """Bytes a rank receives per layer in the forward K/V exchange: for the all-gather, the
         ring's ``(C - 1) / C`` of the gathered tokens; for the all-to-all, the most any rank
         receives (:attr:`kv_recv_tokens`)."""
+        b = kv_bytes_per_token
+        if isinstance(b, (bool, np.bool_)) or not isinstance(b, (int, float, np.integer, np.floating)) \
+                or not 0 <= float(b) < np.inf:
+            raise ValueError(f"kv_bytes_per_token={kv_bytes_per_token!r} is invalid: a finite number >= 0 (K/V bytes "
+                             "of one token, all layers: CostModel.kv_bytes_per_token)")
         if self.cp_size <= 1:
             return 0.0
         if self.kv_exchange == "all_to_all":
@@ -196,8 +202,10 @@ class ShardPlan:
         return h.hexdigest()[:16]
 
     def _check_rank(self, rank: int) -> None:
-        if not 0 <= rank < self.cp_size:
-            raise ValueError(f"rank {rank} is outside the CP group of size {self.cp_size} (legal: 0..{self.cp_size - 1})")
+        if isinstance(rank, (bool, np.bool_)) \
+                or not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.cp_size:
+            raise ValueError(f"rank {rank!r} is outside the CP group of size {self.cp_size} (legal: ints "
+                             f"0..{self.cp_size - 1})")
 
     # ------------------------------------------------------------------ runtime layouts
     def local_layout(self, rank: int, window: int | None = None) -> "LocalLayout":

@@ -61,7 +61,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..validate import check_token_ids
+from ..validate import InputTypeError, _is_int, _short, check_token_ids
 
 __all__ = ["CollatorStats", "LOSS_MASK_COLUMNS", "PackedDataCollator", "doc_lengths_from_position_ids", "labels_from_masks"]
 
@@ -114,6 +114,17 @@ class PackedDataCollator:
             raise ValueError(
                 f"PackedDataCollator.return_tensors={self.return_tensors!r}; legal values: {list(_RETURN_TENSORS)}"
             )
+        for name in ("return_seq_lengths", "return_shift_labels"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise InputTypeError(f"PackedDataCollator.{name}={_short(getattr(self, name))} is not a bool: "
+                                     f"pass True or False")
+        sep = self.separator_id
+        if not _is_int(sep) or not (sep == -100 or 0 <= sep < 2**63):
+            raise InputTypeError(f"PackedDataCollator.separator_id={_short(sep)} is invalid: it must be -100 (the "
+                                 "loss ignores document starts, the default) or a token id, an int >= 0")
+        if not isinstance(self.stats, CollatorStats):
+            raise InputTypeError(f"PackedDataCollator.stats={_short(self.stats)} is not a CollatorStats: leave it "
+                                 "unset (the collator keeps its own counters)")
 
     def __call__(self, features: Sequence[Mapping[str, Any]], return_tensors: str | None = None) -> dict[str, Any]:
         """Pack ``features`` into one row.
