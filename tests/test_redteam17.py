@@ -208,3 +208,12 @@ def test_shard_plan_methods_refuse_ranks_that_are_not_ints_and_bad_byte_counts()
         with pytest.raises(ValueError, match=r"kv_bytes_per_token=.* is invalid: a finite number >= 0"):
             plan.kv_bytes(bad)
     assert plan.kv_bytes(np.float32(2.0)) == plan.kv_bytes(2)
+
+
+def test_plan_shards_takes_python_ints_held_as_objects_like_the_list():
+    """Red-team 17: an object array of small ints (a pandas object column) was refused as "ints beyond int64 or
+    other objects" while the same list planned; bools, strings and ints past int64 among them still are."""
+    assert plan_shards(np.array([5, 3, 8], dtype=object), 2).doc_lengths.tolist() == [5, 3, 8]
+    for bad in ([3, True], [3, 2**70], [3, "a"]):
+        with pytest.raises(ValueError, match=r"doc_lengths must be integers \(ints >= 1\), got ints beyond int64"):
+            plan_shards(np.array(bad, dtype=object), 2)

@@ -52,6 +52,9 @@ def check_doc_lengths(doc_lengths: Any) -> np.ndarray:
     if arr.dtype == np.bool_:
         raise ValueError("doc_lengths is a bool array, not document lengths: doc_lengths must be integers "
                          "(ints >= 1)")
+    if arr.dtype == object and all(isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+                                   and -2**63 <= x < 2**63 for x in arr.tolist()):
+        arr = arr.astype(np.int64)  # Python ints held as objects (a pandas object column): lengths as the list is
     if arr.dtype != np.int64 and not np.issubdtype(arr.dtype, np.integer):  # int64: the usual case, checked first
         if np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)) \
                 and float(np.abs(arr).max()) < 2.0**62:
