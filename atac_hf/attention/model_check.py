@@ -35,7 +35,7 @@ from .model_probe import (PROBE_TOLERANCE, ProbeResult, StockModelError, run_pro
                           shrink_config)
 from .relay import _remove_relay, install_relay
 from .runtime import (ATTENTION_DROPOUT_FIELDS, ATTN_IMPLEMENTATION, SHARD_KWARG, UncheckedModelWarning,
-                      check_model_supported, mark_checked)
+                      _refuse_position_dependent_rope, mark_checked)
 from .shard import ShardContext
 
 __all__ = ["ModelVerdict", "check_architecture", "check_model", "config_refusal", "remove_guard",
@@ -182,7 +182,7 @@ def config_refusal(config: Any) -> tuple[type, str] | None:
                 "mask, which 'atac_cp' does not implement: its results would be silently wrong; " + _INSTEAD)
     for cfg in _configs(config):
         try:
-            check_model_supported(cfg)
+            _refuse_position_dependent_rope(cfg)
         except ValueError as e:
             return ValueError, f"has a position-dependent RoPE: {e}"
     return None

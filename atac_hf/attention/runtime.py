@@ -14,14 +14,18 @@ Shape legend: H query heads, K key/value heads, S local tokens, D head dim.
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 import weakref
+from collections.abc import Mapping
 from typing import Any, Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from .compat import rope_types
+from ..packing.validate import InputTypeError, _short
 from ..sharding.plan import ShardPlan
 from .backends import BACKENDS, run_backend
 from .collectives import KVGather, attach
@@ -48,16 +52,34 @@ ATTN_IMPLEMENTATION = "atac_cp"
 SINK_BACKENDS = ("sdpa", "auto")
 SHARD_KWARG = "atac_shard"
 _POSITION_DEPENDENT_ROPE = ("dynamic", "longrope")
+# what check_model_supported refuses: values that are no model or config (a model name, a dict)
+_NOT_A_CONFIG = (str, bytes, bytearray, numbers.Number, Mapping, list, tuple, set, frozenset, np.ndarray,
+                 torch.Tensor)
 
 
 def check_model_supported(model_or_config: Any) -> None:
     """Refuse models whose results would change under sharding.
 
+    Args:
+        model_or_config: a Transformers model, or its config (any object with config attributes).
+
     Raises:
+        InputTypeError: ``model_or_config`` (or its ``.config``) is None, a str, a number or a
+            container, not a model or config.
         ValueError: a RoPE type (``dynamic``, ``longrope``) that depends on the largest
             position a rank sees.
     """
     config = getattr(model_or_config, "config", model_or_config)
+    if config is None or isinstance(config, _NOT_A_CONFIG):
+        where = "" if config is model_or_config else f" (its .config is {_short(config)})"
+        raise InputTypeError(
+            f"model_or_config={_short(model_or_config)}{where} is not a model or config: check_model_supported "
+            "takes a Transformers model or its config (pass model or model.config), not a name, number or container")
+    _refuse_position_dependent_rope(config)
+
+
+def _refuse_position_dependent_rope(config: Any) -> None:
+    """:func:`check_model_supported` on a config already known to be one (the per-batch check)."""
     configs = [config]
     if hasattr(config, "get_text_config"):
         text = config.get_text_config()
@@ -202,7 +224,7 @@ def _check_config(module: Any, config: Any, cp_size: int = 1) -> None:
     several ranks the router-loss rule (:func:`~.model_check.router_loss_refusal`)."""
     from .model_check import config_refusal, router_loss_refusal  # lazy: model_check imports this module
 
-    check_model_supported(config)
+    _refuse_position_dependent_rope(config)
     refused = config_refusal(config) or (router_loss_refusal(config) if cp_size > 1 else None)
     if refused is not None:
         exc, reason = refused
@@ -328,8 +350,15 @@ def register_attention(name: str = ATTN_IMPLEMENTATION) -> str:
     """Register :func:`atac_cp_attention` in ``transformers.AttentionInterface`` (idempotent).
 
     Raises:
-        ValueError: ``name`` is already taken by another function (built-in names included).
+        InputTypeError: ``name`` is not a str.
+        ValueError: ``name`` is empty, or already taken by another function (built-in names included).
     """
+    if not isinstance(name, str):
+        raise InputTypeError(f"register_attention(name={_short(name)}): name must be a non-empty str, the "
+                             f"attn_implementation to register (default {ATTN_IMPLEMENTATION!r})")
+    if not name.strip():
+        raise ValueError(f"register_attention(name={name!r}): name must be a non-empty str, the "
+                         f"attn_implementation to register (default {ATTN_IMPLEMENTATION!r})")
     from transformers import AttentionInterface
 
     existing = AttentionInterface().get(name)

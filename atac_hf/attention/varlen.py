@@ -30,7 +30,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..sharding.plan import LocalLayout
+from ..packing.validate import InputTypeError, _short
+from ..sharding.plan import LocalLayout, check_window
 from .compat import VarlenAttn, torch_varlen_attn
 
 __all__ = ["VARLEN_KERNELS", "auto_backend", "check_varlen_runtime", "flash_attn_installed", "make_varlen_backend",
@@ -62,10 +63,21 @@ def varlen_attention_reference(
 
     Returns:
         (total_q, H, D) output; a query that sees no key gets zeros (as flash-attn).
+
+    Raises:
+        InputTypeError: ``cu_seqlens_q``/``cu_seqlens_k`` not a 1-D integer tensor or array.
+        ValueError: boundaries that do not start at 0, decrease, or end elsewhere than at the
+            row count (``total_q``/``total_k``); the two of different lengths; ``window`` not
+            None or an int >= 1.
     """
     H, K = q.shape[1], k.shape[1]
     scale = q.shape[-1] ** -0.5 if scaling is None else scaling
-    cq, ck = [int(x) for x in cu_seqlens_q.tolist()], [int(x) for x in cu_seqlens_k.tolist()]
+    window = check_window(window, "window")
+    cq = _boundaries(cu_seqlens_q, "cu_seqlens_q", q.shape[0])
+    ck = _boundaries(cu_seqlens_k, "cu_seqlens_k", k.shape[0])
+    if len(cq) != len(ck):
+        raise ValueError(f"cu_seqlens_q has {len(cq) - 1} segments and cu_seqlens_k {len(ck) - 1}: pass one "
+                         "(query, key) boundary pair per segment")
     outs = []
     for b in range(len(cq) - 1):
         qs = q[cq[b]:cq[b + 1]].transpose(0, 1)
@@ -90,6 +102,22 @@ def varlen_attention_reference(
     if not outs:
         return q.new_zeros(q.shape[0], H, v.shape[-1])
     return torch.cat(outs, dim=0)
+
+
+def _boundaries(cu, name: str, rows: int) -> list[int]:
+    """``cu`` (segment boundaries over ``rows`` rows) as a list of ints, checked."""
+    if isinstance(cu, torch.Tensor):
+        integer = not (cu.dtype.is_floating_point or cu.dtype.is_complex or cu.dtype == torch.bool)
+    else:
+        integer = isinstance(cu, np.ndarray) and cu.dtype.kind in "iu"
+    if not integer or cu.ndim != 1:
+        raise InputTypeError(f"{name}={_short(cu)} is not a 1-D integer tensor: pass the (B + 1,) segment "
+                             "boundaries, e.g. torch.tensor([0, 3, 5], dtype=torch.int32)")
+    out = [int(x) for x in cu.tolist()]
+    if not out or out[0] != 0 or out[-1] != rows or any(b < a for a, b in zip(out, out[1:])):
+        raise ValueError(f"{name}={_short(out)} must start at 0, never decrease and end at the row count {rows} "
+                         f"of its tensor ({'q' if name.endswith('q') else 'k'}.shape[0]); pass its segment boundaries")
+    return out
 
 
 # ---------------------------------------------------------------------------- kernels
