@@ -217,3 +217,28 @@ def test_plan_shards_takes_python_ints_held_as_objects_like_the_list():
     for bad in ([3, True], [3, 2**70], [3, "a"]):
         with pytest.raises(ValueError, match=r"doc_lengths must be integers \(ints >= 1\), got ints beyond int64"):
             plan_shards(np.array(bad, dtype=object), 2)
+
+
+def test_shard_helpers_refuse_inputs_that_do_not_match_the_pack():
+    """Red-team 17: doc_lengths_from_batch(None) raised AttributeError; build_shift_labels with lengths that do not
+    cover the labels raised IndexError (or built wrong labels); unshard returned 6 rows for a 5-token plan."""
+    from atac_hf.attention.shard import build_shift_labels, unshard
+
+    with pytest.raises(TypeError, match=r"batch must be a mapping of tensors"):
+        doc_lengths_from_batch(None)
+    labels = torch.arange(5).view(1, 5)
+    for bad in ([3, 3], [2.0, 3.0], [0, 5], 5):
+        with pytest.raises(ValueError, match=r"doc_lengths .* must be ints >= 1 summing to the 5 tokens of labels"):
+            build_shift_labels(labels, bad)
+    assert build_shift_labels(labels, np.array([2, 3])).tolist() == [[1, -100, 3, 4, -100]]
+    with pytest.raises(TypeError, match=r"labels must be a tensor"):
+        build_shift_labels([0, 1], [2])
+    plan = plan_shards([5], 1)
+    for bad in (torch.zeros(1, 6, 4), torch.zeros(5, 4), torch.zeros(5)):
+        with pytest.raises(ValueError, match=r"local has shape .*: it must be \(1, 5, \.\.\.\)"):
+            unshard(bad, plan, 0)
+    with pytest.raises(ValueError, match=r"rank 'x' is outside the CP group"):
+        unshard(torch.zeros(1, 5), plan, "x")
+    with pytest.raises(TypeError, match=r"unshard takes a tensor and a ShardPlan, got ndarray"):
+        unshard(np.zeros((1, 5)), plan, 0)
+    assert torch.equal(unshard(torch.arange(5.0).view(1, 5), plan, 0), torch.arange(5.0).view(1, 5))

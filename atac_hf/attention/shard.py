@@ -94,6 +94,9 @@ def doc_lengths_from_batch(batch: Mapping[str, Any]) -> np.ndarray:
         ValueError: a document of length 0, lengths that do not fill each row, or
             ``position_ids`` that disagree with the lengths (naming the row).
     """
+    if not isinstance(batch, Mapping):
+        raise TypeError(f"batch must be a mapping of tensors with 'input_ids' and the documents' 'seq_lengths', "
+                        f"'cu_seqlens' or 'position_ids' (a PackedDataCollator batch), got {type(batch).__name__}")
     input_ids = batch.get("input_ids")
     pos = batch.get("position_ids")
     ref = input_ids if input_ids is not None else pos
@@ -206,7 +209,19 @@ def _check_positions(pos: np.ndarray, lengths: np.ndarray) -> None:
 
 # ---------------------------------------------------------------------------- labels
 def build_shift_labels(labels: torch.Tensor, doc_lengths: np.ndarray) -> torch.Tensor:
-    """(B, S) ``shift_labels[t] = labels[t + 1]`` within a document; -100 at every document's last token."""
+    """(B, S) ``shift_labels[t] = labels[t + 1]`` within a document; -100 at every document's last token.
+
+    Raises:
+        TypeError: ``labels`` is not a tensor.
+        ValueError: ``doc_lengths`` not ints >= 1 summing to the token count of ``labels``.
+    """
+    if not isinstance(labels, torch.Tensor):
+        raise TypeError(f"labels must be a tensor, got {type(labels).__name__}")
+    lengths = np.asarray(doc_lengths)
+    if lengths.ndim != 1 or lengths.dtype.kind not in "iu" or (lengths.size and int(lengths.min()) < 1) \
+            or int(lengths.sum()) != labels.numel():
+        raise ValueError(f"doc_lengths {_short(lengths.ravel())} must be ints >= 1 summing to the {labels.numel()} tokens of "
+                         "labels (the pack's documents in row order: doc_lengths_from_batch(batch))")
     flat = labels.reshape(-1)
     out = torch.full_like(flat, IGNORE_INDEX)
     out[:-1] = flat[1:]
@@ -443,9 +458,22 @@ def unshard(local: torch.Tensor, plan: ShardPlan, rank: int, group: Any = None) 
     """Gather every rank's (1, n_local, ...) tensor back into (1, N, ...) row order (not differentiable).
 
     Rows are padded to the largest rank for an equal-size all-gather.
+
+    Raises:
+        TypeError: ``local`` is not a tensor or ``plan`` not a :class:`ShardPlan`.
+        ValueError: ``rank`` outside the group, or ``local`` not (1, n, ...) with the n tokens
+            the plan gives ``rank``.
     """
-    x = local.detach().reshape(local.shape[1], *local.shape[2:])
+    if not isinstance(local, torch.Tensor) or not isinstance(plan, ShardPlan):
+        raise TypeError(f"unshard takes a tensor and a ShardPlan, got {type(local).__name__} and "
+                        f"{type(plan).__name__}")
+    plan._check_rank(rank)
     counts = plan.rank_num_tokens()
+    if local.dim() < 2 or local.shape[0] != 1 or local.shape[1] != int(counts[rank]):
+        raise ValueError(f"local has shape {tuple(local.shape)}: it must be (1, {int(counts[rank])}, ...), this rank's "
+                         f"tokens in the plan (rank {int(rank)} of {plan.cp_size}), as model(**shard_batch(...)) "
+                         "returns them")
+    x = local.detach().reshape(local.shape[1], *local.shape[2:])
     if plan.cp_size == 1:
         return x.unsqueeze(0).clone()
     m = int(counts.max())
