@@ -35,6 +35,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ._io import load_json
+from .packing.validate import InputTypeError, check_lengths, check_seed
 
 __all__ = ["BUILTIN_WORKLOADS", "MAX_NUM_SAMPLES", "MAX_SAMPLE_LENGTH", "SAMPLES", "WORKLOADS", "describe_lengths", "lengths_from_dataset",
            "lengths_from_json", "load_lengths", "load_workload", "longtail_lengths", "make_workload",
@@ -56,8 +57,23 @@ def sample_path(name: str) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "workload_data", SAMPLES[name])
 
 
+def _check_draw(num_samples: Any, seed: Any, max_len: Any) -> None:
+    """The arguments of a built-in generator: ``num_samples`` an int >= 0, ``seed`` as
+    :func:`~atac_hf.packing.validate.check_seed`, ``max_len`` an int from 1 to :data:`MAX_SAMPLE_LENGTH`."""
+    for name, v, low, high in (("num_samples", num_samples, 0, MAX_NUM_SAMPLES),
+                               ("max_len", max_len, 1, MAX_SAMPLE_LENGTH)):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise InputTypeError(f"{name}={_short(v)} is not an int: {name} must be an int from {low} to {high} "
+                                 f"(set {name})")
+        if not low <= v <= high:
+            raise ValueError(f"{name}={_short(int(v))} is invalid: {name} must be an int from {low} to {high} "
+                             f"(set {name})")
+    check_seed(seed, "seed")
+
+
 def longtail_lengths(num_samples: int, *, seed: int = 0, max_len: int = 125_000) -> np.ndarray:
     """Pretraining-like long-tail lengths (see the module doc)."""
+    _check_draw(num_samples, seed, max_len)
     rng = np.random.default_rng([seed, 1])
     u = rng.random(num_samples)
     bulk = np.exp(rng.normal(np.log(3200.0), 0.45, num_samples))
@@ -70,6 +86,7 @@ def longtail_lengths(num_samples: int, *, seed: int = 0, max_len: int = 125_000)
 
 def sft_lengths(num_samples: int, *, seed: int = 0, max_len: int = 32_768) -> np.ndarray:
     """Instruction-tuning-like lengths: mostly short, a few long conversations."""
+    _check_draw(num_samples, seed, max_len)
     rng = np.random.default_rng([seed, 2])
     u = rng.random(num_samples)
     short = np.exp(rng.normal(np.log(700.0), 0.9, num_samples))
@@ -80,6 +97,7 @@ def sft_lengths(num_samples: int, *, seed: int = 0, max_len: int = 32_768) -> np
 
 def uniform_lengths(num_samples: int, *, seed: int = 0, max_len: int = 16_384) -> np.ndarray:
     """Lengths uniform in ``[1, max_len]``."""
+    _check_draw(num_samples, seed, max_len)
     rng = np.random.default_rng([seed, 3])
     return rng.integers(1, max_len + 1, num_samples, dtype=np.int64)
 
@@ -104,13 +122,14 @@ def make_workload(name: str, num_samples: int = 100_000, *, seed: int = 0, max_l
         max_len: longest sample (default: the workload's own).
 
     Raises:
-        ValueError: unknown name, ``num_samples < 1`` or ``max_len < 1``.
+        ValueError: unknown name, ``num_samples < 1``, ``max_len < 1`` or a bad ``seed`` (as
+            :func:`~atac_hf.packing.validate.check_seed`: an int in ``[0, 2**63)``).
     """
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; legal values: {sorted(WORKLOADS)} (set --workload)")
     if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
         raise ValueError(f"num_samples={num_samples!r} must be an int >= 1 (set --num-samples)")
-    kwargs: dict[str, Any] = {"seed": int(seed)}
+    kwargs: dict[str, Any] = {"seed": check_seed(seed, "seed")}
     if max_len is not None:
         if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 1:
             raise ValueError(f"max_len={max_len!r} must be an int >= 1")
@@ -166,7 +185,7 @@ def _short(v: Any) -> str:
 def describe_lengths(lengths: Any, long_threshold: int = 32_768) -> dict[str, float]:
     """Shape of a length distribution: count, tokens, median, p99, max, and the share of
     samples and tokens above ``long_threshold``."""
-    a = np.asarray(lengths, dtype=np.int64)
+    a = check_lengths(lengths, "lengths")
     if a.size == 0:
         raise ValueError("describe_lengths got no lengths")
     long = a > long_threshold
@@ -350,6 +369,7 @@ def load_workload(spec: str, *, num_samples: int = 50_000, seed: int = 0, settin
              ".json array of lengths, or dataset:<path>[:<column>]")
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"workload={spec!r}: {legal} (check {setting})")
+    check_seed(seed, "seed")
     if spec in WORKLOADS:
         return make_workload(spec, num_samples, seed=seed)
     if spec in SAMPLES:
@@ -379,10 +399,24 @@ def sample_stream(lengths: np.ndarray, num_tokens: int, seed: int = 0) -> np.nda
 
     Lengths are drawn without replacement (a seeded permutation), cycling through
     fresh permutations if the pool is too small. Every strategy is fed this stream.
+
+    Raises:
+        ValueError: no lengths, a length that is not an int from 1 to :data:`MAX_SAMPLE_LENGTH`
+            (named by its index), ``num_tokens`` not an int >= 1, a bad ``seed``.
     """
-    pool = np.asarray(lengths, dtype=np.int64)
+    pool = check_lengths(lengths, "lengths")
     if pool.size == 0:
         raise ValueError("the workload holds no lengths")
+    if (pool < 1).any():  # a zero adds no tokens: a pool of zeros would never reach num_tokens
+        raise ValueError(f"lengths[{int(np.argmin(pool))}] = 0: sample_stream lengths must be ints >= 1 (drop the "
+                         "zero-length samples)")
+    if isinstance(num_tokens, (bool, np.bool_)) or not isinstance(num_tokens, (int, np.integer)):
+        raise InputTypeError(f"num_tokens={_short(num_tokens)} is not an int: num_tokens must be an int >= 1 (the "
+                             "stream's token count)")
+    if num_tokens < 1:
+        raise ValueError(f"num_tokens={_short(int(num_tokens))} is invalid: num_tokens must be an int >= 1 (the "
+                         "stream's token count)")
+    seed = check_seed(seed, "seed")
     rng = np.random.default_rng([seed, 0x5EED])
     parts, total = [], 0
     while total < num_tokens:

@@ -8,7 +8,7 @@ import math
 import re
 import sys
 
-from .._argtypes import model_arg, parse_tokens
+from .._argtypes import model_arg, parse_int, parse_tokens
 
 __all__ = ["MAX_CALIBRATE_LEN", "add_parser", "check_device", "run_calibrate"]
 
@@ -30,9 +30,9 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None,
                    help="model preset (default: tiny on CPU, 1b on CUDA) or an HF config.json path")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    p.add_argument("--tp-size", type=int, default=1, help="tensor-parallel degree the profile is for")
+    p.add_argument("--tp-size", type=parse_int, default=1, help="tensor-parallel degree the profile is for")
     p.add_argument("--quick", action="store_true", help="a small grid (seconds), e.g. for tests")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default 1, timed by the process clock)")
+    p.add_argument("--threads", type=parse_int, default=None, help="CPU threads (default 1, timed by the process clock)")
     p.add_argument("--backend", choices=["sdpa", "flash", "varlen", "varlen_reference"], default="sdpa",
                    help="attention backend the profile is for: the ATACConfig attention_backend of the run "
                         "(default sdpa; use sdpa for flex)")
@@ -42,7 +42,7 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--budget-s", default=None,
                    help=f"time budget in seconds (> 0): the grid is priced first and --max-len halved until it "
                         f"fits (default {CPU_BUDGET_S:.0f} on CPU, none on CUDA; 'none': no budget)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=parse_int, default=0)
     p.add_argument("--json", action="store_true", help="print the profile metadata as JSON")
     p.set_defaults(func=run_calibrate)
 

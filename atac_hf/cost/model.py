@@ -29,6 +29,7 @@ import numpy as np
 
 from . import profile
 from .presets import HardwarePreset, ModelDims, model_label, resolve_hardware, resolve_model
+from .presets import _is_int, _is_real, _short  # the same checks and message reprs as the presets'
 
 __all__ = ["CostModel", "default_cost_model"]
 
@@ -47,23 +48,6 @@ def _window_mix(pairs: np.ndarray, band: np.ndarray, share: float) -> np.ndarray
     causal ``pairs``), the others every causal pair."""
     windowed = np.minimum(pairs, band)
     return windowed if share == 1 else share * windowed + (1 - share) * pairs
-
-
-def _is_real(v: Any) -> bool:
-    """A finite-checkable number (numpy floats and ints too), never a bool."""
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
-def _short(v: Any) -> str:
-    """A short repr for messages: never huge, never raising (ints of over 4300 digits do)."""
-    if isinstance(v, int) and abs(v) > 10**60:
-        return f"<int of {v.bit_length()} bits>"
-    text = repr(v) if isinstance(v, (int, float, str, type(None), np.generic)) else f"<{type(v).__name__}>"
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -270,6 +254,11 @@ class CostModel:
         profile.save_profile(self, path, **metadata)
 
     def replace(self, **changes: Any) -> "CostModel":
+        """This model with ``changes`` applied; an unknown field is a TypeError naming the legal fields."""
+        legal = [f.name for f in dataclasses.fields(self)]
+        unknown = [k for k in changes if k not in legal]
+        if unknown:
+            raise TypeError(f"CostModel.replace got unknown fields {unknown}; legal fields: {legal}")
         return dataclasses.replace(self, **changes)
 
     # ------------------------------------------------------------------ costing
@@ -400,13 +389,22 @@ class CostModel:
         return n * self.linear_s_per_token + attn, attn
 
     def doc_cost(self, lengths: Any) -> np.ndarray:
-        """Seconds of whole documents of the given lengths."""
-        lengths = np.asarray(lengths, dtype=np.int64)
-        return self.segment_cost(np.zeros_like(lengths), lengths)
+        """Seconds of whole documents of the given lengths (ints; the planners' hot path: only their
+        dtype is checked here, :meth:`pack_cost` checks their values too)."""
+        a = np.asarray(lengths)
+        if a.dtype.kind not in "iu" and a.size:  # floats, bools, objects: never truncated into a price
+            first = a.flat[0]
+            raise TypeError(f"doc_cost lengths must be ints (token counts), got dtype {a.dtype} (e.g. "
+                            f"{_short(first.item() if isinstance(first, np.generic) else first)})")
+        return self.segment_cost(np.zeros(a.shape, np.int64), a.astype(np.int64, copy=False))
 
     def pack_cost(self, lengths: Any) -> float:
-        """Seconds of one pack holding whole documents of the given lengths."""
-        return float(self.doc_cost(lengths).sum())
+        """Seconds of one pack holding whole documents of the given lengths (ints >= 0)."""
+        a, costs = np.asarray(lengths), self.doc_cost(lengths)
+        if a.size and a.min() < 0:
+            raise ValueError(f"pack_cost lengths[{int(np.argmin(a))}] = {_short(a.min().item())} is negative: "
+                             "document lengths must be token counts >= 0")
+        return float(costs.sum())
 
     def comm_cost(self, kv_tokens: Any, cp_size: int) -> np.ndarray:
         """Seconds of the K/V all-gather (forward) plus reduce-scatter of its gradient (backward).
@@ -414,13 +412,22 @@ class CostModel:
         ``kv_tokens`` is the total number of tokens, over the whole CP group, whose K/V
         travel; with a ring, each rank receives ``(C - 1) / C`` of them.
         """
-        if type(kv_tokens) in (int, float) and cp_size > 1:
+        if type(kv_tokens) in (int, float) and (type(cp_size) is int or _is_int(cp_size)) and cp_size > 1:
             # one number (the planners' calls: a plan's gathered tokens): the same IEEE arithmetic in
             # Python floats, in the same order, without numpy's per-call overhead (about 10 ops of 1 us)
             kv = float(kv_tokens)
-            return np.float64(2.0 * (self.link_latency_s * (cp_size - 1) + kv * self.kv_bytes_per_token
-                                     * (cp_size - 1) / cp_size / self.link_bandwidth) if kv > 0 else 0.0)
-        kv = np.asarray(kv_tokens, dtype=np.float64)
+            if 0 < kv < math.inf:
+                return np.float64(2.0 * (self.link_latency_s * (cp_size - 1) + kv * self.kv_bytes_per_token
+                                         * (cp_size - 1) / cp_size / self.link_bandwidth))
+            if kv <= 0:  # (a count <= 0 costs nothing, as on the array path)
+                return np.float64(0.0)
+            raise ValueError(f"comm_cost kv_tokens={_short(kv_tokens)}: kv_tokens must be finite token counts")
+        _check_cp_size(cp_size)
+        raw = np.asarray(kv_tokens)
+        kv = raw.astype(np.float64)
+        if raw.dtype.kind not in "iu" and not np.isfinite(kv).all():  # (a planner's ints: no scan)
+            raise ValueError(f"comm_cost kv_tokens holds {kv[~np.isfinite(kv)].flat[0].item()}: kv_tokens must be "
+                             "finite token counts")
         if cp_size <= 1:
             return np.zeros_like(kv)
         bytes_in = kv * self.kv_bytes_per_token * (cp_size - 1) / cp_size
@@ -434,6 +441,7 @@ class CostModel:
         ``max_rank_tokens`` is the most K/V rows any rank receives or sends (the slowest
         rank's link sets the time); ``cp_size - 1`` peers each cost one latency.
         """
+        _check_cp_size(cp_size)
         kv = np.asarray(max_rank_tokens, dtype=np.float64)
         if cp_size <= 1:
             return np.zeros_like(kv)
@@ -449,6 +457,8 @@ class CostModel:
         ``node_size`` this is :meth:`a2a_comm_cost` of the most rows a rank receives or sends.
         """
         m = np.asarray(rows, dtype=np.float64)
+        if m.ndim != 2 or m.shape[0] != m.shape[1]:
+            raise ValueError(f"a2a_pair_cost rows={_short(rows)} of shape {m.shape} must be a (C, C) array (K/V rows)")
         C = m.shape[0]
         if C <= 1 or not m.any():
             return 0.0
@@ -464,6 +474,14 @@ class CostModel:
             t = np.maximum((mat * same).sum(axis=1) / intra_bw, (mat * ~same).sum(axis=1) / self.link_bandwidth)
             busiest = max(busiest, float(t.max()))
         return 2.0 * (self.link_latency_s * (C - 1) + busiest * self.kv_bytes_per_token)
+
+
+def _check_cp_size(cp_size: Any) -> None:
+    """``cp_size`` of the communication prices: an int >= 1 (the context-parallel group size)."""
+    ok = _is_int(cp_size)
+    if not ok or cp_size < 1:
+        raise (ValueError if ok else TypeError)(f"cp_size={_short(cp_size)} is {'too small' if ok else 'not an int'}: "
+                                                "cp_size must be an int >= 1 (the context-parallel group size)")
 
 
 def default_cost_model() -> CostModel:

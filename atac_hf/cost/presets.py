@@ -148,12 +148,23 @@ class ModelDims:
             return max(values, key=values.count)
 
         hidden, heads, depth = get("hidden_size"), get("num_attention_heads"), get("num_hidden_layers")
-        if not all(isinstance(v, (int, np.integer)) for v in (hidden, heads, depth)):
+        if any(v is None for v in (hidden, heads, depth)):
             raise ValueError(
                 "cannot read model dimensions: the config has no hidden_size/num_attention_heads/num_hidden_layers "
-                f"ints (got {hidden!r}/{heads!r}/{depth!r}; pass ModelDims(...) explicitly)"
+                f"ints (got {_short(hidden)}/{_short(heads)}/{_short(depth)}; pass ModelDims(...) explicitly)"
             )
-        head_dim, v_head_dim = key_value_widths(get, int(get("head_dim") or hidden // heads))
+
+        def size(k: str, default: Any = None) -> Any:  # a size the config gives: a positive int
+            v = get(k)
+            if default is not None and (v is None or (_ints(v) and v == 0)):  # unset (GLM-5 writes head_dim 0)
+                return default
+            if not _ints(v) or v <= 0:
+                raise ValueError(f"cannot read model dimensions: the config's {k}={_short(v)} is not a positive int "
+                                 "(check that field of the model config, or pass ModelDims(...) explicitly)")
+            return int(v)
+
+        hidden, heads, depth = size("hidden_size"), size("num_attention_heads"), size("num_hidden_layers")
+        head_dim, v_head_dim = key_value_widths(get, size("head_dim", hidden // heads))
         window = get("sliding_window") if get("use_sliding_window", True) else None
         window = int(window) if _ints(window) and window > 0 else None
         window_layers = None if window is None else _window_layers(whole, int(depth))
@@ -161,10 +172,10 @@ class ModelDims:
             hidden_size=int(hidden),
             num_layers=int(depth),
             num_heads=int(heads),
-            num_kv_heads=int(get("num_key_value_heads") or heads),
+            num_kv_heads=size("num_key_value_heads", heads),
             head_dim=int(head_dim),
-            intermediate_size=_active_mlp_width(get, int(depth), int(get("intermediate_size") or 4 * hidden)),
-            vocab_size=int(get("vocab_size") or 32000),
+            intermediate_size=_active_mlp_width(get, int(depth), size("intermediate_size", 4 * hidden)),
+            vocab_size=size("vocab_size", 32000),
             sliding_window=window if window_layers != 0 else None,
             sliding_window_layers=window_layers if window_layers != 0 else None,
             v_head_dim=v_head_dim if v_head_dim != head_dim else None,
@@ -197,8 +208,25 @@ def key_value_widths(get: Any, head_dim: int) -> tuple[int, int]:
     return int(nope) + int(rope), int(v) if _ints(v) and v > 0 else int(nope) + int(rope)
 
 
+def _short(v: Any) -> str:
+    """A short repr for messages: never huge, never raising (ints of over 4300 digits do)."""
+    if isinstance(v, int) and abs(v) > 10**60:
+        return f"<int of {v.bit_length()} bits>"
+    text = repr(v) if isinstance(v, (int, float, str, type(None), np.generic)) else f"<{type(v).__name__}>"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_real(v: Any) -> bool:
+    """A finite-checkable number (numpy floats and ints too), never a bool."""
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
 def _ints(*values: Any) -> bool:
-    return all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in values)
+    return all(_is_int(v) for v in values)
 
 
 def _window_layers(get: Any, depth: int) -> int | None:  # get: the config's own fields, lists kept

@@ -24,14 +24,14 @@ PROFILE_FORMAT = "atac-hf/cost-profile/v1"
 
 def load_profile(cls: type, path: str | os.PathLike) -> Any:
     """Read the profile at ``path`` into a ``cls`` (a CostModel class)."""
-    path = os.fspath(path)
+    path = _fspath(path)
     data = load_json(path, "cost profile", "the cost profile path setting")
     return model_from_dict(cls, data, source=path)
 
 
 def profile_metadata(path: str | os.PathLike) -> Mapping[str, Any]:
     """A profile's ``metadata`` object (empty where it has none)."""
-    meta = load_json(os.fspath(path), "cost profile", "the cost profile path setting").get("metadata")
+    meta = load_json(_fspath(path), "cost profile", "the cost profile path setting").get("metadata")
     return meta if isinstance(meta, Mapping) else {}
 
 
@@ -47,6 +47,14 @@ def profile_model_mismatch(path: str | os.PathLike | Mapping[str, Any], dims: An
     bad = [f"{k}: profile {_cut_repr(pm[k])} vs model {getattr(dims, k)!r}" for k in PROFILE_DIMS
            if k in pm and pm[k] != getattr(dims, k)]
     return ", ".join(bad) or None
+
+
+def _fspath(path: Any) -> str:
+    """A profile path as a str; anything but a str or an ``os.PathLike`` is a TypeError naming it."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"cost profile path must be a str or os.PathLike (a JSON file written by CostModel.save or "
+                        f"`atac-hf calibrate`), got {type(path).__name__} {_cut_repr(path)}")
+    return os.fspath(path)
 
 
 def model_from_dict(cls: type, data: Mapping[str, Any], *, source: str = "<dict>") -> Any:
@@ -152,10 +160,20 @@ def save_profile(model: Any, path: str | os.PathLike, /, **metadata: Any) -> Non
     with :func:`os.replace`, so an existing profile is either fully replaced or left as it was.
     """
     text = profile_text(model, **metadata)
-    path = os.fspath(path)
+    path = _fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"cannot save the cost profile to {path!r}: it is a directory; give a file name "
+                                f"(e.g. {os.path.join(path, 'profile.json')!r})")
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"cannot save the cost profile to {path!r}: its folder {folder!r} does not exist; "
+                                "create it first or choose another path")
     tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
+    except OSError as e:  # named by the user's path, not the temporary file's
+        raise type(e)(f"cannot save the cost profile to {path!r}: {e.strerror or e} in its folder {folder!r}; "
+                      "choose a writable folder") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)

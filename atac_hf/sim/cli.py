@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from .._argtypes import model_arg, parse_tokens
+from .._argtypes import model_arg, parse_float, parse_int, parse_tokens
 from ..cost import HARDWARE_PRESETS, MODEL_PRESETS
 # the bounds of one run (packs, pack tokens, steps): the CLI checks its flags against the same
 # numbers ClusterConfig and simulate() check their arguments against
@@ -35,17 +35,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _cluster_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cluster")
-    g.add_argument("--dp", type=int, default=4, help="data-parallel replicas (default 4)")
-    g.add_argument("--pp", type=int, default=4, help="pipeline stages (default 4)")
-    g.add_argument("--cp", type=int, default=8, help="context-parallel ranks per pack (default 8)")
-    g.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (default 1)")
-    g.add_argument("--micro-batches", type=int, default=8, help="packs per DP replica per step (default 8)")
+    g.add_argument("--dp", type=parse_int, default=4, help="data-parallel replicas (default 4)")
+    g.add_argument("--pp", type=parse_int, default=4, help="pipeline stages (default 4)")
+    g.add_argument("--cp", type=parse_int, default=8, help="context-parallel ranks per pack (default 8)")
+    g.add_argument("--tp", type=parse_int, default=1, help="tensor-parallel ranks (default 1)")
+    g.add_argument("--micro-batches", type=parse_int, default=8, help="packs per DP replica per step (default 8)")
     g.add_argument("--max-tokens", type=parse_tokens, default=131072, help="token cap per pack, e.g. 128K")
-    g.add_argument("--num-gpus", type=int, default=None, help="check: must equal dp x pp x cp x tp")
+    g.add_argument("--num-gpus", type=parse_int, default=None, help="check: must equal dp x pp x cp x tp")
     g.add_argument("--model", default="7b", help=f"model preset {sorted(MODEL_PRESETS)} or an HF config.json path")
     g.add_argument("--hardware", default="A800", choices=sorted(HARDWARE_PRESETS), help="hardware preset")
     g.add_argument("--profile", default=None, help="calibration profile JSON (replaces the preset's compute)")
-    g.add_argument("--efficiency", type=float, default=0.5, help="share of peak FLOP/s for presets (default 0.5)")
+    g.add_argument("--efficiency", type=parse_float, default=0.5, help="share of peak FLOP/s for presets (default 0.5)")
 
 
 def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
@@ -57,8 +57,8 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workload", default="longtail",
                    help="built-in (longtail, sft, uniform), a .json array of lengths, or dataset:<path>[:<column>]")
     _cluster_args(p)
-    p.add_argument("--steps", type=int, default=16, help="stream length in optimizer steps (default 16)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=parse_int, default=16, help="stream length in optimizer steps (default 16)")
+    p.add_argument("--seed", type=parse_int, default=0)
     p.add_argument("--windows", choices=("adaptive", "fixed"), default="adaptive",
                    help="adaptive: each packer sizes its windows like its feeder; fixed: identical windows")
     p.add_argument("--combos", default="all",
@@ -78,6 +78,8 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
 
 def _scales(text: str) -> tuple[float, ...]:
     try:
+        if not str(text).isascii():  # float() also takes other scripts' digits
+            raise ValueError(text)
         out = tuple(float(x) for x in str(text).split(",") if x.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers (e.g. 0.5,1,2)") from None
@@ -124,8 +126,8 @@ def _check_sim_sizes(args: argparse.Namespace) -> None:
     if packs > MAX_SIM_PACKS:
         raise ValueError(f"--steps x --dp x --micro-batches = {packs} packs to simulate, more than {MAX_SIM_PACKS}: "
                          "lower one of them")
-    if args.seed < 0:
-        raise ValueError(f"--seed={shown(args.seed)} must be >= 0")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise ValueError(f"--seed={shown(args.seed)} must be from 0 to {MAX_SEED} (2**63 - 1)")
     cap = getattr(args, "max_tokens_per_rank", None)
     if cap is not None and not 1 <= cap <= MAX_SIM_TOKENS:
         raise ValueError(f"--max-tokens-per-rank={shown(cap)} must be from 1 to {MAX_SIM_TOKENS} (or omit it: "
@@ -225,8 +227,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", default=None,
                    help="calibration profile: every scenario then runs the profile's model and tp_size on its "
                         "measured compute (links still from each scenario's hardware preset)")
-    p.add_argument("--workers", type=int, default=None, help="processes (default: CPU count)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=parse_int, default=None, help="processes (default: CPU count)")
+    p.add_argument("--seed", type=parse_int, default=0)
     p.add_argument("--scenarios", default=None, help="comma-separated scenario names to run (default: all)")
     p.add_argument("--eval-attn-scale", type=_scales, default=None, metavar="K[,K...]",
                    help="robustness report: plan every scenario with its cost model, time it with that model's "

@@ -21,6 +21,10 @@ def _short(text: str) -> str:
     return repr(text) if len(text) <= 80 else repr(text[:77] + "...")
 
 
+def _cut(text: str) -> str:
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _folded(text: str) -> str:
     return " ".join(text.lower().split())
 
@@ -79,19 +83,43 @@ def parse_combos(spec: str, setting: str = "--combos") -> list[tuple[str, str]] 
     return out
 
 
-def check_combos(combos: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+def check_combos(combos: Sequence[tuple[str, str] | str] | str) -> list[tuple[str, str]]:
     """``combos`` as a list of known, distinct ``(packing, sharding)`` pairs (:func:`~.simulate.simulate`).
 
+    Each entry is a ``(packing, sharding)`` pair, a combination name (``"ATAC"``) or a
+    ``"packing+sharding"`` label (``"wfap+atp"``); a whole str is read as ``--combos`` reads it
+    (``"all"``, ``"named"`` or comma-separated entries).
+
     Raises:
-        ValueError: empty, an unknown packing or sharding, or a pair given twice.
+        ValueError: empty, an unknown packing, sharding or name, an entry that is neither a pair nor
+            a str, or a pair given twice.
     """
-    out = [tuple(c) for c in combos]
+    if isinstance(combos, str):
+        parsed = parse_combos(combos, "combos")
+        return [(p, s) for p in PACKINGS for s in SHARDINGS] if parsed is None else parsed
+    if not hasattr(combos, "__iter__") or isinstance(combos, (bytes, dict)):
+        raise TypeError(f"combos={_cut(repr(combos))} is not a list: combos must be a list of (packing, sharding) "
+                        f"pairs or names; packings {list(PACKINGS)}, shardings {list(SHARDINGS)}")
+    out: list[tuple] = []
+    for c in combos:
+        if isinstance(c, str):
+            if c.strip() in ("all", "named") or "," in c:
+                raise ValueError(f"combos entry {_short(c)} must be one combination (a name such as 'ATAC' or "
+                                 f"packing+sharding, e.g. 'wfap+atp'); pass combos={_short(c)} itself for a list")
+            out.extend(parse_combos(c, "combos entry") or [])
+        elif isinstance(c, (tuple, list)):
+            out.append(tuple(c))
+        else:
+            raise ValueError(f"combos entry {_cut(repr(c))} is neither a (packing, sharding) pair nor a name; "
+                             f"names {list(NAMED_COMBINATIONS)} or packing+sharding; packings {list(PACKINGS)}, "
+                             f"shardings {list(SHARDINGS)}")
     if not out:
         raise ValueError("combos is empty: give at least one (packing, sharding) pair")
     seen: set[tuple] = set()
     for c in out:
         if len(c) != 2 or c[0] not in PACKINGS or c[1] not in SHARDINGS:
-            raise ValueError(f"unknown combination {c!r}; packings {list(PACKINGS)}, shardings {list(SHARDINGS)}")
+            raise ValueError(f"unknown combination {_cut(repr(c))}; packings {list(PACKINGS)}, shardings "
+                             f"{list(SHARDINGS)} (or a name from {list(NAMED_COMBINATIONS)}, or 'packing+sharding')")
         if c in seen:
             raise ValueError(f"combination {c!r} ({combo_label(*c)}) is given twice in combos; give each "
                              "(packing, sharding) pair once")

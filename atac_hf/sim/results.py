@@ -14,7 +14,7 @@ from ..sharding.api import CapExceededError
 from .cluster import ClusterConfig
 
 __all__ = ["PACKINGS", "SHARDINGS", "NAMED_COMBINATIONS", "ComboResult", "NoCombinationFitsError", "RefusedCombo",
-           "SimResult", "combo_label"]
+           "SimResult", "UnknownComboError", "combo_label"]
 
 PACKINGS = ("sequential", "bfd", "wlb", "wfap")
 SHARDINGS = ("contiguous", "zigzag", "per_doc", "wlb_adaptive", "atp")
@@ -47,6 +47,23 @@ class RefusedCombo:
     def row(self) -> dict[str, Any]:
         """Its row of :meth:`SimResult.to_dict`'s ``combinations``."""
         return {"label": self.label, "packing": self.packing, "sharding": self.sharding, "refused": self.reason}
+
+
+def _as_label(x: Any) -> Any:
+    """A ``"packing+sharding"`` label as :func:`combo_label` writes it (``"wfap+atp"`` -> ``"ATAC"``)."""
+    if isinstance(x, str) and "+" in x:
+        p, s = (t.strip() for t in x.split("+", 1))
+        if p in PACKINGS and s in SHARDINGS:
+            return combo_label(p, s)
+    return x
+
+
+class UnknownComboError(KeyError, ValueError):
+    """A label that names no combination of a :class:`SimResult` (a ``KeyError``, as before, and a
+    ``ValueError``); the message names the legal labels."""
+
+    def __str__(self) -> str:  # the message, not KeyError's repr of it
+        return str(self.args[0]) if self.args else ""
 
 
 class NoCombinationFitsError(CapExceededError):
@@ -192,23 +209,40 @@ class SimResult:
         return self.cluster.runnable
 
     def speedup(self, label: str, over: str) -> float:
-        """Throughput of ``label`` / throughput of ``over``.
+        """Throughput of ``label`` / throughput of ``over`` (each a label of :attr:`combos`, e.g.
+        ``"ATAC"``, or its ``"packing+sharding"`` form, e.g. ``"wfap+atp"``).
 
         Raises:
-            ValueError: either was refused (over the per-rank token cap); KeyError: not run.
+            ValueError: either was refused (over the per-rank token cap); :class:`UnknownComboError` (a
+            KeyError and a ValueError): either was not run (the message names the labels that ran).
         """
+        label, over = _as_label(label), _as_label(over)
         for x in (label, over):
             if x in self.refused:
                 raise ValueError(f"no speedup of {label!r} over {over!r}: {x!r} was refused ({self.refused[x].reason})")
+        for x in (label, over):
+            if x not in self.combos:
+                shown = repr(x) if len(repr(x)) <= 80 else repr(x)[:77] + "..."
+                raise UnknownComboError(f"no combination {shown} in this result: legal labels {list(self.combos)} "
+                                        "(combination names such as 'ATAC', or 'packing+sharding')")
         return self.combos[label].throughput / self.combos[over].throughput
 
     def speedup_or_nan(self, label: str, over: str) -> float:
         """:meth:`speedup`, NaN where either was refused or not run."""
+        label, over = _as_label(label), _as_label(over)
         return self.speedup(label, over) if label in self.combos and over in self.combos else float("nan")
 
     def strongest_baseline(self, exclude: str = "ATAC") -> str:
-        """The fastest combination that ran, other than ``exclude`` (refused ones never count)."""
-        return max((k for k in self.combos if k != exclude), key=lambda k: self.combos[k].throughput)
+        """The fastest combination that ran, other than ``exclude`` (refused ones never count).
+
+        Raises:
+            ValueError: no combination other than ``exclude`` ran (simulate a baseline too).
+        """
+        others = [k for k in self.combos if k != exclude]
+        if not others:
+            raise ValueError(f"no baseline in this result: only {list(self.combos)} ran (refused: "
+                             f"{list(self.refused)}); simulate another combination beside {exclude!r}")
+        return max(others, key=lambda k: self.combos[k].throughput)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"workload": self.workload, "cluster": self.cluster.to_dict(),

@@ -78,8 +78,11 @@ def _check(fwd_PM: np.ndarray, bwd_PM: np.ndarray | None, p2p_M) -> tuple[np.nda
     if bwd.shape != fwd.shape:
         raise ValueError(f"bwd_PM shape {bwd.shape} differs from fwd_PM shape {fwd.shape}")
     p2p = np.broadcast_to(np.asarray(0.0 if p2p_M is None else p2p_M, dtype=np.float64), (fwd.shape[1],))
-    if (fwd < 0).any() or (bwd < 0).any() or (p2p < 0).any():
-        raise ValueError("pipeline operation times must be >= 0 seconds")
+    for name, a in (("fwd_PM", fwd), ("bwd_PM", bwd), ("p2p_M", p2p)):
+        bad = ~(np.isfinite(a) & (a >= 0))  # NaN and inf too: a schedule cannot order them
+        if bad.any():
+            raise ValueError(f"pipeline operation times must be finite and >= 0 seconds: {name} holds "
+                             f"{a[bad].flat[0].item()!r}")
     return fwd, bwd, p2p
 
 

@@ -60,6 +60,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..cost import CostModel
+from ..packing.validate import InputTypeError, _short, check_lengths, check_seed
 from ..sharding import plan_shards
 from ..sharding.api import CapExceededError
 from ..sharding.segments import _cheapest, _doc_work_lower_bounds, finish_plan
@@ -211,13 +212,76 @@ def balanced_step_time(cluster: ClusterConfig, work_s: float, tokens: int, num_m
         num_micro_batches: micro-batches per replica.
         phi: forward share of the work.
         timing: ``"schedule"`` (the event schedule) or ``"formula"`` (:func:`~.onef1b.onef1b_formula`).
+
+    Raises:
+        InputTypeError: ``cluster`` not a ClusterConfig, or an argument of the wrong type;
+        ValueError: ``work_s`` or ``tokens`` not finite and >= 0, ``num_micro_batches`` < 1, ``phi``
+            outside [0, 1], an unknown ``timing``.
     """
-    M = max(1, int(num_micro_batches))
+    if not isinstance(cluster, ClusterConfig):
+        raise InputTypeError(f"cluster={_short(cluster)} is not a ClusterConfig (set cluster)")
+    for name, v, ok, legal in (("work_s", work_s, lambda x: 0 <= x < np.inf, "a finite number of seconds >= 0"),
+                               ("tokens", tokens, lambda x: 0 <= x < np.inf, "a finite token count >= 0"),
+                               ("phi", phi, lambda x: 0 <= x <= 1, "a number in [0, 1] (the forward's share)")):
+        if not _is_number(v):
+            raise InputTypeError(f"{name}={_short(v)} is not a number: {name} must be {legal} (set {name})")
+        if not ok(v):
+            raise ValueError(f"{name}={_short(v)} is invalid: {name} must be {legal} (set {name})")
+    if not _is_int(num_micro_batches):
+        raise InputTypeError(f"num_micro_batches={_short(num_micro_batches)} is not an int: num_micro_batches must be "
+                             "an int >= 1 (set num_micro_batches)")
+    if num_micro_batches < 1:
+        raise ValueError(f"num_micro_batches={int(num_micro_batches)} is invalid: num_micro_batches must be an int "
+                         ">= 1 (set num_micro_batches)")
+    if timing not in ("schedule", "formula"):
+        raise ValueError(f"timing={_short(timing)} is invalid: legal values are 'schedule' and 'formula' (set timing)")
+    M = int(num_micro_batches)
     per_mb = work_s / (cluster.dp_size * M * cluster.cp_size)
     f, b = _stage_times(cluster, np.full(M, per_mb), np.full(M, phi))
     hop = cluster.hop_s(np.full(M, tokens / (cluster.dp_size * M * cluster.cp_size)))
     span = onef1b_formula(f, b, hop) if timing == "formula" else one_f_one_b(f, b, hop).makespan
     return span + cluster.grad_sync_s()
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+#: ``packing_options`` keys the cluster sets (``max_tokens``, ``packs_per_window``) or the combination (``strategy``).
+RESERVED_PACKING_OPTIONS = ("max_tokens", "packs_per_window", "strategy")
+
+
+def _check_packing_options(packing_options: Any, cluster: ClusterConfig, packings: Sequence[str]) -> dict[str, Any]:
+    """``packing_options`` as a dict of :class:`~atac_hf.packing.PackingConfig` fields other than the
+    reserved ones, its values checked by building every packer's config once, before any work."""
+    import dataclasses
+    from collections.abc import Mapping
+
+    from ..packing import PackingConfig
+
+    if packing_options is None:
+        return {}
+    if not isinstance(packing_options, Mapping):
+        raise InputTypeError(f"packing_options={_short(packing_options)} is not a dict: packing_options must be None "
+                             "or a dict of PackingConfig fields (set packing_options)")
+    legal = sorted(f.name for f in dataclasses.fields(PackingConfig) if f.init and f.name not in
+                   RESERVED_PACKING_OPTIONS)
+    reserved = [k for k in packing_options if k in RESERVED_PACKING_OPTIONS]
+    if reserved:
+        raise ValueError(f"packing_options sets {reserved}, which the simulator sets itself (max_tokens and "
+                         "packs_per_window from the cluster, strategy from each combination): set them on the "
+                         f"ClusterConfig or in combos instead; legal packing_options keys: {legal}")
+    unknown = ", ".join(_short(k) for k in packing_options if k not in legal)
+    if unknown:
+        raise ValueError(f"packing_options has unknown keys {unknown}: legal keys (PackingConfig fields): {legal}")
+    options = dict(packing_options)
+    for p in dict.fromkeys(packings):
+        PackingConfig(max_tokens=cluster.max_tokens, packs_per_window=cluster.packs_per_step, strategy=p, **options)
+    return options
 
 
 def simulate(lengths: Any, cluster: ClusterConfig, *, combos: Sequence[tuple[str, str]] | None = None,
@@ -230,17 +294,20 @@ def simulate(lengths: Any, cluster: ClusterConfig, *, combos: Sequence[tuple[str
     Args:
         lengths: the workload's sample lengths (a pool; shuffled into a stream by ``seed``).
         cluster: the :class:`ClusterConfig`.
-        combos: ``(packing, sharding)`` pairs (default: all of :data:`PACKINGS` x :data:`SHARDINGS`).
+        combos: ``(packing, sharding)`` pairs, combination names (``"ATAC"``) or ``"packing+sharding"``
+            labels (``"wfap+atp"``, as ``--combos`` takes them); default: all of :data:`PACKINGS` x
+            :data:`SHARDINGS`.
         num_steps: stream length in steps: the stream holds ``num_steps x DP x
             micro-batches x max_tokens`` tokens (a strategy may need more steps, e.g. to
             flush what it held back, or fewer).
-        seed: stream shuffle seed.
+        seed: stream shuffle seed (an int in [0, 2**63)).
         windows: ``"adaptive"``: each packer takes windows from the shared stream the way
             its feeder does (until the window's packable supply reaches the packer's
             ``tokens_wanted``; deferral strategies take more samples while they hold some
             back). ``"fixed"``: identical windows (sample ids) for every packer, cut from the
             stream at ``DP x micro-batches x max_tokens`` tokens each.
-        packing_options: extra :class:`~atac_hf.packing.PackingConfig` fields for every packer.
+        packing_options: extra :class:`~atac_hf.packing.PackingConfig` fields for every packer (not
+            ``max_tokens``, ``packs_per_window`` or ``strategy``: the cluster and the combinations set those).
         workload: a label for reports.
         progress: an object with ``update(n)`` (a tqdm bar), advanced once per packing strategy.
         eval_cost_model: the cost model that *times* the run (default: the cluster's, which
@@ -261,9 +328,15 @@ def simulate(lengths: Any, cluster: ClusterConfig, *, combos: Sequence[tuple[str
             combination has a pack over the per-rank token cap. A combination over it while
             others fit is not an error: it is in ``SimResult.refused``, with the reason.
     """
-    arr = np.asarray(lengths)
-    if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer) or (arr < 1).any():
-        raise ValueError("workload lengths must be a non-empty 1-D array of ints >= 1 (check the workload setting)")
+    arr = check_lengths(lengths, "lengths")  # the user's positions in messages (the stream is shuffled)
+    if arr.size == 0 or (arr < 1).any():
+        where = " is empty" if arr.size == 0 else f"[{int(np.argmin(arr))}] = 0"
+        raise ValueError(f"lengths{where}: workload lengths must be a non-empty 1-D array of ints >= 1 (check the "
+                         "workload setting)")
+    seed = check_seed(seed, "seed")
+    if progress is not None and not callable(getattr(progress, "update", None)):
+        raise InputTypeError(f"progress={_short(progress)} has no update(n) method: progress must be None or a "
+                             "progress bar (e.g. tqdm) (set progress)")
     if (isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer))
             or not 1 <= num_steps <= MAX_SIM_STEPS):
         raise ValueError(f"num_steps={num_steps!r:.80} must be an int from 1 to {MAX_SIM_STEPS}")
@@ -279,14 +352,14 @@ def simulate(lengths: Any, cluster: ClusterConfig, *, combos: Sequence[tuple[str
         raise ValueError(f"end_of_stream={end_of_stream!r}: legal values are 'flush' (the feeder does not know the "
                          "last window) and 'last' (it passes add_window(last=True))")
     combos = check_combos(combos) if combos is not None else [(p, s) for p in PACKINGS for s in SHARDINGS]
+    options = _check_packing_options(packing_options, cluster, [p for p, _ in combos])
     cm = cluster.cost_model()
     if eval_cost_model is not None and not isinstance(eval_cost_model, CostModel):
         raise TypeError(f"eval_cost_model must be a CostModel or None, got {type(eval_cost_model).__name__}")
     ecm = cm if eval_cost_model is None else eval_cost_model
     window_tokens = cluster.packs_per_step * cluster.max_tokens
-    stream = sample_stream(arr.astype(np.int64), int(num_steps * window_tokens), seed)
+    stream = sample_stream(arr, int(num_steps * window_tokens), seed)
     fixed = cut_windows(stream, window_tokens, num_steps) if windows == "fixed" else None
-    options = dict(packing_options or {})
     by_packing: dict[str, list[str]] = {}
     for p, s in combos:
         by_packing.setdefault(p, []).append(s)
