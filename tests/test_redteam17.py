@@ -242,3 +242,16 @@ def test_shard_helpers_refuse_inputs_that_do_not_match_the_pack():
     with pytest.raises(TypeError, match=r"unshard takes a tensor and a ShardPlan, got ndarray"):
         unshard(np.zeros((1, 5)), plan, 0)
     assert torch.equal(unshard(torch.arange(5.0).view(1, 5), plan, 0), torch.arange(5.0).view(1, 5))
+
+
+@pytest.mark.parametrize("argv, flag", [(["plan", "--doc-lengths", "5,3", "--cp-size", "\u0662"], "--cp-size"),
+                                        (["check-model", "--world-size", "\u0662"], "--world-size"),
+                                        (["check-model", "--timeout", "\u0661\u0662"], "--timeout")])
+def test_number_flags_take_ascii_digits_only(argv, flag, capsys):
+    """Red-team 17: argparse's int and float take other scripts' digits ('\u0662' is 2), which --doc-lengths and the
+    ATAC_* variables refuse."""
+    from atac_hf.cli import main
+
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert f"argument {flag}: " in capsys.readouterr().err

@@ -18,6 +18,8 @@ import tempfile
 import time
 from typing import Any
 
+from .._argtypes import parse_float, parse_int
+
 __all__ = ["add_parser", "run"]
 
 _WINDOW_VARIANT = 8  # the extra "with a sliding window" variant of families whose default has none
@@ -35,8 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     what.add_argument("--model-type", metavar="NAME", help="a transformers model_type (e.g. llama, qwen3, gpt2)")
     what.add_argument("--config", metavar="PATH", help="a config.json (checked as given: dropout etc. count)")
     what.add_argument("--all", action="store_true", help="every causal-LM family of the installed transformers")
-    p.add_argument("--world-size", type=int, default=2, help="gloo ranks of the probe (default 2)")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds one family may take (default 120)")
+    p.add_argument("--world-size", type=parse_int, default=2, help="gloo ranks of the probe (default 2)")
+    p.add_argument("--timeout", type=parse_float, default=120.0, help="seconds one family may take (default 120)")
     p.add_argument("--output", metavar="PATH", help="also write the verdicts as a markdown table (docs/MODELS.md)")
     p.add_argument("--json", action="store_true", help="print one JSON object per family instead of text")
     p.set_defaults(func=run)

@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 
-from .._argtypes import parse_tokens, profile_model
+from .._argtypes import parse_int, parse_tokens, profile_model
 from ..cost import HARDWARE_PRESETS, MODEL_PRESETS, CostModel
 from ..workloads import load_lengths
 from .api import STRATEGIES, CapExceededError, plan_shards
@@ -20,7 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--doc-lengths", required=True,
                    help="comma-separated document lengths of one pack, or a JSON file holding an array of ints")
-    p.add_argument("--cp-size", type=int, required=True, help="ranks in the context-parallel group")
+    p.add_argument("--cp-size", type=parse_int, required=True, help="ranks in the context-parallel group")
     p.add_argument("--strategy", choices=[*STRATEGIES, "all"], default="all")
     p.add_argument("--model", default="8b", choices=sorted(MODEL_PRESETS), help="model preset for the cost model")
     p.add_argument("--hardware", default="H100", choices=sorted(HARDWARE_PRESETS))
