@@ -214,6 +214,16 @@ class PackingConfig:
     @classmethod
     def for_training(cls, max_tokens: int, *, dp_size: int = 1, grad_accum: int = 1, **options: Any) -> "PackingConfig":
         """One window per optimizer step: ``packs_per_window = dp_size * grad_accum``."""
+        if "packs_per_window" in options:
+            raise TypeError(
+                f"for_training: packs_per_window={options['packs_per_window']!r} cannot be set here: for_training "
+                "sets packs_per_window = dp_size * grad_accum (pass dp_size / grad_accum, or build "
+                "PackingConfig(max_tokens=..., packs_per_window=...) directly)")
+        legal = [f.name for f in dataclasses.fields(cls) if f.name not in ("max_tokens", "packs_per_window")]
+        unknown = sorted(set(options) - set(legal))
+        if unknown:
+            raise TypeError(f"for_training: unknown packing setting(s) {unknown}; legal: "
+                            f"{['dp_size', 'grad_accum', *legal]}")
         for name, v in (("dp_size", dp_size), ("grad_accum", grad_accum)):
             if not _is_int(v) or not 1 <= v <= MAX_PACKS_PER_WINDOW:
                 raise ValueError(f"{name}={v!r} must be an int >= 1 and <= {MAX_PACKS_PER_WINDOW}")
@@ -225,9 +235,13 @@ class PackingConfig:
         if not isinstance(data, Mapping):
             raise TypeError(f"a packing config must be a mapping, got {type(data).__name__}")
         fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - fields)
+        unknown = sorted(set(data) - fields, key=repr)
         if unknown:
             raise ValueError(f"unknown packing config keys {unknown}; legal keys: {sorted(fields)}")
+        missing = [k for k in ("max_tokens", "packs_per_window") if k not in data]
+        if missing:
+            raise ValueError(f"packing config is missing the required key(s) {missing}: a packing config needs "
+                             f"'max_tokens' and 'packs_per_window' (legal keys: {sorted(fields)})")
         kwargs = dict(data)
         for key in ("wlb_thresholds", "price_band"):
             if isinstance(kwargs.get(key), list):

@@ -37,28 +37,100 @@ Numpy only.
 from __future__ import annotations
 
 import math
+from collections.abc import Set as AbstractSet, ValuesView
+from itertools import chain
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ..cost import CostModel
+from .config import MAX_LENGTH
+from .validate import InputTypeError, _is_int, _short, check_lengths
 
 __all__ = ["pack_costs", "window_imbalance", "MetricsAccumulator", "recount_metrics"]
 
 Span = Sequence[int]  # (sample_id, start, end)
+_SPAN = "a span is (sample, start, end) ints with 0 <= start < end <= 2**40 (tokens [start, end) of the sample)"
+
+
+def _check_cost_model(cost_model: Any, caller: str) -> None:
+    if not isinstance(cost_model, CostModel):
+        raise TypeError(f"{caller}: cost_model={_short(cost_model)} is not a CostModel: pass one, e.g. "
+                        "atac_hf.default_cost_model() (set cost_model)")
+
+
+def _check_packs(packs: Any, name: str, allow_empty: bool = False) -> tuple[list[int], np.ndarray]:
+    """The number of spans of each pack and all spans as an ``(n, 3)`` int64 array, every span
+    checked (:data:`_SPAN`); ``InputTypeError`` / ``ValueError`` naming the first bad pack or span."""
+    if isinstance(packs, (str, bytes, Mapping)) or not hasattr(packs, "__iter__"):
+        raise InputTypeError(f"{name}={_short(packs)} is not a list of packs: pass a list of packs, each a list of "
+                             "(sample, start, end) spans")
+    packs = list(packs)
+    if packs and all(isinstance(p, np.ndarray) and p.ndim == 2 and p.shape[1] == 3 and p.dtype.kind == "i"
+                     for p in packs):  # (k, 3) int arrays (pack_dataset's spans)
+        sizes = [len(p) for p in packs]
+        arr = np.concatenate(packs).astype(np.int64, copy=False)
+    else:
+        if not all(issubclass(t, (tuple, list, np.ndarray)) for t in set(map(type, packs))):
+            i = next(i for i, p in enumerate(packs) if not isinstance(p, (tuple, list, np.ndarray)))
+            raise InputTypeError(f"{name}[{i}] = {_short(packs[i])} is not a pack: a pack is a list of spans; {_SPAN}")
+        sizes = list(map(len, packs))
+        flat = [s for p in packs for s in p]
+        # every span a tuple / list / array of 3 ints (a bool is not one; a float is not truncated)
+        types = None
+        if all(issubclass(t, (tuple, list, np.ndarray)) for t in set(map(type, flat))) \
+                and set(map(len, flat)) <= {3}:
+            types = set(map(type, chain.from_iterable(flat)))
+        if types is None or not all(t is int or issubclass(t, np.integer) for t in types):
+            k = next(k for k, sp in enumerate(flat) if not isinstance(sp, (tuple, list, np.ndarray))
+                     or len(sp) != 3 or not all(_is_int(x) for x in sp))
+            raise InputTypeError(f"{name}{_where(sizes, k)} = {_short(flat[k])} is not a span: {_SPAN}")
+        try:
+            arr = np.fromiter(chain.from_iterable(flat), dtype=np.int64, count=3 * len(flat)).reshape(-1, 3)
+        except OverflowError:
+            k = next(k for k, sp in enumerate(flat) if not all(-2**63 <= x < 2**63 for x in sp))
+            raise ValueError(f"{name}{_where(sizes, k)} = {_short(flat[k])} is out of range: {_SPAN}") from None
+    if not allow_empty and 0 in sizes:
+        raise ValueError(f"a pack is empty ({name}[{sizes.index(0)}]); packs must hold at least one span")
+    bad = (arr[:, 1] < 0) | (arr[:, 2] <= arr[:, 1]) | (arr[:, 2] > MAX_LENGTH)
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise ValueError(f"{name}{_where(sizes, k)} = {tuple(arr[k].tolist())} is not a span: {_SPAN}")
+    return sizes, arr
+
+
+def _where(sizes: list[int], k: int) -> str:
+    """``[i][j]``: the pack and the place in it of the ``k``-th span of all packs."""
+    ends = np.cumsum(sizes)
+    i = int(np.searchsorted(ends, k, side="right"))
+    return f"[{i}][{k - int(ends[i] - sizes[i])}]"
+
+
+def _costs(sizes: list[int], arr: np.ndarray, cost_model: CostModel) -> np.ndarray:
+    """Sum over each pack (``sizes[i]`` spans, all > 0) of its spans' document costs."""
+    if not sizes:
+        return np.zeros(0)
+    per_span = cost_model.doc_cost(arr[:, 2] - arr[:, 1])
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    return np.add.reduceat(per_span, starts)
 
 
 def pack_costs(packs: Sequence[Sequence[Span]], cost_model: CostModel) -> np.ndarray:
-    """Cost (seconds) of each pack: its spans costed as separate documents."""
-    if not packs:
-        return np.zeros(0)
-    sizes = [len(p) for p in packs]
-    if min(sizes) == 0:
-        raise ValueError("a pack is empty; packs must hold at least one span")
-    lens = np.fromiter((int(s[2]) - int(s[1]) for p in packs for s in p), dtype=np.int64, count=sum(sizes))
-    per_span = cost_model.doc_cost(lens)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    return np.add.reduceat(per_span, starts)
+    """Cost (seconds) of each pack: its spans costed as separate documents.
+
+    Args:
+        packs: a list of packs, each a non-empty list of ``(sample, start, end)`` spans
+            (ints, ``0 <= start < end``; or a ``(k, 3)`` int array).
+        cost_model: prices each span as a document.
+
+    Raises:
+        InputTypeError / TypeError: ``packs`` not a list of packs, a span that is not 3 ints,
+            ``cost_model`` not a :class:`~atac_hf.cost.CostModel`.
+        ValueError: an empty pack, a span with ``start < 0``, ``end <= start`` or ``end > 2**40``.
+    """
+    _check_cost_model(cost_model, "pack_costs")
+    sizes, arr = _check_packs(packs, "packs")
+    return _costs(sizes, arr, cost_model)
 
 
 def window_imbalance(costs: Sequence[float]) -> float:
@@ -198,26 +270,81 @@ def recount_metrics(windows: Sequence[Sequence[Sequence[Span]]], lengths: Mappin
 
     Returns:
         the dict described in the module doc.
+
+    Raises:
+        InputTypeError / TypeError: a malformed window, pack or span, lengths or arrival that
+            are not ints, ``cost_model`` not a :class:`~atac_hf.cost.CostModel`.
+        ValueError: ``max_tokens`` not in ``[1, 2**40]``; a span of a sample ``lengths`` does not
+            list, past the sample's length, or over tokens another span of it holds; a sample
+            emitted before its ``arrival``; a negative ``zero_length_skipped``.
     """
+    if not _is_int(max_tokens) or not 1 <= max_tokens <= MAX_LENGTH:
+        raise ValueError(f"recount_metrics: max_tokens={_short(max_tokens)} is invalid: it must be an int > 0 and "
+                         f"<= {MAX_LENGTH} (the pack cap the packs were made with; set max_tokens)")
+    _check_cost_model(cost_model, "recount_metrics")
+    if zero_length_skipped is not None and (not _is_int(zero_length_skipped) or zero_length_skipped < 0):
+        raise ValueError(f"recount_metrics: zero_length_skipped={_short(zero_length_skipped)} must be None or an "
+                         "int >= 0 (set zero_length_skipped)")
+    length_of = _per_sample(lengths, "lengths")
+    arrival_of = None if arrival is None else _per_sample(arrival, "arrival")
+    if isinstance(windows, (str, bytes, Mapping)) or not hasattr(windows, "__iter__"):
+        raise InputTypeError(f"recount_metrics: windows={_short(windows)} must be a list of windows, each a list of "
+                             "packs")
     acc = MetricsAccumulator(max_tokens)
     last: dict[int, int] = {}
-    covered: dict[int, int] = {}
-    spans: dict[int, int] = {}
+    spans: dict[int, list[tuple[int, int]]] = {}
     for w, packs in enumerate(windows):
-        packs = [p for p in packs if p]
-        acc.add_window(pack_costs(packs, cost_model), sum(int(e) - int(s) for p in packs for _, s, e in p))
-        for p in packs:
-            for sid, s, e in p:
-                sid = int(sid)
-                last[sid] = w
-                covered[sid] = covered.get(sid, 0) + int(e) - int(s)
-                spans[sid] = spans.get(sid, 0) + 1
+        sizes, arr = _check_packs(packs, f"windows[{w}]", allow_empty=True)
+        acc.add_window(_costs([n for n in sizes if n], arr, cost_model), int((arr[:, 2] - arr[:, 1]).sum()))
+        for sid, s, e in arr.tolist():
+            last[sid] = w
+            spans.setdefault(sid, []).append((s, e))
     for sid in sorted(last):
-        acc.add_sample(last[sid] - int(arrival[sid]) if arrival is not None else 0)
-        acc.truncated_tokens += int(lengths[sid]) - covered[sid]
-    acc.num_split = sum(1 for n in spans.values() if n > 1)
+        n = _lookup(length_of, sid, "lengths")
+        sp = sorted(spans[sid])
+        if sp[-1][1] > n or any(s1 < e0 for (_s0, e0), (s1, _e1) in zip(sp, sp[1:])):
+            why = (f"a span ends at token {max(e for _s, e in sp)}, past its {n} tokens" if max(e for _s, e in sp) > n
+                   else "two spans hold the same tokens (a sample is packed once)")
+            raise ValueError(f"recount_metrics: sample {sid}: {why}; its spans: {_short(sp)}")
+        delay = 0
+        if arrival_of is not None:
+            delay = last[sid] - _lookup(arrival_of, sid, "arrival")
+            if delay < 0:
+                raise ValueError(f"recount_metrics: sample {sid} is in window {last[sid]} but arrival[{sid}] = "
+                                 f"{last[sid] - delay}: a sample is emitted in or after the window it arrives in")
+        acc.add_sample(delay)
+        acc.truncated_tokens += n - sum(e - s for s, e in sp)
+    acc.num_split = sum(1 for sp in spans.values() if len(sp) > 1)
     if zero_length_skipped is None:
-        values = lengths.values() if isinstance(lengths, Mapping) else lengths
-        zero_length_skipped = int(sum(1 for v in values if int(v) == 0))
+        values = length_of.values() if isinstance(length_of, dict) else length_of
+        zero_length_skipped = sum(1 for v in values if v == 0)
     acc.zero_length_skipped = int(zero_length_skipped)
     return acc.summary()
+
+
+def _per_sample(values: Any, name: str) -> dict[int, int] | list[int]:
+    """``lengths`` / ``arrival``: a mapping sample id -> int >= 0, or a sequence of them (id = position)."""
+    if not isinstance(values, Mapping):
+        if name == "lengths":
+            return check_lengths(values, name).tolist()
+        if isinstance(values, (str, bytes, AbstractSet, ValuesView)) or not hasattr(values, "__iter__"):
+            raise InputTypeError(f"recount_metrics: {name}={_short(values)} must be None, a list of window indices "
+                                 "(ints >= 0, one per sample id) or a mapping sample id -> window index")
+        values = {i: v for i, v in enumerate(values.tolist() if isinstance(values, np.ndarray) else values)}
+    out = {}
+    for k, v in values.items():
+        if not _is_int(k) or not _is_int(v):
+            raise InputTypeError(f"recount_metrics: {name}[{_short(k)}] = {_short(v)}: {name} must map sample ids "
+                                 "(ints) to ints >= 0")
+        if not 0 <= v <= MAX_LENGTH:
+            raise ValueError(f"recount_metrics: {name}[{int(k)}] = {int(v)} is out of range [0, {MAX_LENGTH}]")
+        out[int(k)] = int(v)
+    return out
+
+
+def _lookup(values: dict[int, int] | list[int], sid: int, name: str) -> int:
+    if isinstance(values, dict) and sid in values or isinstance(values, list) and 0 <= sid < len(values):
+        return values[sid]
+    held = f"ids {min(values)}..{max(values)}" if isinstance(values, dict) and values else f"{len(values)} samples"
+    raise ValueError(f"recount_metrics: the packs hold sample {sid} but {name} has no entry for it ({name} holds "
+                     f"{held}): pass the {name} of every packed sample")

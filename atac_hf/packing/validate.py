@@ -18,6 +18,7 @@ Wrong types raise :class:`InputTypeError`, a ``TypeError`` that is also a ``Valu
 from __future__ import annotations
 
 import math
+from collections.abc import Set as AbstractSet, ValuesView
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -46,6 +47,9 @@ def _short(v: Any, limit: int = 60) -> str:
         return f"<{type(v).__name__} of {len(v)} items>"
     r = repr(v)
     return r if len(r) <= limit else r[:limit - 3] + "..."
+
+
+_UNORDERED = (AbstractSet, ValuesView)  # set, frozenset, dict keys / items / values views
 
 
 def _is_int(v: Any) -> bool:
@@ -96,6 +100,9 @@ def _int_array(value: Any, msgs: _Msgs) -> np.ndarray:
         value = value.detach().cpu().numpy()
     if isinstance(value, (str, bytes, bytearray, Mapping)) or not hasattr(value, "__iter__"):
         raise InputTypeError(msgs.not_flat(f"got {type(value).__name__} {_short(value)}"))
+    if isinstance(value, _UNORDERED):
+        raise InputTypeError(msgs.not_flat(f"got the {type(value).__name__} {_short(value)}, which is not a sequence "
+                                           "(a set's order is arbitrary); pass a list or array in data order"))
     lo, hi = -MAX_TOKEN_ID - 1, MAX_TOKEN_ID
     if isinstance(value, np.ndarray):
         arr = value[0] if msgs.row_ok and value.ndim == 2 and value.shape[0] == 1 else value

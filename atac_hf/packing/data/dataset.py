@@ -250,14 +250,15 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
     token_cols, dropped = _token_columns(table, rows, lengths)
     if dropped:
         logger.info("pack_dataset: dropped columns %s (not one entry per input_ids token)", dropped)
-    if "attention_mask" in token_cols:  # padding would be packed as document tokens (as the collator refuses it)
+    if "attention_mask" in token_cols:  # padding is packed as document tokens (TRL's pack_dataset does the same)
         bad = _first_bad_row(table, rows, "attention_mask", lambda v: v != 1)
         if bad is not None:
             row, count, seg, _rows = bad
-            raise ValueError(f"pack_dataset: sample {row}: attention_mask has {count} of {len(seg)} entries not 1 "
-                             "(padding): a packed row has no padding, so padded "
-                             "tokens would be trained on as tokens of the document; tokenize without padding "
-                             "(padding=False), or strip the padding (keep the tokens where attention_mask is 1)")
+            warnings.warn(f"pack_dataset: sample {row} (and maybe others): attention_mask has {count} of {len(seg)} "
+                          "entries not 1 (padding): the pad tokens are packed as tokens of their document. "
+                          "PackedDataCollator / ATACTrainer refuse such rows; a collator that ignores attention_mask "
+                          "would train on them. Tokenize without padding (padding=False), or strip the padding "
+                          "(keep the tokens where attention_mask is 1) before packing", stacklevel=2)
     if _derives_labels(token_cols):  # the labels are built from the masks here: their values are checked here
         for col in (c for c in LOSS_MASK_COLUMNS if c in token_cols):
             bad = _first_bad_row(table, rows, col, lambda v: ~np.isin(v, (0, 1)))

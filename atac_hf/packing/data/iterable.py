@@ -18,7 +18,8 @@ from torch.utils.data import IterableDataset
 
 from ...cost import CostModel
 from ..config import MAX_LENGTH, PackingConfig
-from ..validate import _short, check_token_ids, state_bool, state_int, state_list, state_spans, state_value_int
+from ..validate import (InputTypeError, _is_int, _short, check_token_ids, state_bool, state_int, state_list,
+                        state_spans, state_value_int)
 from .window_planner import WindowPlanner, _check_common, _config_parts, _fingerprint
 
 __all__ = ["PackedIterableDataset", "check_reiterable"]
@@ -241,8 +242,12 @@ class PackedIterableDataset(IterableDataset):
                 did (``num_workers=1``): the state lives in the worker, this one is stale.
 
         Raises:
+            InputTypeError: ``num_rows`` not an int (a float, bool or string).
             ValueError: ``num_rows`` outside the rows this object can rewind to.
         """
+        if num_rows is not None and not _is_int(num_rows):
+            raise InputTypeError(f"num_rows={_short(num_rows)} is invalid: it must be None or an int (rows the "
+                                 "training loop consumed)")
         worker_rows = int(self._worker_rows.item())
         if worker_rows and torch.utils.data.get_worker_info() is None:
             warnings.warn(

@@ -33,7 +33,8 @@ from torch.utils.data import Dataset, Sampler
 
 from ...cost import CostModel
 from ..config import PackingConfig
-from ..validate import _is_int, _short, check_dealable, check_lengths, check_overlength, check_seed, one_row, state_int
+from ..validate import (InputTypeError, _is_int, _short, check_dealable, check_lengths, check_overlength, check_seed,
+                        one_row, state_int)
 from .window_planner import Span, _check_common, _config_parts, _fingerprint
 from .window_planner import plan_packs, replica_order
 from .iterable import PackedIterableDataset
@@ -303,41 +304,83 @@ class SpanDataset(Dataset):
     reads, ``attention_mask``, ``completion_mask``, ``assistant_masks``, ``position_ids``;
     dropping them would train on padding, on prompt tokens or across documents silently).
     Works over ``datasets.Dataset`` (batched reads) and any indexable of dicts.
+
+    Raises:
+        InputTypeError: ``columns`` not a sequence of names (a str is one name: ``("input_ids",)``).
+        ValueError: ``columns`` without ``input_ids`` or naming a column the dataset lacks; a span
+            ``(i, s, e)`` with ``e`` past sample ``i``'s tokens.
+        IndexError: a sample id outside ``[0, len(dataset))`` (a negative id does not wrap).
     """
 
     def __init__(self, dataset: Any, *, columns: Sequence[str] = TOKEN_COLUMNS) -> None:
+        if isinstance(columns, (str, bytes, Mapping)) or not hasattr(columns, "__iter__") \
+                or not all(isinstance(c, str) for c in tuple(columns)):
+            raise InputTypeError(f"SpanDataset: columns={_short(columns)} must be a sequence of column names, e.g. "
+                                 "('input_ids', 'labels') (one name is ('input_ids',); set columns)")
+        columns = tuple(columns)
+        if "input_ids" not in columns:
+            raise ValueError(f"SpanDataset: columns={_short(columns)} must include 'input_ids' (the token ids every "
+                             f"span slices); default: {list(TOKEN_COLUMNS)} (set columns)")
         names = getattr(dataset, "column_names", None)
         if names is not None:
             if "input_ids" not in names:
                 raise ValueError(f"dataset has no 'input_ids' column; columns: {list(names)}")
+            unknown = [c for c in columns if c not in names and c not in TOKEN_COLUMNS]
+            if unknown:
+                raise ValueError(f"SpanDataset: columns {unknown} are not columns of the dataset; its columns: "
+                                 f"{list(names)} (set columns)")
             dataset = dataset.select_columns([c for c in columns if c in names])
         self.dataset = dataset
-        self.columns = tuple(columns)
+        self.columns = columns
+        # columns other than the optional token ones: every row must have them
+        self._needed = tuple(c for c in columns if c == "input_ids" or c not in TOKEN_COLUMNS)
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, key: Any) -> dict[str, Any]:
-        if _is_int(key):
-            return self.dataset[int(key)]
-        i, s, e = _as_span(key)
-        return self._slice(self.dataset[i], s, e)
+        i, s, e = self._key(key, self._size())
+        return self.dataset[i] if e is None else self._slice(self.dataset[i], key, s, e)
 
     def __getitems__(self, keys: Sequence[Any]) -> list[dict[str, Any]]:
+        n = self._size()
+        spans = [self._key(k, n) for k in keys]
         if getattr(self.dataset, "column_names", None) is None:
             fetch = getattr(self.dataset, "__getitems__", None)
             if fetch is None:
-                return [self[k] for k in keys]
+                return [self.dataset[i] if e is None else self._slice(self.dataset[i], k, s, e)
+                        for k, (i, s, e) in zip(keys, spans)]
             # the source reads a batch at once (e.g. documents of pre-packed rows: each row read once)
-            spans = [(int(k), 0, None) if _is_int(k) else _as_span(k) for k in keys]
             got = fetch([i for i, _, _ in spans])
-            return [row if _is_int(k) else self._slice(row, s, e) for row, k, (_, s, e) in zip(got, keys, spans)]
-        spans = [(int(k), 0, None) if _is_int(k) else _as_span(k) for k in keys]
+            return [row if e is None else self._slice(row, k, s, e) for row, k, (_, s, e) in zip(got, keys, spans)]
         cols = self.dataset[[i for i, _, _ in spans]]
         rows = [{c: cols[c][j] for c in cols} for j in range(len(spans))]
-        return [self._slice(row, s, e) for row, (_, s, e) in zip(rows, spans)]
+        return [self._slice(row, k, s, e) for row, k, (_, s, e) in zip(rows, keys, spans)]
 
-    def _slice(self, row: Mapping[str, Any], start: int, end: int | None) -> dict[str, Any]:
+    def _size(self) -> int | None:
+        return len(self.dataset) if hasattr(self.dataset, "__len__") else None
+
+    @staticmethod
+    def _key(key: Any, n: int | None) -> tuple[int, int, int | None]:
+        """``(sample, start, end)`` of an index (``end`` None: a whole sample, an int index)."""
+        i, s, e = (int(key), 0, None) if _is_int(key) else _as_span(key)
+        if i < 0 or n is not None and i >= n:
+            legal = "ids >= 0" if n is None else f"ids 0..{n - 1}" if n else "none (the dataset is empty)"
+            raise IndexError(f"SpanDataset: sample {i} (index {_short(key)}) is out of range: legal sample {legal} "
+                             "(a negative id does not count from the end)")
+        return i, s, e
+
+    def _slice(self, row: Mapping[str, Any], key: Any, start: int, end: int | None) -> dict[str, Any]:
+        for c in self._needed:
+            if c not in row or row[c] is None:
+                raise ValueError(f"SpanDataset[{_short(key)}]: the sample has no {c!r} column; its columns: "
+                                 f"{list(row)} (set columns)")
+        ids = row["input_ids"]
+        n = end if end is None else (ids.shape[1] if hasattr(ids, "shape") else len(ids[0])) if one_row(ids) \
+            else len(ids)
+        if end is not None and end > n:
+            raise ValueError(f"SpanDataset span {_short(key)} ends past the sample's {n} tokens: spans must have "
+                             "0 <= start <= end <= the sample's length")
         # a (1, n) row is cut along its tokens and stays one row (the collator flattens it)
         return {c: ([row[c][0][start:end]] if isinstance(row[c], (list, tuple)) else row[c][:, start:end])
                 if one_row(row[c]) else row[c][start:end] for c in self.columns if c in row and row[c] is not None}
