@@ -27,7 +27,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .config_files import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, path_repr, read_config_file, short_repr, short_text
+from .config_files import (MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, device_type as _device_type, path_repr,
+                           read_config_file, short_repr, short_text)
 
 __all__ = ["ATACConfig", "ENV_PREFIX", "ATTENTION_BACKENDS", "COST_PRESETS", "KV_EXCHANGES", "MAX_CONFIG_BYTES", "MAX_CONFIG_DEPTH",
            "MIN_COLLECTIVE_TIMEOUT_S", "MAX_COLLECTIVE_TIMEOUT_S", "short_repr"]
@@ -70,7 +71,15 @@ class ATACConfig:
             (``overlength``, ``min_fragment``, ``max_defer``, ``balance_tolerance``, ...).
             ``max_tokens``, ``packs_per_window`` and ``strategy`` are set from the fields above
             and the run (DP replicas x gradient accumulation), not here.
-        window_size: new samples per packing window; ``None`` sizes windows by tokens.
+        window_size: new samples per packing window; ``None`` sizes windows by tokens. A fixed count
+            above what the window's packs hold makes the carried pool (and the planning time) grow
+            window after window: to raise pack fill at few packs per step, use ``min_window_packs``.
+        min_window_packs: (``wfap`` with windows sized by tokens) the packs one packing window plans
+            together at least: a window holds ``k`` optimizer steps of DP replicas x gradient
+            accumulation packs, the smallest ``k`` with ``k x DP x GA >= min_window_packs``, and
+            ``max_defer`` (unless set in ``packing_options``) is divided by ``k``, rounded up. Default
+            1 (one step per window). 16 fills packs better at DP x GA under 16 (``docs/INTEGRATION.md``,
+            pack fill), but a DP run then groups packs into steps otherwise than a GA run.
         shuffle: shuffle the sample order each epoch (seeded by the run's ``data_seed``/``seed``).
         sharding_strategy: how a pack is split over the CP group: ``atp`` (anchor-tail, default)
             or a baseline (``contiguous``, ``zigzag``, ``per_doc``, ``wlb_adaptive``).
@@ -113,6 +122,7 @@ class ATACConfig:
     packing_strategy: str = "wfap"
     packing_options: Mapping[str, Any] = field(default_factory=dict)
     window_size: int | None = None
+    min_window_packs: int = 1
     shuffle: bool = True
     sharding_strategy: str = "atp"
     attention_backend: str = "auto"
@@ -156,6 +166,9 @@ class ATACConfig:
                              "packs_per_window follows from DP replicas x gradient accumulation")
         object.__setattr__(self, "packing_options", dict(self.packing_options))
         self.packing_config(packs_per_window=1)  # validates the options (names and values)
+        if not _is_int(self.min_window_packs) or not 1 <= self.min_window_packs <= 2**20:
+            raise ValueError(f"min_window_packs={r(self.min_window_packs)} must be an int >= 1 and <= 2**20 (1: one "
+                             f"optimizer step per packing window; set min_window_packs / {ENV_PREFIX}MIN_WINDOW_PACKS)")
         for name in ("window_size", "max_tokens_per_rank", "min_chunk"):
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or not 1 <= v <= _MAX_INT):
@@ -199,7 +212,7 @@ class ATACConfig:
                              f"rank and fail mid-training; raise max_tokens_per_rank to >= {need} or lower max_tokens "
                              f"to <= {int(cap) * int(self.cp_size)} (set max_tokens_per_rank / "
                              f"{ENV_PREFIX}MAX_TOKENS_PER_RANK)")
-        for name in ("cp_size", "max_tokens", "window_size", "max_tokens_per_rank", "min_chunk"):
+        for name in ("cp_size", "max_tokens", "window_size", "min_window_packs", "max_tokens_per_rank", "min_chunk"):
             if getattr(self, name) is not None:  # numpy ints become plain ints (YAML/JSON-serialisable)
                 object.__setattr__(self, name, int(getattr(self, name)))
 
@@ -215,6 +228,23 @@ class ATACConfig:
         return PackingConfig.from_dict({**self.packing_options, "max_tokens": self.max_tokens,
                                         "packs_per_window": int(packs_per_window),
                                         "strategy": self.packing_strategy})
+
+    def steps_per_window(self, packs_per_step: int) -> int:
+        """Optimizer steps of ``packs_per_step`` (DP x GA) packs one packing window holds: the smallest
+        ``k`` with ``k x packs_per_step >= min_window_packs`` (``wfap`` with windows sized by tokens; else 1)."""
+        if self.window_size is not None or self.packing_strategy != "wfap":
+            return 1
+        return max(1, -(-self.min_window_packs // int(packs_per_step)))
+
+    def step_packing_config(self, packs_per_step: int):
+        """The :class:`~atac_hf.packing.PackingConfig` of a loader whose optimizer step takes
+        ``packs_per_step`` packs (DP x GA): windows of :meth:`steps_per_window` steps, ``max_defer``
+        (unless set in ``packing_options``) divided by that many steps, rounded up."""
+        k = self.steps_per_window(packs_per_step)
+        cfg = self.packing_config(packs_per_window=int(packs_per_step) * k)
+        if k > 1 and "max_defer" not in self.packing_options:
+            cfg = dataclasses.replace(cfg, max_defer=max(1, -(-cfg.max_defer // k)))
+        return cfg
 
     def cost_model(self, model_config: Any = None, *, dtype_bytes: int = 2):
         """The :class:`~atac_hf.cost.CostModel` the planners use.
@@ -413,7 +443,7 @@ def _env_values(environ: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
-_INT_FIELDS = ("cp_size", "max_tokens")
+_INT_FIELDS = ("cp_size", "max_tokens", "min_window_packs")
 _OPT_INT_FIELDS = ("window_size", "max_tokens_per_rank", "min_chunk")
 _BOOL_FIELDS = ("shuffle", "debug")
 
@@ -453,19 +483,3 @@ def _parse_env(key: str, name: str, raw: str) -> Any:
         except ValueError:
             raise ValueError(f"{key}={short_repr(raw)} is not a number of seconds") from None
     return text
-
-
-def _device_type(device: Any) -> str:
-    """The device type (``"cpu"``, ``"cuda"``, ...) of a ``torch.device``, a device type or a device
-    string such as ``"cuda:0"``; anything else is refused."""
-    import torch
-
-    if isinstance(device, torch.device):
-        return device.type
-    if isinstance(device, str):
-        try:
-            return torch.device(device).type
-        except (RuntimeError, ValueError):
-            pass
-    raise ValueError(f"device_type={short_repr(device)} is not a device: pass a device type such as 'cpu' or "
-                     "'cuda', a device string such as 'cuda:0', or a torch.device (e.g. accelerator.device)")

@@ -188,3 +188,17 @@ def _check_tree_keys(data: Any, path: str) -> None:
             stack.extend(node)
 
 
+def device_type(device: Any) -> str:
+    """The device type (``"cpu"``, ``"cuda"``, ...) of a ``torch.device``, a device type or a device
+    string such as ``"cuda:0"``; anything else is refused."""
+    import torch
+
+    if isinstance(device, torch.device):
+        return device.type
+    if isinstance(device, str):
+        try:
+            return torch.device(device).type
+        except (RuntimeError, ValueError):
+            pass
+    raise ValueError(f"device_type={short_repr(device)} is not a device: pass a device type such as 'cpu' or "
+                     "'cuda', a device string such as 'cuda:0', or a torch.device (e.g. accelerator.device)")

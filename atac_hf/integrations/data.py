@@ -243,9 +243,9 @@ def build_packed_dataloader(dataset: Any, config: ATACConfig, *, num_replicas: i
         lengths = dataset.lengths
     else:  # plain rows (position_ids that never restart: one document a row, read as rows)
         lengths = dataset_lengths(dataset)
-    _warn_small_window(config, num_replicas * grad_accum)
+    _warn_small_window(config, num_replicas * grad_accum, lengths)
     sampler = WFAPBatchSampler(
-        lengths, config.packing_config(num_replicas * grad_accum), window_size=config.window_size,
+        lengths, config.step_packing_config(num_replicas * grad_accum), window_size=config.window_size,
         num_replicas=num_replicas, shuffle=config.shuffle if shuffle is None else shuffle, seed=seed,
         cost_model=cost_model, even_batches=even_batches, progress=progress, fixed_epoch_length=fixed_epoch_length,
     )
@@ -281,21 +281,32 @@ def build_streaming_dataloader(dataset: Any, config: ATACConfig, *, num_replicas
 
     check_dataset_columns(dataset, streaming=True)
     _warn_small_window(config, num_replicas * grad_accum)
-    packed = PackedIterableDataset(checked_stream(dataset), config.packing_config(num_replicas * grad_accum),
+    packed = PackedIterableDataset(checked_stream(dataset), config.step_packing_config(num_replicas * grad_accum),
                                    window_size=config.window_size, num_replicas=num_replicas, cost_model=cost_model)
     loader = DataLoader(packed, batch_size=1,
                         collate_fn=collate_fn if collate_fn is not None else PackedDataCollator(), **loader_kwargs)
     return loader, packed
 
 
-def _warn_small_window(config: ATACConfig, packs_per_window: int) -> None:
+def _warn_small_window(config: ATACConfig, packs_per_window: int, lengths: Any = None) -> None:
     """Warn where ``window_size`` gives a window fewer new samples than it has packs to fill (DP
-    replicas x gradient accumulation): packs then hold about one sample each, mostly padding."""
-    if config.window_size is not None and config.window_size < packs_per_window:
-        warnings.warn(f"window_size={config.window_size} is smaller than the {packs_per_window} packs each window "
+    replicas x gradient accumulation): packs then hold about one sample each, mostly padding; or,
+    given the samples' ``lengths``, over twice the tokens its packs hold: the carried pool, the
+    samples' delay and the planning time then grow window after window."""
+    n = config.window_size
+    if n is not None and n < packs_per_window:
+        warnings.warn(f"window_size={n} is smaller than the {packs_per_window} packs each window "
                       "fills (DP replicas x gradient accumulation): packs would hold about one sample each, mostly "
                       f"padding; set window_size to several times {packs_per_window}, or None (windows sized by "
                       "tokens)", stacklevel=3)
+    elif n is not None and lengths is not None and len(lengths):
+        room = packs_per_window * config.max_tokens
+        if n * float(np.mean(lengths)) > 2 * room:
+            warnings.warn(f"window_size={n} samples hold about {n * float(np.mean(lengths)):.3g} tokens, over twice "
+                          f"the {room} that each window's {packs_per_window} packs hold: the samples carried to later "
+                          "windows, their delay and the planning time grow window after window. For fuller packs "
+                          "set window_size=None and min_window_packs=16 (windows of whole optimizer steps)",
+                          stacklevel=3)
 
 
 def _column_names(dataset: Any) -> list[str]:
