@@ -29,20 +29,18 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
 
-    import datasets
     from transformers import AutoModelForCausalLM
 
     from atac_hf.integrations import ATACConfig
     from atac_hf.integrations.accelerate import ATACAccelerator
     from atac_hf.integrations.demo import ByteTokenizer, synthetic_corpus, tiny_llama_config
 
-    datasets.disable_progress_bars()
     config = ATACConfig.from_sources(args.atac_config, overrides={"cp_size": args.cp_size,
                                                                   "max_tokens": args.max_tokens})
     accelerator = ATACAccelerator(config, gradient_accumulation_steps=args.gradient_accumulation_steps)
     tok = ByteTokenizer()
-    train = datasets.Dataset.from_dict(
-        {"input_ids": [tok.encode(t) for t in synthetic_corpus(args.num_samples, seed=args.seed, max_len=3072)]})
+    # a list of samples (a datasets.Dataset with an input_ids column works the same)
+    train = [{"input_ids": tok.encode(t)} for t in synthetic_corpus(args.num_samples, seed=args.seed, max_len=3072)]
 
     torch.manual_seed(args.seed)
     model = AutoModelForCausalLM.from_config(tiny_llama_config(num_layers=2), dtype=torch.float32)

@@ -77,7 +77,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # ---------------------------------------------------------------------------- data
 def load_dataset_and_tokenizer(args):
-    import datasets
+    try:
+        import datasets
+    except ImportError:  # the embedded corpus runs on lists of samples (a machine with torch and transformers only)
+        datasets = None
 
     from atac_hf.integrations.demo import ByteTokenizer, synthetic_corpus
 
@@ -91,7 +94,13 @@ def load_dataset_and_tokenizer(args):
     if args.dataset is None:
         texts = synthetic_corpus((600 if args.num_samples is None else args.num_samples) + args.eval_samples,
                                  seed=args.seed)
+        if datasets is None:
+            return _split_samples(args, [{"input_ids": _encode(tokenizer, t, args.max_length)} for t in texts]) + (
+                tokenizer,)
         ds = datasets.Dataset.from_dict({"text": texts})
+    elif datasets is None:
+        raise ImportError(f"--dataset {args.dataset!r} needs the datasets package (pip install datasets); without "
+                          "it only the embedded corpus (no --dataset) runs")
     elif os.path.isfile(args.dataset):
         ds = datasets.load_dataset("json", data_files=args.dataset, split="train")
     elif os.path.isdir(args.dataset) and os.path.isfile(os.path.join(args.dataset, "dataset_info.json")):
@@ -109,27 +118,35 @@ def load_dataset_and_tokenizer(args):
         if args.text_column not in ds.column_names:
             raise ValueError(f"dataset {args.dataset!r} has neither 'input_ids' nor the text column "
                              f"{args.text_column!r}; columns found: {ds.column_names} (set --text_column)")
-        eos = getattr(tokenizer, "eos_token_id", None)
 
         def tokenize(batch):
-            out = []
-            for text in batch[args.text_column]:
-                ids = list(tokenizer(text)["input_ids"])
-                if eos is not None and (not ids or ids[-1] != eos):
-                    ids.append(eos)
-                out.append(ids[: args.max_length] if args.max_length else ids)
-            return {"input_ids": out}
+            return {"input_ids": [_encode(tokenizer, text, args.max_length) for text in batch[args.text_column]]}
 
         ds = ds.map(tokenize, batched=True, remove_columns=ds.column_names, desc="tokenizing")
     ds = ds.select_columns([c for c in ("input_ids", "labels") if c in ds.column_names])
-    train, evals = ds, None
-    if args.eval_samples:  # the last --eval_samples rows are held out
-        if not 0 < args.eval_samples < len(ds):
-            raise ValueError(f"--eval_samples={args.eval_samples} must be from 1 to {len(ds) - 1}: the data hold "
-                             f"{len(ds)} samples and training needs at least one; lower --eval_samples")
-        cut = len(ds) - args.eval_samples
-        train, evals = ds.select(range(cut)), ds.select(range(cut, len(ds)))
-    return train, evals, tokenizer
+    return _split_samples(args, ds) + (tokenizer,)
+
+
+def _encode(tokenizer, text, max_length):
+    """A text's token ids, ending in EOS (where the tokenizer has one), cut to ``max_length`` if set."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    ids = list(tokenizer(text)["input_ids"])
+    if eos is not None and (not ids or ids[-1] != eos):
+        ids.append(eos)
+    return ids[:max_length] if max_length else ids
+
+
+def _split_samples(args, ds):
+    """(train, evals): the last --eval_samples rows held out (a datasets.Dataset or a list of samples)."""
+    if not args.eval_samples:
+        return ds, None
+    if not 0 < args.eval_samples < len(ds):
+        raise ValueError(f"--eval_samples={args.eval_samples} must be from 1 to {len(ds) - 1}: the data hold "
+                         f"{len(ds)} samples and training needs at least one; lower --eval_samples")
+    cut = len(ds) - args.eval_samples
+    if isinstance(ds, list):
+        return ds[:cut], ds[cut:]
+    return ds.select(range(cut)), ds.select(range(cut, len(ds)))
 
 
 def build_model(args):
@@ -216,13 +233,17 @@ def run(args, atac_config, model, train, evals, output_dir: str, label: str):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    import datasets
     import transformers
 
     from atac_hf.integrations import ATACConfig
     from atac_hf.packing.data.dataset import dataset_lengths
 
-    datasets.disable_progress_bars()
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+    except ImportError:  # optional for the embedded corpus
+        pass
     transformers.utils.logging.disable_progress_bar()
 
     overrides = {"cp_size": args.cp_size, "max_tokens": args.max_tokens, "packing_strategy": args.packing_strategy,

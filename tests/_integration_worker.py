@@ -10,6 +10,8 @@ Tiny model (hidden 64, 2 layers), small packs (max_tokens 384): seconds per scen
 
 from __future__ import annotations
 
+import inspect
+
 import json
 import os
 import sys
@@ -69,8 +71,10 @@ def make_trainer(cp_size: int, out_dir: str, *, peft: bool = False, grad_accum: 
         weight_decay=0.0, max_grad_norm=1.0, gradient_accumulation_steps=grad_accum, logging_steps=1,
         per_device_train_batch_size=1, per_device_eval_batch_size=1, use_cpu=True, report_to=[], seed=0,
         save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500, disable_tqdm=True,
-        activation_checkpointing=checkpointing, log_level="error", ddp_find_unused_parameters=False,
-        include_num_input_tokens_seen="all",
+        log_level="error", ddp_find_unused_parameters=False, include_num_input_tokens_seen="all",
+        # transformers renamed gradient_checkpointing to activation_checkpointing during 5.x (5.17: the old name)
+        **{"activation_checkpointing" if "activation_checkpointing" in inspect.signature(TrainingArguments).parameters
+           else "gradient_checkpointing": checkpointing},
     )
     cfg = ATACConfig(cp_size=cp_size, max_tokens=384, cost_preset="H100", min_chunk=8,
                      sharding_strategy=sharding_strategy)

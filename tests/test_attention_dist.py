@@ -207,7 +207,10 @@ def _extra_cases(rank, world, stats):
     lengths = doc_lengths_from_batch(batch)
     for model_name, reentrant in (("llama", False), ("qwen3_sw", True), ("mistral_sw", False)):
         model = _dist.tiny_model(model_name, torch.float64)
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
+        else:  # transformers < 5.18: the old name
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
         calls = [0]
         attn = [m for n, m in model.named_modules() if n.endswith("self_attn")]
         for m in attn:

@@ -31,6 +31,8 @@ def _quiet():
 def _config(family: str):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+    if family not in CONFIG_MAPPING:  # a family newer than the installed transformers (the GPU image has 5.17)
+        pytest.skip(f"transformers {__import__('transformers').__version__} has no {family!r} family")
     return CONFIG_MAPPING[family]()
 
 

@@ -9,7 +9,6 @@ Red-team repros: /tmp/redteam3b/span_pad*.py, /tmp/redteam3a/completion_mask.py,
 
 from __future__ import annotations
 
-import datasets
 import numpy as np
 import pytest
 from torch.utils.data import DataLoader
@@ -18,6 +17,8 @@ from atac_hf.integrations import ATACConfig
 from atac_hf.integrations.data import (PackedRowDocuments, build_packed_dataloader, build_streaming_dataloader,
                                        check_dataset_columns, prepare_stream_sample)
 from atac_hf.packing import PackedDataCollator, PackingConfig, SpanDataset, WFAPBatchSampler
+
+datasets = pytest.importorskip("datasets")  # not on every machine (the GPU image has none)
 
 datasets.disable_progress_bars()
 

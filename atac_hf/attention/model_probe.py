@@ -130,11 +130,20 @@ def shrink_config(config: Any, *, window: int = PROBE_WINDOW) -> Any:
         return cls.from_dict(d)
     except Exception:  # noqa: BLE001 - configs whose dict does not round-trip: change the attributes instead
         tiny = copy.deepcopy(config)
-        for k, v in d.items():
-            old = getattr(tiny, k, None)
-            if not hasattr(old, "to_dict") and old != v:
-                setattr(tiny, k, v)
+        _set_changed(tiny, d)
         return tiny
+
+
+def _set_changed(config: Any, d: dict) -> None:
+    """Set the entries of ``d`` that differ on ``config``; a sub-config (DBRX's ``attn_config``) is
+    changed in place, entry by entry (transformers 5.17's DBRX config dict does not round-trip)."""
+    for k, v in d.items():
+        old = getattr(config, k, None)
+        if hasattr(old, "to_dict"):
+            if isinstance(v, dict):
+                _set_changed(old, v)
+        elif old != v:
+            setattr(config, k, v)
 
 
 def _std_names(config: Any, d: dict) -> dict:

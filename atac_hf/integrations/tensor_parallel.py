@@ -64,6 +64,12 @@ def check_tp_model(model: torch.nn.Module, tp_size: int) -> dict[str, str]:
     if base is not model and hasattr(model, "get_base_model"):
         raise ValueError(f"tp_size={tp_size} with a PEFT-wrapped {name}: tensor parallelism under PEFT adapters is "
                          "not supported by atac-hf; set tp_size=1 (parallelism_config) or train without PEFT")
+    if hasattr(base, "tp_plan") and not hasattr(base, "_resolve_parallel_plans"):  # transformers < 5.23
+        import transformers
+
+        raise ValueError(f"tp_size={tp_size} needs transformers >= 5.23 (its tensor-parallel API; installed "
+                         f"{transformers.__version__}): upgrade transformers, or set tp_size=1 (parallelism_config / "
+                         "parallelism_config_tp_size) and use cp_size / DP instead")
     if not hasattr(base, "_resolve_parallel_plans") or not hasattr(base, "tp_plan"):
         raise ValueError(f"tp_size={tp_size} needs a transformers PreTrainedModel with a tp_plan; {name} is not one: "
                          "set tp_size=1 (parallelism_config / parallelism_config_tp_size)")

@@ -405,9 +405,10 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
             dist.all_reduce(docs)
         # every CP and TP rank of a replica saw the same packs
         real = float(docs.item()) / (self.atac_config.cp_size * self.atac_tp_size)
-        steps = self.state.global_step - self._initial_global_step
+        initial = getattr(self, "_initial_global_step", None)  # transformers < 5.19: reported as given
         # Trainer reports num_train_samples x steps run / max_steps: hand it the figure that gives `real`
-        num_train_samples = real * max(self.state.max_steps, 1) / max(steps, 1)
+        steps = None if initial is None else max(self.state.global_step - initial, 1)
+        num_train_samples = real if steps is None else real * max(self.state.max_steps, 1) / steps
         self._atac_docs_trained = 0
         return super()._finalize_training(trial, num_train_samples, start_time, *args, **kwargs)
 
