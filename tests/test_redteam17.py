@@ -261,3 +261,13 @@ def test_number_flags_take_ascii_digits_only(argv, flag, capsys):
     with pytest.raises(SystemExit):
         main(argv)
     assert f"argument {flag}: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--num-samples", "--seed", "--packs-per-window", "--window", "--max-defer"])
+def test_pack_int_flags_take_ascii_digits_only(flag, capsys):
+    """Red-team 17: `atac-hf pack`'s int flags took other scripts' digits (argparse's int)."""
+    from atac_hf.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["pack", "--workload", "sft", "--max-tokens", "4K", flag, "\u0662"])
+    assert f"argument {flag}: '\u0662' is not an int (ASCII digits" in capsys.readouterr().err

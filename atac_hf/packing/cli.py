@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from .._argtypes import parse_tokens, profile_model
+from .._argtypes import parse_int, parse_tokens, profile_model
 from ..cost import HARDWARE_PRESETS, MODEL_PRESETS, CostModel
 from ..workloads import WORKLOADS, load_lengths, make_workload
 from .config import OVERLENGTH_POLICIES, STRATEGIES, PackingConfig
@@ -38,17 +38,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--lengths", metavar="FILE.json", help="JSON array of sample lengths (ints >= 0)")
     src.add_argument("--workload", choices=sorted(WORKLOADS), help="a built-in parametric workload instead")
-    p.add_argument("--num-samples", type=int, default=100_000, help="samples of --workload (default 100000)")
-    p.add_argument("--seed", type=int, default=0, help="seed of --workload (default 0)")
+    p.add_argument("--num-samples", type=parse_int, default=100_000, help="samples of --workload (default 100000)")
+    p.add_argument("--seed", type=parse_int, default=0, help="seed of --workload (default 0)")
     p.add_argument("--max-tokens", type=parse_tokens, required=True, help="token cap of one pack, e.g. 65536 or 64K")
-    p.add_argument("--packs-per-window", type=int, default=64,
+    p.add_argument("--packs-per-window", type=parse_int, default=64,
                    help="packs per window, e.g. DP replicas x gradient accumulation (default 64)")
-    p.add_argument("--window", type=int, default=None,
+    p.add_argument("--window", type=parse_int, default=None,
                    help="new samples per window (default: size windows by tokens)")
     p.add_argument("--strategy", choices=STRATEGIES, default="wfap", help="packing strategy (default wfap)")
     p.add_argument("--overlength", choices=OVERLENGTH_POLICIES, default="split",
                    help="samples longer than --max-tokens (default split)")
-    p.add_argument("--max-defer", type=int, default=None, help="windows a sample may be held back")
+    p.add_argument("--max-defer", type=parse_int, default=None, help="windows a sample may be held back")
     p.add_argument("--model", default="8b", help=f"model preset for the cost model: {sorted(MODEL_PRESETS)}")
     p.add_argument("--hardware", default="H100", help=f"hardware preset: {sorted(HARDWARE_PRESETS)}")
     p.add_argument("--cost-profile", default=None, help="calibrated cost profile JSON (overrides --model/--hardware)")
