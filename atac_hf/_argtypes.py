@@ -9,38 +9,32 @@ from typing import Any
 __all__ = ["model_arg", "parse_float", "parse_int", "parse_tokens", "profile_model"]
 
 
-def parse_int(text: str) -> int:
-    """An int flag: ASCII digits, an optional sign (argparse's ``int`` also takes other scripts'
-    digits, such as ``"٢"``, which ``--doc-lengths`` and the ``ATAC_*`` variables refuse)."""
+def _ascii_number(text: str, convert: Any, what: str) -> Any:
+    """``convert`` of ``text`` stripped, ASCII only (Python's ``int`` and ``float`` also take other
+    scripts' digits, such as ``"٢"``, which ``--doc-lengths`` and the ``ATAC_*`` variables refuse)."""
     t = str(text).strip()
     try:
         if not t.isascii():
             raise ValueError(t)
-        return int(t)
+        return convert(t)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an int (ASCII digits, e.g. 8)") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+
+
+def parse_int(text: str) -> int:
+    """An int flag: ASCII digits and an optional sign."""
+    return _ascii_number(text, int, "an int (ASCII digits, e.g. 8)")
 
 
 def parse_float(text: str) -> float:
-    """A number flag: ``float`` of ASCII text only (``float`` too takes other scripts' digits)."""
-    t = str(text).strip()
-    try:
-        if not t.isascii():
-            raise ValueError(t)
-        return float(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number (ASCII digits, e.g. 0.5)") from None
+    """A number flag, ASCII only."""
+    return _ascii_number(text, float, "a number (ASCII digits, e.g. 0.5)")
 
 
 def parse_tokens(text: str) -> int:
     """``"131072"``, ``"128K"`` or ``"128k"`` -> tokens (K = 1024); ASCII digits only."""
-    t = str(text).strip()
-    try:
-        if not t.isascii():
-            raise ValueError(t)
-        return int(t[:-1]) * 1024 if t[-1:].lower() == "k" else int(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a token count (e.g. 32768 or 32K)") from None
+    return _ascii_number(text, lambda t: int(t[:-1]) * 1024 if t[-1:].lower() == "k" else int(t),
+                         "a token count (e.g. 32768 or 32K)")
 
 
 def model_arg(spec: str) -> Any:
