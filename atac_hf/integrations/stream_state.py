@@ -140,7 +140,7 @@ class StreamResumeMixin:
              "the rows were dealt round-robin to that many data-parallel replicas: launch world_size = dp_size x "
              f"cp_size x tp_size = {{v}} x {cp} x {tp} processes"),
             ("gradient_accumulation_steps", int(self.args.gradient_accumulation_steps),
-             "a window holds dp_size x gradient_accumulation_steps packs: set "
+             "a window holds a multiple of dp_size x gradient_accumulation_steps packs: set "
              "TrainingArguments(gradient_accumulation_steps={v})"),
         ]
         for key, here, fix in checks:
