@@ -139,9 +139,8 @@ class ShardPlan:
         """Bytes a rank receives per layer in the forward K/V exchange: for the all-gather, the
         ring's ``(C - 1) / C`` of the gathered tokens; for the all-to-all, the most any rank
         receives (:attr:`kv_recv_tokens`)."""
-        b = kv_bytes_per_token
-        if isinstance(b, (bool, np.bool_)) or not isinstance(b, (int, float, np.integer, np.floating)) \
-                or not 0 <= float(b) < np.inf:
+        b = kv_bytes_per_token  # a finite number >= 0, never a bool (np.bool_ is no np.integer)
+        if isinstance(b, bool) or not isinstance(b, (int, float, np.integer, np.floating)) or not 0 <= b < np.inf:
             raise ValueError(f"kv_bytes_per_token={kv_bytes_per_token!r} is invalid: a finite number >= 0 (K/V bytes "
                              "of one token, all layers: CostModel.kv_bytes_per_token)")
         if self.cp_size <= 1:
@@ -202,10 +201,11 @@ class ShardPlan:
         return h.hexdigest()[:16]
 
     def _check_rank(self, rank: int) -> None:
-        if isinstance(rank, (bool, np.bool_)) \
-                or not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.cp_size:
-            raise ValueError(f"rank {rank!r} is outside the CP group of size {self.cp_size} (legal: ints "
-                             f"0..{self.cp_size - 1})")
+        if isinstance(rank, (bool, np.bool_)) or not isinstance(rank, (int, np.integer)):
+            raise ValueError(f"rank {rank!r} is not an int: legal ranks of the CP group of size {self.cp_size}: "
+                             f"0..{self.cp_size - 1}")
+        if not 0 <= rank < self.cp_size:
+            raise ValueError(f"rank {rank} is outside the CP group of size {self.cp_size} (legal: 0..{self.cp_size - 1})")
 
     # ------------------------------------------------------------------ runtime layouts
     def local_layout(self, rank: int, window: int | None = None) -> "LocalLayout":

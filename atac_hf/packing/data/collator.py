@@ -119,9 +119,9 @@ class PackedDataCollator:
                 raise InputTypeError(f"PackedDataCollator.{name}={_short(getattr(self, name))} is not a bool: "
                                      f"pass True or False")
         sep = self.separator_id
-        if not _is_int(sep) or not (sep == -100 or 0 <= sep < 2**63):
-            raise InputTypeError(f"PackedDataCollator.separator_id={_short(sep)} is invalid: it must be -100 (the "
-                                 "loss ignores document starts, the default) or a token id, an int >= 0")
+        if not _is_int(sep) or not -2**63 <= sep < 2**63:
+            raise InputTypeError(f"PackedDataCollator.separator_id={_short(sep)} is invalid: it must be an int64 "
+                                 "label, -100 (the loss ignores document starts, the default) or a token id")
         if not isinstance(self.stats, CollatorStats):
             raise InputTypeError(f"PackedDataCollator.stats={_short(self.stats)} is not a CollatorStats: leave it "
                                  "unset (the collator keeps its own counters)")
