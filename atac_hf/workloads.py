@@ -401,15 +401,14 @@ def sample_stream(lengths: np.ndarray, num_tokens: int, seed: int = 0) -> np.nda
     fresh permutations if the pool is too small. Every strategy is fed this stream.
 
     Raises:
-        ValueError: no lengths, a length that is not an int from 1 to :data:`MAX_SAMPLE_LENGTH`
-            (named by its index), ``num_tokens`` not an int >= 1, a bad ``seed``.
+        ValueError: no lengths, only zeros, a length that is not an int from 0 to
+            :data:`MAX_SAMPLE_LENGTH` (named by its index), ``num_tokens`` not an int >= 1, a bad ``seed``.
     """
     pool = check_lengths(lengths, "lengths")
     if pool.size == 0:
         raise ValueError("the workload holds no lengths")
-    if (pool < 1).any():  # a zero adds no tokens: a pool of zeros would never reach num_tokens
-        raise ValueError(f"lengths[{int(np.argmin(pool))}] = 0: sample_stream lengths must be ints >= 1 (drop the "
-                         "zero-length samples)")
+    if not pool.any():  # zeros add no tokens: a pool of only zeros would never reach num_tokens
+        raise ValueError(f"every one of the {pool.size} lengths is 0: sample_stream needs a sample of >= 1 token")
     if isinstance(num_tokens, (bool, np.bool_)) or not isinstance(num_tokens, (int, np.integer)):
         raise InputTypeError(f"num_tokens={_short(num_tokens)} is not an int: num_tokens must be an int >= 1 (the "
                              "stream's token count)")

@@ -71,5 +71,32 @@ def test_a_window_size_far_over_its_packs_warns():
     lengths = [100] * 400
     rows = [{"input_ids": [1] * n} for n in lengths]
     with pytest.warns(UserWarning, match=r"window_size=64 samples hold about 6.4e\+03 tokens, over twice the 1024 "
-                                         r"that each window's 1 packs hold.*min_window_packs=16"):
+                                         r"that a window of 1 pack holds.*min_window_packs=16"):
         build_packed_dataloader(rows, ATACConfig(max_tokens=1024, window_size=64))
+
+
+@pytest.mark.parametrize("bad", [0, 2.5, "3", True, None])
+def test_the_packs_per_step_must_be_a_count(bad):
+    with pytest.raises(ValueError, match=r"packs_per_step=.* is invalid: it must be an int >= 1"):
+        ATACConfig(max_tokens=64).step_packing_config(bad)
+
+
+@pytest.mark.parametrize("kw", [{"num_replicas": 0}, {"grad_accum": 2.0}, {"grad_accum": True}])
+def test_the_streaming_loader_refuses_sizes_that_are_not_counts(kw):
+    from atac_hf.integrations.data import build_streaming_dataloader
+    from torch.utils.data import IterableDataset
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter([{"input_ids": [1, 2, 3]}])
+
+    with pytest.raises(ValueError, match=r"(num_replicas|grad_accum)=.* is invalid: it must be an int >= 1"):
+        build_streaming_dataloader(Stream(), ATACConfig(max_tokens=64), **kw)
+
+
+def test_min_window_packs_where_it_does_not_apply_warns():
+    rows = [{"input_ids": [1] * 10} for _ in range(30)]
+    for cfg in (ATACConfig(max_tokens=64, min_window_packs=16, window_size=8),
+                ATACConfig(max_tokens=64, min_window_packs=16, packing_strategy="bfd")):
+        with pytest.warns(UserWarning, match=r"min_window_packs=16 is not used"):
+            build_packed_dataloader(rows, cfg)

@@ -39,19 +39,19 @@ def accelerator():
     acc.end_training()
 
 
-@pytest.mark.parametrize("bad", [-3, True, "4", float("nan"), 2.5, None.__class__])
-def test_accelerator_shard_refuses_a_target_count_that_is_not_an_int(accelerator, bad):
+@pytest.mark.parametrize("bad", [-3, True, "4", float("nan"), float("inf"), None.__class__, torch.tensor(True),
+                                 torch.ones(2)])
+def test_accelerator_shard_refuses_a_target_count_that_is_not_a_count(accelerator, bad):
     accelerator._atac_counted = False
     with pytest.raises(ValueError, match=r"num_items_in_batch=.* is invalid: it must be the step's target count, "
-                                         r"an int >= 0 \(accelerator.count_items"):
+                                         r"a finite number >= 0 \(accelerator.count_items"):
         accelerator.shard(_batch(), num_items_in_batch=bad)
     assert accelerator._atac_counted is False  # refused: nothing changed
 
 
-def test_accelerator_shard_takes_an_int_or_a_one_element_integer_tensor(accelerator):
-    assert accelerator.shard(_batch(), num_items_in_batch=5)["num_items_in_batch"] == 5.0
-    assert accelerator.shard(_batch(), num_items_in_batch=np.int64(5))["num_items_in_batch"] == 5.0
-    assert accelerator.shard(_batch(), num_items_in_batch=torch.tensor(5))["num_items_in_batch"] == 5.0
+def test_accelerator_shard_takes_a_count_as_a_number_tensor_or_array(accelerator):
+    for n in (5, np.int64(5), 5.0, np.float64(5.0), torch.tensor(5), torch.tensor(5.0), np.array(5)):
+        assert accelerator.shard(_batch(), num_items_in_batch=n)["num_items_in_batch"] == 5.0
     assert accelerator.shard(_batch(), num_items_in_batch=0)["num_items_in_batch"] == 1.0  # no target: as before
 
 
@@ -68,10 +68,10 @@ def test_shard_batch_refuses_a_bad_num_items_in_batch(bad):
         shard_batch(batch, _plan(batch), 0)
 
 
-@pytest.mark.parametrize("good", [5, 2.5, np.int64(3), torch.tensor(5), torch.tensor(2.5)])
+@pytest.mark.parametrize("good", [5, 2.5, np.int64(3), torch.tensor(5), torch.tensor(2.5), np.array(5)])
 def test_shard_batch_keeps_a_legal_num_items_in_batch(good):
     batch = {**_batch(), "num_items_in_batch": good}
-    assert shard_batch(batch, _plan(batch), 0)["num_items_in_batch"] is good
+    assert shard_batch(batch, _plan(batch), 0)["num_items_in_batch"] is good  # kept as given
 
 
 def test_shard_batch_refuses_bool_labels_float_ids_and_a_non_bool_debug():
@@ -165,6 +165,11 @@ def test_a_config_key_given_twice_is_refused(tmp_path, text, suffix, key):
     path.write_text(text)
     with pytest.raises(ValueError, match=rf"the key '{key}' appears twice in one (mapping|object)"):
         ATACConfig.from_yaml(str(path))
+    same_key_apart = tmp_path / "apart.yaml"  # one key in sibling mappings or list items is not a duplicate
+    same_key_apart.write_text("cp_size: 2\nmax_tokens: 4096\npacking_options: {price_band: [0.5, 2.0]}\n"
+                              "atac_extra: [{a: 1}, {a: 2}]\n")
+    with pytest.raises(ValueError, match=r"unknown|atac_extra"):  # refused for the unknown field, not as a duplicate
+        ATACConfig.from_yaml(str(same_key_apart))
     ok = tmp_path / "ok.yaml"
     ok.write_text("cp_size: 2\nmax_tokens: 4096\npacking_options:\n  price_band: [0.5, 2.0]\nshuffle: false\n")
     assert ATACConfig.from_yaml(str(ok)).packing_options == {"price_band": [0.5, 2.0]}
@@ -178,7 +183,7 @@ def test_parallelism_helpers_refuse_values_that_are_not_counts():
                     ({"world_size": 4, "environ": [("A", "B")]}, r"environ must be a mapping")):
         with pytest.raises(ValueError, match=msg):
             build_parallelism_config(CFG, **kw)
-    with pytest.raises(ValueError, match=r"a ATACConfig is not a mesh: pass an accelerate ParallelismConfig"):
+    with pytest.raises(ValueError, match=r"ATACConfig is not a mesh: pass an accelerate ParallelismConfig"):
         mesh_groups(CFG)
     pc = build_parallelism_config(CFG, 8, environ={})
     for bad in (2.5, None):
@@ -232,10 +237,11 @@ def test_shard_helpers_refuse_inputs_that_do_not_match_the_pack():
     with pytest.raises(TypeError, match=r"batch must be a mapping of tensors"):
         doc_lengths_from_batch(None)
     labels = torch.arange(5).view(1, 5)
-    for bad in ([3, 3], [2.0, 3.0], [0, 5], 5):
-        with pytest.raises(ValueError, match=r"doc_lengths .* must be ints >= 1 summing to the 5 tokens of labels"):
+    for bad in ([3, 3], [2.0, 3.0], [-1, 6], [[3, 3]]):
+        with pytest.raises(ValueError, match=r"doc_lengths .* must be ints >= 0 summing to the 5 tokens of labels"):
             build_shift_labels(labels, bad)
-    assert build_shift_labels(labels, np.array([2, 3])).tolist() == [[1, -100, 3, 4, -100]]
+    for good in (np.array([2, 3]), [[2, 3]], np.array([[2, 3, 0]]), torch.tensor([2, 3], dtype=torch.int32)):
+        assert build_shift_labels(labels, good).tolist() == [[1, -100, 3, 4, -100]]  # (B, k) rows, padding zeros
     with pytest.raises(TypeError, match=r"labels must be a tensor"):
         build_shift_labels([0, 1], [2])
     plan = plan_shards([5], 1)
@@ -270,3 +276,10 @@ def test_pack_int_flags_take_ascii_digits_only(flag, capsys):
     with pytest.raises(SystemExit):
         main(["pack", "--workload", "sft", "--max-tokens", "4K", flag, "\u0662"])
     assert f"argument {flag}: '\u0662' is not an int (ASCII digits" in capsys.readouterr().err
+
+
+def test_a_packing_options_variable_with_a_key_twice_is_refused():
+    with pytest.raises(ValueError, match=r"the key 'max_defer' appears twice in one object"):
+        ATACConfig.from_sources(environ={"ATAC_PACKING_OPTIONS": '{"max_defer": 2, "max_defer": 3}'})
+    got = ATACConfig.from_sources(environ={"ATAC_PACKING_OPTIONS": '{"max_defer": 2, "price_band": [0.5, 2]}'})
+    assert got.packing_options["max_defer"] == 2

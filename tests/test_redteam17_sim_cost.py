@@ -262,8 +262,9 @@ def test_describe_lengths_refuses_bad_lengths():
 
 def test_sample_stream_refuses_zeros_and_bad_token_counts():
     """red-team 17: sample_stream([0, 0], 10) never ended (memory grew); 2.5 tokens were accepted."""
-    with pytest.raises(ValueError, match=r"lengths\[0\] = 0: sample_stream lengths must be ints >= 1"):
+    with pytest.raises(ValueError, match=r"every one of the 2 lengths is 0: sample_stream needs a sample of >= 1 token"):
         W.sample_stream(np.array([0, 0]), 10)
+    assert W.sample_stream(np.array([0, 3]), 10).sum() >= 10  # zeros among others are cycled past, as before
     with pytest.raises(ValueError, match=r"num_tokens=0 is invalid: num_tokens must be an int >= 1"):
         W.sample_stream(np.array([1, 2, 3]), 0)
     with pytest.raises(InputTypeError, match=r"num_tokens=2\.5 is not an int"):

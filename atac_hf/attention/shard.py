@@ -217,11 +217,11 @@ def build_shift_labels(labels: torch.Tensor, doc_lengths: np.ndarray) -> torch.T
     """
     if not isinstance(labels, torch.Tensor):
         raise TypeError(f"labels must be a tensor, got {type(labels).__name__}")
-    lengths = np.asarray(doc_lengths)
-    if lengths.ndim != 1 or lengths.dtype.kind not in "iu" or (lengths.size and int(lengths.min()) < 1) \
+    lengths = np.asarray(doc_lengths).reshape(-1)  # (B, k) per-row lengths flatten in row order, as before
+    if lengths.dtype.kind not in "iu" or (lengths.size and int(lengths.min()) < 0) \
             or int(lengths.sum()) != labels.numel():
-        raise ValueError(f"doc_lengths {_short(lengths.ravel())} must be ints >= 1 summing to the {labels.numel()} tokens of "
-                         "labels (the pack's documents in row order: doc_lengths_from_batch(batch))")
+        raise ValueError(f"doc_lengths {_short(lengths)} (dtype {lengths.dtype}) must be ints >= 0 summing to the "
+                         f"{labels.numel()} tokens of labels (the documents in row order: doc_lengths_from_batch(batch))")
     flat = labels.reshape(-1)
     out = torch.full_like(flat, IGNORE_INDEX)
     out[:-1] = flat[1:]
@@ -378,6 +378,8 @@ def _check_num_items(n: Any) -> None:
     number would scale the loss silently."""
     if n is None:
         return
+    if isinstance(n, np.ndarray) and n.size == 1 and n.dtype.kind in "iuf":
+        n = n.item()
     if isinstance(n, torch.Tensor):
         if n.numel() != 1 or n.dtype == torch.bool or n.is_complex():
             raise ValueError(f"num_items_in_batch is a {tuple(n.shape)} {n.dtype} tensor: it must be the count of "

@@ -389,10 +389,10 @@ class CostModel:
         return n * self.linear_s_per_token + attn, attn
 
     def doc_cost(self, lengths: Any) -> np.ndarray:
-        """Seconds of whole documents of the given lengths (ints; the planners' hot path: only their
-        dtype is checked here, :meth:`pack_cost` checks their values too)."""
+        """Seconds of whole documents of the given lengths (ints or integral floats; the planners' hot path)."""
         a = np.asarray(lengths)
-        if a.dtype.kind not in "iu" and a.size:  # floats, bools, objects: never truncated into a price
+        if a.dtype.kind not in "iu" and a.size and not (a.dtype.kind == "f" and np.isfinite(a).all()
+                                                         and (a == np.round(a)).all()):  # never truncated into a price
             first = a.flat[0]
             raise TypeError(f"doc_cost lengths must be ints (token counts), got dtype {a.dtype} (e.g. "
                             f"{_short(first.item() if isinstance(first, np.generic) else first)})")

@@ -46,6 +46,7 @@ from accelerate.scheduler import AcceleratedScheduler
 from accelerate.utils import DistributedType, InitProcessGroupKwargs
 
 from ._hf_compat import bypass_torch_cp_hooks, drain_gloo_workers, track_group_holder, validate_parallelism_on_cpu
+from ..packing.validate import InputTypeError, _short
 from .config import ATACConfig
 from .config_files import check_count
 from .layout import warn_placement
@@ -110,9 +111,9 @@ def build_parallelism_config(config: ATACConfig, world_size: int, *, fsdp: bool 
             ``tp_size``, or ``sp_size > 1`` (not supported).
     """
     if not isinstance(config, ATACConfig):
-        raise ValueError(f"config must be an ATACConfig, got {type(config).__name__}")
+        raise InputTypeError(f"config must be an ATACConfig, got {type(config).__name__}")
     if environ is not None and not isinstance(environ, Mapping):
-        raise ValueError(f"environ must be a mapping of environment variables (e.g. os.environ) or None, got "
+        raise InputTypeError(f"environ must be a mapping of environment variables (e.g. os.environ) or None, got "
                          f"{type(environ).__name__}")
     env = os.environ if environ is None else environ
     cp = int(config.cp_size)
@@ -459,14 +460,15 @@ class ATACAccelerator(Accelerator):
         return total / (self.num_processes * ga)
 
 
-def _target_count(n: Any) -> int:
-    """``shard``'s ``num_items_in_batch``: an int >= 0 (or a one-element integer tensor), the step's
-    target count; anything else would scale the loss silently (a bool, a string, NaN, a float)."""
-    if isinstance(n, torch.Tensor) and n.numel() == 1 and not (n.dtype == torch.bool or n.dtype.is_floating_point
-                                                                or n.dtype.is_complex):
-        n = int(n.item())
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-        raise ValueError(f"num_items_in_batch={n!r} is invalid: it must be the step's target count, an int >= 0 "
-                         "(accelerator.count_items(batches) over the step's micro-batches), or None to count this "
-                         "batch alone")
-    return int(n)
+def _target_count(n: Any) -> float:
+    """``shard``'s ``num_items_in_batch``: the step's target count, a finite number >= 0 (an int, a float
+    such as an all-reduced count's ``.item()``, a one-element tensor or array); anything else (a bool, a
+    string, NaN) would scale the loss silently."""
+    if isinstance(n, torch.Tensor) and n.numel() == 1 or isinstance(n, np.ndarray) and n.size == 1:
+        n = n.item()  # (a bool tensor gives a bool: refused below)
+    ok = isinstance(n, (int, float, np.integer, np.floating)) and not isinstance(n, (bool, np.bool_))
+    if not ok or not 0 <= float(n) < float("inf"):
+        raise ValueError(f"num_items_in_batch={_short(n)} is invalid: it must be the step's target count, a "
+                         "finite number >= 0 (accelerator.count_items(batches) over the step's micro-batches), or "
+                         "None to count this batch alone")
+    return float(n)

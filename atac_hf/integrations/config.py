@@ -27,8 +27,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..packing.validate import InputTypeError
 from .config_files import (MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, device_type as _device_type, path_repr,
-                           read_config_file, short_repr, short_text)
+                           read_config_file, short_repr, short_text, unique_keys)
 
 __all__ = ["ATACConfig", "ENV_PREFIX", "ATTENTION_BACKENDS", "COST_PRESETS", "KV_EXCHANGES", "MAX_CONFIG_BYTES", "MAX_CONFIG_DEPTH",
            "MIN_COLLECTIVE_TIMEOUT_S", "MAX_COLLECTIVE_TIMEOUT_S", "short_repr"]
@@ -232,6 +233,9 @@ class ATACConfig:
     def steps_per_window(self, packs_per_step: int) -> int:
         """Optimizer steps of ``packs_per_step`` (DP x GA) packs one packing window holds: the smallest
         ``k`` with ``k x packs_per_step >= min_window_packs`` (``wfap`` with windows sized by tokens; else 1)."""
+        if not _is_int(packs_per_step) or packs_per_step < 1:
+            raise InputTypeError(f"packs_per_step={short_repr(packs_per_step)} is invalid: it must be an int >= 1, "
+                                 "the packs of one optimizer step (DP replicas x gradient accumulation steps)")
         if self.window_size is not None or self.packing_strategy != "wfap":
             return 1
         return max(1, -(-self.min_window_packs // int(packs_per_step)))
@@ -466,7 +470,7 @@ def _parse_env(key: str, name: str, raw: str) -> Any:
         try:
             if len(text) > MAX_CONFIG_BYTES or _max_depth(text) > MAX_CONFIG_DEPTH:
                 raise ValueError(f"over {MAX_CONFIG_BYTES} bytes or nested over {MAX_CONFIG_DEPTH} levels")
-            value = json.loads(text) if text else {}
+            value = json.loads(text, object_pairs_hook=unique_keys) if text else {}
         except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
             raise ValueError(f"{key} must be a JSON object of PackingConfig fields, e.g. "
                              f"'{{\"overlength\": \"split\"}}': {short_text(e)}") from None

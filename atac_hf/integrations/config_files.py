@@ -42,10 +42,13 @@ def check_count(value: Any, name: str, what: str, low: int | None = 1) -> int:
     None: any int), or a ValueError naming it, what it counts and the legal values."""
     import numpy as np
 
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or (low is not None
-                                                                                          and value < low):
+    from ..packing.validate import InputTypeError
+
+    is_int = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    if not is_int or (low is not None and value < low):
         legal = "an int" if low is None else f"an int >= {low}"
-        raise ValueError(f"{name}={short_repr(value)} is invalid: it must be {legal} ({what})")
+        raise (ValueError if is_int else InputTypeError)(f"{name}={short_repr(value)} is invalid: it must be "
+                                                         f"{legal} ({what})")
     return int(value)
 
 
@@ -97,7 +100,7 @@ def _load_yaml(text: str) -> Any:
         parser.dispose()
 
 
-def _unique_keys(pairs: list) -> dict:
+def unique_keys(pairs: list) -> dict:
     """A JSON object's dict, refusing a key given twice (``json`` keeps the last)."""
     out = dict(pairs)
     if len(out) != len(pairs):
@@ -145,7 +148,7 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
             depth = _max_depth(text)
             if depth > MAX_CONFIG_DEPTH:
                 raise ValueError(f"nesting {depth} levels deep, more than {MAX_CONFIG_DEPTH}")
-            data = json.loads(text, object_pairs_hook=_unique_keys)
+            data = json.loads(text, object_pairs_hook=unique_keys)
         else:
             data = _load_yaml(text)
     except (yaml.YAMLError, ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError: ValueErrors
@@ -200,5 +203,8 @@ def device_type(device: Any) -> str:
             return torch.device(device).type
         except (RuntimeError, ValueError):
             pass
-    raise ValueError(f"device_type={short_repr(device)} is not a device: pass a device type such as 'cpu' or "
-                     "'cuda', a device string such as 'cuda:0', or a torch.device (e.g. accelerator.device)")
+    from ..packing.validate import InputTypeError
+
+    raise (ValueError if isinstance(device, str) else InputTypeError)(
+        f"device_type={short_repr(device)} is not a device: pass a device type such as 'cpu' or 'cuda', a device "
+        "string such as 'cuda:0', or a torch.device (e.g. accelerator.device)")

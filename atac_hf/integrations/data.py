@@ -226,14 +226,7 @@ def build_packed_dataloader(dataset: Any, config: ATACConfig, *, num_replicas: i
     from ..packing.data.dataset import dataset_lengths
     from ..packing.data.sampler import SpanDataset, WFAPBatchSampler
 
-    if not isinstance(config, ATACConfig):
-        raise ValueError(f"config must be an ATACConfig (the run's cap, packing and window), got "
-                         f"{type(config).__name__}")
-    num_replicas = check_count(num_replicas, "num_replicas", "DP replicas: world size // (cp_size x tp_size)")
-    grad_accum = check_count(grad_accum, "grad_accum", "micro-batches per optimizer step")
-    if collate_fn is not None and not callable(collate_fn):
-        raise ValueError(f"collate_fn={short_repr(collate_fn)} is not callable: pass a collator such as "
-                         "PackedDataCollator(), or None for the default")
+    num_replicas, grad_accum = _check_loader_args(config, num_replicas, grad_accum, collate_fn)
     check_dataset_columns(dataset)
     names = _column_names(dataset)
     docs = PackedRowDocuments(dataset) if "seq_lengths" in names or "position_ids" in names else None
@@ -279,6 +272,7 @@ def build_streaming_dataloader(dataset: Any, config: ATACConfig, *, num_replicas
     from ..packing.data.collator import PackedDataCollator
     from ..packing.data.iterable import PackedIterableDataset
 
+    num_replicas, grad_accum = _check_loader_args(config, num_replicas, grad_accum, collate_fn)
     check_dataset_columns(dataset, streaming=True)
     _warn_small_window(config, num_replicas * grad_accum)
     packed = PackedIterableDataset(checked_stream(dataset), config.step_packing_config(num_replicas * grad_accum),
@@ -288,12 +282,30 @@ def build_streaming_dataloader(dataset: Any, config: ATACConfig, *, num_replicas
     return loader, packed
 
 
+def _check_loader_args(config: Any, num_replicas: Any, grad_accum: Any, collate_fn: Any) -> tuple[int, int]:
+    """The loaders' ``config``, sizes and ``collate_fn``, refused with the value where they are wrong."""
+    from ..packing.validate import InputTypeError
+
+    if not isinstance(config, ATACConfig):
+        raise InputTypeError(f"config must be an ATACConfig (the run's cap, packing and window), got "
+                             f"{type(config).__name__}")
+    if collate_fn is not None and not callable(collate_fn):
+        raise InputTypeError(f"collate_fn={short_repr(collate_fn)} is not callable: pass a collator such as "
+                             "PackedDataCollator(), or None for the default")
+    return (check_count(num_replicas, "num_replicas", "DP replicas: world size // (cp_size x tp_size)"),
+            check_count(grad_accum, "grad_accum", "micro-batches per optimizer step"))
+
+
 def _warn_small_window(config: ATACConfig, packs_per_window: int, lengths: Any = None) -> None:
     """Warn where ``window_size`` gives a window fewer new samples than it has packs to fill (DP
     replicas x gradient accumulation): packs then hold about one sample each, mostly padding; or,
     given the samples' ``lengths``, over twice the tokens its packs hold: the carried pool, the
     samples' delay and the planning time then grow window after window."""
     n = config.window_size
+    if config.min_window_packs > 1 and (n is not None or config.packing_strategy != "wfap"):
+        warnings.warn(f"min_window_packs={config.min_window_packs} is not used: it sizes wfap's windows by whole "
+                      f"steps where windows are sized by tokens (here window_size={n}, packing_strategy="
+                      f"{config.packing_strategy!r})", stacklevel=3)
     if n is not None and n < packs_per_window:
         warnings.warn(f"window_size={n} is smaller than the {packs_per_window} packs each window "
                       "fills (DP replicas x gradient accumulation): packs would hold about one sample each, mostly "
@@ -303,7 +315,7 @@ def _warn_small_window(config: ATACConfig, packs_per_window: int, lengths: Any =
         room = packs_per_window * config.max_tokens
         if n * float(np.mean(lengths)) > 2 * room:
             warnings.warn(f"window_size={n} samples hold about {n * float(np.mean(lengths)):.3g} tokens, over twice "
-                          f"the {room} that each window's {packs_per_window} packs hold: the samples carried to later "
+                          f"the {room} that a window of {packs_per_window} pack{'s' if packs_per_window > 1 else ''} holds: the samples carried to later "
                           "windows, their delay and the planning time grow window after window. For fuller packs "
                           "set window_size=None and min_window_packs=16 (windows of whole optimizer steps)",
                           stacklevel=3)

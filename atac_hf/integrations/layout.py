@@ -26,6 +26,7 @@ from __future__ import annotations
 from itertools import product
 from typing import Any
 
+from ..packing.validate import InputTypeError
 from .config_files import check_count, short_repr
 
 __all__ = ["AXES", "mesh_groups", "placement_warnings", "warn_placement"]
@@ -40,7 +41,7 @@ def _sizes(pc: Any) -> dict[str, int]:
     elif all(hasattr(pc, f"{a}_size") for a in AXES):
         sizes = {a: getattr(pc, f"{a}_size") for a in AXES}
     else:
-        raise ValueError(f"a {type(pc).__name__} is not a mesh: pass an accelerate ParallelismConfig (e.g. "
+        raise InputTypeError(f"{type(pc).__name__} is not a mesh: pass an accelerate ParallelismConfig (e.g. "
                          f"build_parallelism_config(config, world_size)) or a dict of sizes with keys {list(AXES)}")
     sizes = {a: check_count(v, f"mesh size {a}", "ranks along that axis", low=None) for a, v in sizes.items()}
     bad = {a: v for a, v in sizes.items() if v < 1}

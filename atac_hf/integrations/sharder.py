@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from ..cost.presets import key_value_widths
 from ._hf_compat import track_group_holder
+from ..packing.validate import InputTypeError
 from .config import ATACConfig
 from .config_files import check_count, short_repr
 
@@ -376,7 +377,7 @@ class BatchSharder:
         from ..sharding import STRATEGIES
 
         if not isinstance(config, ATACConfig):
-            raise ValueError(f"config must be an ATACConfig, got {type(config).__name__}")
+            raise InputTypeError(f"config must be an ATACConfig, got {type(config).__name__}")
         self.config = config
         self.cp_size = config.cp_size
         self.cp_rank = check_count(cp_rank, "cp_rank", f"this process's index in its CP group, < cp_size="
