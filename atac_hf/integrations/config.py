@@ -221,10 +221,8 @@ class ATACConfig:
     def packing_config(self, packs_per_window: int):
         """The :class:`~atac_hf.packing.PackingConfig` for windows of ``packs_per_window`` packs."""
         from ..packing.config import PackingConfig
-        from ..packing.validate import _is_int, _short
-
         if not _is_int(packs_per_window) or packs_per_window < 1:
-            raise ValueError(f"packs_per_window={_short(packs_per_window)} is invalid: it must be an int >= 1, the "
+            raise ValueError(f"packs_per_window={short_repr(packs_per_window)} is invalid: it must be an int >= 1, the "
                              "packs of one window (DP replicas x gradient accumulation steps)")
         return PackingConfig.from_dict({**self.packing_options, "max_tokens": self.max_tokens,
                                         "packs_per_window": int(packs_per_window),

@@ -60,7 +60,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..cost import CostModel
-from ..packing.validate import InputTypeError, _short, check_lengths, check_seed
+from ..packing.validate import InputTypeError, _is_int, _short, check_lengths, check_seed
 from ..sharding import plan_shards
 from ..sharding.api import CapExceededError
 from ..sharding.segments import _cheapest, _doc_work_lower_bounds, finish_plan
@@ -241,10 +241,6 @@ def balanced_step_time(cluster: ClusterConfig, work_s: float, tokens: int, num_m
     hop = cluster.hop_s(np.full(M, tokens / (cluster.dp_size * M * cluster.cp_size)))
     span = onef1b_formula(f, b, hop) if timing == "formula" else one_f_one_b(f, b, hop).makespan
     return span + cluster.grad_sync_s()
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
 def _is_number(v: Any) -> bool:
