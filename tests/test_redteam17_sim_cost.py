@@ -307,3 +307,13 @@ def test_simulate_cli_seed_range_is_packs(capsys):
     assert main(["simulate", "--steps", "1", "--dp", "1", "--pp", "1", "--cp", "2", "--max-tokens", "4K",
                  "--combos", "named", "--seed", str(2**63)]) == 2
     assert "--seed=9223372036854775808 must be from 0 to 9223372036854775807" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cmd", ["simulate", "bench"])
+def test_eval_attn_scale_refuses_a_repeated_ratio(cmd, capsys):
+    """A repeated --eval-attn-scale ratio (1,1 or 1,1.0) reported the same run twice; it is refused, naming
+    the flag."""
+    with pytest.raises(SystemExit) as e:
+        main([cmd, "--eval-attn-scale", "1,1.0"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "argument --eval-attn-scale: '1,1.0' repeats a ratio" in err

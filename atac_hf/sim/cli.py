@@ -85,6 +85,8 @@ def _scales(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers (e.g. 0.5,1,2)") from None
     if not out or any(not (0 < k < float("inf")) for k in out):
         raise argparse.ArgumentTypeError(f"{text!r}: attention price ratios must be finite numbers > 0 (e.g. 0.5,1,2)")
+    if len(set(out)) < len(out):  # a repeated ratio would report the same run twice
+        raise argparse.ArgumentTypeError(f"{text!r} repeats a ratio: give each attention price ratio once (e.g. 0.5,1,2)")
     return out
 
 
