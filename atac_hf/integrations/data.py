@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from .columns import _check_token_columns, _list_chunks, checked_stream, prepare_stream_sample  # noqa: F401
 from .config import ATACConfig
 from .config_files import check_count, short_repr
+from .targets import DocumentTargets
 
 __all__ = ["REQUIRED_COLUMNS", "PackedRowDocuments", "build_packed_dataloader", "check_collator", "check_dataset_columns",
            "checked_stream", "prepare_stream_sample"]
@@ -243,7 +244,8 @@ def build_packed_dataloader(dataset: Any, config: ATACConfig, *, num_replicas: i
         cost_model=cost_model, even_batches=even_batches, progress=progress, fixed_epoch_length=fixed_epoch_length,
     )
     loader = DataLoader(SpanDataset(dataset), batch_sampler=sampler,
-                        collate_fn=collate_fn if collate_fn is not None else PackedDataCollator(), **loader_kwargs)
+                        collate_fn=DocumentTargets(collate_fn if collate_fn is not None else PackedDataCollator()),
+                        **loader_kwargs)
     return loader, sampler
 
 
@@ -277,13 +279,14 @@ def build_streaming_dataloader(dataset: Any, config: ATACConfig, *, num_replicas
     _warn_small_window(config, num_replicas * grad_accum)
     packed = PackedIterableDataset(checked_stream(dataset), config.step_packing_config(num_replicas * grad_accum),
                                    window_size=config.window_size, num_replicas=num_replicas, cost_model=cost_model)
-    loader = DataLoader(packed, batch_size=1,
-                        collate_fn=collate_fn if collate_fn is not None else PackedDataCollator(), **loader_kwargs)
+    loader = DataLoader(packed, batch_size=1, collate_fn=DocumentTargets(collate_fn if collate_fn is not None else PackedDataCollator()),
+                        **loader_kwargs)
     return loader, packed
 
 
 def _check_loader_args(config: Any, num_replicas: Any, grad_accum: Any, collate_fn: Any) -> tuple[int, int]:
     """The loaders' ``config``, sizes and ``collate_fn``, refused with the value where they are wrong."""
+    from ..packing.data.collator import PackedDataCollator
     from ..packing.validate import InputTypeError
 
     if not isinstance(config, ATACConfig):
@@ -292,6 +295,7 @@ def _check_loader_args(config: Any, num_replicas: Any, grad_accum: Any, collate_
     if collate_fn is not None and not callable(collate_fn):
         raise InputTypeError(f"collate_fn={short_repr(collate_fn)} is not callable: pass a collator such as "
                              "PackedDataCollator(), or None for the default")
+    DocumentTargets(collate_fn or PackedDataCollator())  # its separator_id checked before anything is built
     return (check_count(num_replicas, "num_replicas", "DP replicas: world size // (cp_size x tp_size)"),
             check_count(grad_accum, "grad_accum", "micro-batches per optimizer step"))
 

@@ -25,6 +25,7 @@ from ._hf_compat import track_group_holder
 from ..packing.validate import InputTypeError
 from .config import ATACConfig
 from .config_files import check_count, short_repr
+from .targets import document_start_positions
 
 __all__ = [
     "BatchSharder",
@@ -161,10 +162,10 @@ def model_kv_bytes_per_token(model: torch.nn.Module) -> float:
 
 # ---------------------------------------------------------------------------- counting and gradients
 def count_targets(batches: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> int:
-    """Next-token targets in one or more full packed batches (the way Trainer counts them).
+    """Next-token targets in one or more full packed batches: what the loss sums.
 
-    ``shift_labels`` when present, else ``labels[..., 1:]`` (packed rows carry -100 at every
-    document start, so both give the same count).
+    ``shift_labels`` when present, else ``labels`` less every document's first token (a target never
+    crosses a document; ``labels[..., 1:]`` where the batch does not say where documents start).
 
     Raises:
         ValueError: a batch without ``labels`` or ``shift_labels`` (lists its keys).
@@ -182,7 +183,11 @@ def count_targets(batches: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> i
         if b.get("shift_labels") is not None:
             lab = torch.as_tensor(b["shift_labels"])
         elif b.get("labels") is not None:
-            lab = torch.as_tensor(b["labels"])[..., 1:]
+            lab, starts = torch.as_tensor(b["labels"]), document_start_positions(b)
+            if starts is not None and lab.numel() and int(starts.max(initial=0)) < lab.numel():
+                total -= int(lab.reshape(-1)[torch.as_tensor(starts, device=lab.device)].ne(IGNORE_INDEX).sum())
+            else:
+                lab = lab[..., 1:]
         else:
             raise ValueError(f"a batch has no 'labels' or 'shift_labels' to count targets in; keys: {sorted(b)}")
         total += int(lab.ne(IGNORE_INDEX).sum())

@@ -39,10 +39,20 @@ STREAM_STATE_NAME = "atac_stream.json"
 _FORMAT = "atac-hf/trainer-stream/v1"
 
 
-def stream_dispatch(args: Any) -> None:
+def stream_dispatch(args: Any, streaming: bool = True) -> None:
     """Streaming datasets: every process packs the stream itself and Accelerate deals the rows
-    (``dispatch_batches=False``); rows differ in length, so a dispatcher could not concatenate them."""
+    (``dispatch_batches=False``); rows differ in length, so a dispatcher could not concatenate them.
+    Map-style datasets (``streaming=False``): the WFAP sampler gives every CP rank of a replica the
+    same packs; a dispatcher would deal them over the CP ranks (each would shard another pack)."""
     acc = args.accelerator_config
+    if not streaming:
+        for flag in ("dispatch_batches", "split_batches"):
+            if getattr(acc, flag, None):
+                raise ValueError(f"accelerator_config.{flag}=True: ATACTrainer's WFAP sampler deals each DP replica "
+                                 "its own packs, every CP rank of it the same ones (a batch is one packed row); a "
+                                 "dispatcher would deal them over the CP ranks and a split would cut the row. Set "
+                                 f"{flag} to None or False")
+        return
     if getattr(acc, "dispatch_batches", None):
         raise ValueError("accelerator_config.dispatch_batches=True with a streaming dataset: ATACTrainer packs the "
                          "stream on every process and deals rows round-robin; set dispatch_batches to None or False")

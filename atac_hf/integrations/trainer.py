@@ -198,12 +198,12 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
                 "with cp_size=1")
         if args is None:
             args = TrainingArguments(output_dir="trainer_output")
-        if any(is_streaming_dataset(d) for d in [train_dataset, *evals.values()] if d is not None):
-            if args.dataloader_num_workers > 1:
-                raise ValueError(f"dataloader_num_workers={args.dataloader_num_workers} with a streaming dataset: the "
-                                 "stream is packed by one sequential, resumable packer, which cannot be split over "
-                                 "DataLoader workers; set dataloader_num_workers to 0 or 1")
-            stream_dispatch(args)
+        streaming = any(is_streaming_dataset(d) for d in [train_dataset, *evals.values()] if d is not None)
+        if streaming and args.dataloader_num_workers > 1:
+            raise ValueError(f"dataloader_num_workers={args.dataloader_num_workers} with a streaming dataset: the "
+                             "stream is packed by one sequential, resumable packer, which cannot be split over "
+                             "DataLoader workers; set dataloader_num_workers to 0 or 1")
+        stream_dispatch(args, streaming)
         _default_device_args(args, model)
         _check_args(args, config)
         check_best_metric(args, config.cp_size)

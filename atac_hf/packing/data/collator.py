@@ -12,8 +12,9 @@ key                shape       dtype   meaning
 ``seq_lengths``    (D,)        int64   document lengths (sum = S), never 0
 ``cu_seqlens``     (D + 1,)    int32   flash-attn style offsets: 0, L0, L0 + L1, ...
 ``max_seqlen``     int                 longest document
-``shift_labels``   (1, S)      int64   only with ``return_shift_labels``: ``labels``
-                                       shifted left by one, -100 last
+``shift_labels``   (1, S)      int64   only with ``return_shift_labels`` or a token
+                                       ``separator_id``: ``labels`` shifted left by
+                                       one, -100 last
 =================  ==========  ======  ==================================================
 
 ``input_ids``, ``labels`` and ``position_ids`` equal those of transformers'
@@ -94,7 +95,10 @@ class PackedDataCollator:
 
     Attributes:
         return_tensors: ``"pt"`` (torch tensors) or ``"np"`` (numpy arrays).
-        separator_id: label written at each document start (-100: ignored by the loss).
+        separator_id: label written at each document start (-100: ignored by the loss). A token id
+            (e.g. EOS) is the target of every document's last token but a row's last, as the plain
+            shift of the row trains it: the row then carries ``shift_labels`` too, so that a
+            context-parallel loss (which never shifts across a document) trains it the same.
         return_seq_lengths: emit ``seq_lengths``, ``cu_seqlens`` and ``max_seqlen``.
             They travel to ``model(**batch)`` as extra keyword arguments (HF decoder
             models accept and ignore them); turn off for a model that rejects them.
@@ -238,7 +242,7 @@ class PackedDataCollator:
             "labels": labels[None, :],
             "position_ids": position_ids[None, :],
         }
-        if self.return_shift_labels:
+        if self.return_shift_labels or self.separator_id != -100:
             shift = np.full_like(labels, -100)
             shift[:-1] = labels[1:]
             out["shift_labels"] = shift[None, :]

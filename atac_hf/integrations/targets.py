@@ -1,0 +1,84 @@
+"""The next-token targets of a packed batch, as the loss under ATP-CP trains them.
+
+A target never crosses a document: the last token of a document has no next token in it
+(:func:`~atac_hf.attention.build_shift_labels`), so a label at a document start is never a
+target. Trainer and :func:`~atac_hf.integrations.sharder.count_targets` count targets before the
+batch is sharded (the loss divides by that count), so the packed loaders pass every collator's
+batch through :class:`DocumentTargets` first:
+
+* labels at document starts become -100 (what our collator writes; a custom collator copying
+  ``input_ids`` into ``labels`` does not), so that counting ``labels[..., 1:]`` counts exactly
+  the targets the loss sums;
+* a collator with a ``separator_id`` token (transformers' ``DataCollatorWithFlattening`` or
+  :class:`~atac_hf.packing.PackedDataCollator` with ``separator_id`` set to a token id, e.g. EOS)
+  asks that each document's last token predict it, as the unsharded model's plain shift of the
+  row trains it: the batch gets those targets as ``shift_labels`` (the row's labels shifted left
+  by one, -100 last), which Trainer counts and the sharded loss uses as given.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+
+from ..packing.validate import InputTypeError
+from .config_files import short_repr
+
+__all__ = ["DocumentTargets", "document_start_positions"]
+
+IGNORE_INDEX = -100
+
+
+def document_start_positions(batch: Mapping[str, Any]) -> np.ndarray | None:
+    """Flat (row-major) positions of every document's first token in a packed batch, or None where
+    the batch does not say where its documents are (the sharder then refuses it, naming why)."""
+    from ..attention import doc_lengths_from_batch
+
+    try:
+        lengths = doc_lengths_from_batch(batch)
+    except (ValueError, TypeError):
+        return None
+    return np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if len(lengths) else np.zeros(0, np.int64)
+
+
+class DocumentTargets:
+    """``collate(features)`` with the batch's targets made what the loss trains (see the module doc).
+
+    Args:
+        collate: the packed-row collator; its ``separator_id`` (an int other than -100) asks that
+            each document's last token predict that token.
+    """
+
+    def __init__(self, collate: Callable) -> None:
+        if isinstance(collate, DocumentTargets):
+            collate = collate.collate
+        sep = getattr(collate, "separator_id", None)
+        if sep is not None and (isinstance(sep, bool) or not isinstance(sep, (int, np.integer))):
+            raise InputTypeError(f"{type(collate).__name__}.separator_id={short_repr(sep)} is not an int: it is the "
+                                 f"label of each document start ({IGNORE_INDEX}: none, or a token id such as EOS)")
+        self.collate = collate
+        self.separator_id = None if sep is None or int(sep) == IGNORE_INDEX else int(sep)
+
+    def __call__(self, features: Any) -> Any:
+        batch = self.collate(features)
+        labels = batch.get("labels") if isinstance(batch, Mapping) else None
+        if not isinstance(labels, torch.Tensor) or labels.dim() != 2 or batch.get("shift_labels") is not None:
+            return batch
+        starts = document_start_positions(batch)
+        if starts is None or int(starts[-1] if len(starts) else 0) >= labels.numel():
+            return batch
+        flat = labels.reshape(-1)
+        idx = torch.as_tensor(starts, device=labels.device)
+        if self.separator_id is not None:
+            # the unsharded model's plain shift of each row: the separator at a document start is the
+            # target of the token before it (the previous document's last), -100 after a row's last token
+            shift = torch.full_like(labels, IGNORE_INDEX)
+            shift[:, :-1] = labels[:, 1:]
+            batch["shift_labels"] = shift
+        elif bool((flat.index_select(0, idx) != IGNORE_INDEX).any()):
+            flat = flat.clone()
+            flat[idx] = IGNORE_INDEX
+            batch["labels"] = flat.view_as(labels)
+        return batch
