@@ -459,7 +459,7 @@ class BatchSharder:
                 documents that cannot be found; see :func:`~atac_hf.attention.shard_batch`.
         """
         from ..attention import shard_batch
-
+        from ..attention.batch_check import check_same_batch
         if "input_ids" not in batch:
             raise ValueError(f"a packed batch needs 'input_ids' (and 'position_ids' or 'seq_lengths'); "
                              f"keys found: {sorted(batch)}")
@@ -483,6 +483,8 @@ class BatchSharder:
                 check_plan_digest(plan, self.tp_group, content=batch_digest(batch))
             except RuntimeError as e:
                 raise RuntimeError(f"TP group check (debug): {e} [here: the TP ranks of one CP rank]") from e
+        if self.cp_size > 1 and not self.config.debug:  # (debug: shard_batch compares full digests)
+            check_same_batch(plan, batch, self.cp_group)
         local = shard_batch(batch, plan, self.cp_rank, self.cp_group, backend=self.config.attention_backend,
                             debug=self.config.debug)
         if record:
@@ -495,6 +497,4 @@ class BatchSharder:
         h, self.history = self.history, []
         if not h:
             return {}
-        return {"imbalance": float(np.mean([s.imbalance for s in h])),
-                "kv_mb": float(np.mean([s.kv_mb for s in h])),
-                "planner_ms": float(np.mean([s.planner_ms for s in h]))}
+        return {k: float(np.mean([getattr(s, k) for s in h])) for k in ("imbalance", "kv_mb", "planner_ms")}
