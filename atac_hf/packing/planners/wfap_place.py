@@ -99,20 +99,23 @@ def place_tails(tails: list[int], L: list[int], c: list[list[float]], due: list[
 def local_search(pc: list[list[float]], pt: list[int], tail_of: list[list[int]], anchor_of: list[list[int]],
                  L: list[int], c: list[list[float]], C: int, max_steps: int | None = None) -> None:
     """Move or swap one tail between the pack of highest and of lowest score while that
-    lowers the pair's higher score (hence, step by step, the window's). In place."""
+    lowers the pair's higher score (hence, step by step, the window's). In place.
+
+    A step costs O(P) numpy (the packs' scores are kept in an array, updated for the two packs a
+    step changes) and O(m' x n') for the swaps, m' and n' the two packs' tails of distinct
+    (length, cost): tails alike give the same candidates, so only the first of each is tried (the
+    choice is the one the full m x n search makes). m' and n' are at most about sqrt(2 x max_tokens):
+    thousands of tiny samples in a pack no longer make an (m, n) array of gigabytes."""
     P = len(pc)
     steps = max_steps if max_steps is not None else 2 * P
+    sc = np.array([max(v) for v in pc], dtype=np.float64)
     for _ in range(steps):
-        sc = [max(v) for v in pc]
-        p = max(range(P), key=lambda j: (sc[j], -j))
-        q = min(range(P), key=lambda j: (sc[j], j))
+        p, q = int(np.argmax(sc)), int(np.argmin(sc))  # the first of equal scores, as before
         gap = sc[p] - sc[q]
         if gap <= 1e-12 * max(sc[p], 1e-30) or not tail_of[p]:
             return
         pcp, pcq = np.asarray(pc[p]), np.asarray(pc[q])
-        tp = np.asarray(tail_of[p])
-        lp = np.asarray([L[i] for i in tail_of[p]])
-        cp = np.asarray([c[i] for i in tail_of[p]])  # (m, K)
+        tp, lp, cp = _distinct_tails(tail_of[p], L, c)  # (m,), (m,), (m, K)
         best_val = sc[p]
         best = None
         # move a tail p -> q
@@ -127,9 +130,7 @@ def local_search(pc: list[list[float]], pt: list[int], tail_of: list[list[int]],
                 best_val, best = float(val[k]), ("move", int(tp[k]), -1)
         # swap a tail of p with a tail of q
         if tail_of[q]:
-            tq = np.asarray(tail_of[q])
-            lq = np.asarray([L[i] for i in tail_of[q]])
-            cq = np.asarray([c[i] for i in tail_of[q]])
+            tq, lq, cq = _distinct_tails(tail_of[q], L, c)
             d = cp[:, None, :] - cq[None, :, :]  # (m, n, K)
             dl = lp[:, None] - lq[None, :]
             ok2 = (pt[q] + dl <= C) & (pt[p] - dl <= C)
@@ -145,6 +146,28 @@ def local_search(pc: list[list[float]], pt: list[int], tail_of: list[list[int]],
         _move_tail(i, p, q, tail_of, pc, pt, L, c)
         if kind == "swap":
             _move_tail(u, q, p, tail_of, pc, pt, L, c)
+        sc[p], sc[q] = max(pc[p]), max(pc[q])
+
+
+#: Packs with fewer tails than this are searched tail by tail (de-duplicating costs more than it saves).
+_DISTINCT_FROM = 64
+
+
+def _distinct_tails(tails: list[int], L: list[int], c: list[list[float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, lengths, (m, K) costs) of the first tail of each distinct (length, cost) among ``tails``, in
+    their order: a move or swap of a tail is judged by its length and cost alone, and argmin over these
+    rows picks the tail the search over every tail picks (the first of the minima, row-major)."""
+    ids = np.asarray(tails)
+    lens = np.asarray([L[i] for i in tails])
+    costs = np.asarray([c[i] for i in tails], dtype=np.float64).reshape(len(tails), -1)
+    if len(tails) < _DISTINCT_FROM:
+        return ids, lens, costs
+    key = np.empty(len(tails), dtype=[("l", np.int64)] + [(f"c{k}", np.float64) for k in range(costs.shape[1])])
+    key["l"] = lens
+    for k in range(costs.shape[1]):
+        key[f"c{k}"] = costs[:, k]
+    first = np.sort(np.unique(key, return_index=True)[1])
+    return ids[first], lens[first], costs[first]
 
 
 def _move_tail(i: int, src: int, dst: int, tail_of: list[list[int]], pc: list, pt: list[int], L: list[int],
