@@ -23,7 +23,7 @@ from .bounds import _per_doc_a2a_floor, _per_doc_lower_bound, _per_doc_may_win, 
 from .segments import (_doc_work_lower_bounds, _exact_pairs, fill_empty_ranks, finish_flat, finish_plan, per_doc_flat,
                        resolve_exchange, row_offsets)
 
-__all__ = ["PRICE_ERROR_BAND", "ROBUST_EXTRA_ANCHORS", "SUBGROUP_MARGIN", "SUBGROUP_SKIP_LEVEL", "TWO_WAY_TOLERANCE", "plan_atp"]
+__all__ = ["LEVEL_SEARCH_LIMIT", "PER_DOC_ROUTE_LIMIT", "PRICE_ERROR_BAND", "ROBUST_EXTRA_ANCHORS", "SUBGROUP_MARGIN", "SUBGROUP_SKIP_LEVEL", "TWO_WAY_TOLERANCE", "plan_atp"]
 
 #: ATP takes the plan whose ranks are level in tokens and in attention pairs separately
 #: (robust to the cost model's error in their relative price) over the one level in
@@ -44,6 +44,13 @@ SUBGROUP_SKIP_LEVEL = 0.005
 #: Where ATP's best plan is not level in tokens and pairs separately (whole documents only, or
 #: anchors that cannot level both), it tries up to this many more anchors split two-way.
 ROBUST_EXTRA_ANCHORS = 2
+#: Where ATP's best anchor count leaves the ranks off level, at most this many more anchors are tried for
+#: the fewest that level them (red-team 19: trying every count was O(D^2 x C), seconds at CP 128).
+LEVEL_SEARCH_LIMIT = 8
+#: ATP's per_doc candidate (every document split over every rank) is costed with the node-routed
+#: all-to-all only where its rows' count, split documents x C x C, is at most this; above it, with the
+#: direct one (it can then only look slower). Counting them was seconds per pack at CP 128 (red-team 19).
+PER_DOC_ROUTE_LIMIT = 1 << 18
 #: Attention price factors of the cost model's error that ATP guards against where no plan of
 #: those extra anchors is level two-way: if its plan's ranks are more than TWO_WAY_TOLERANCE from
 #: level at one of these prices, the cost-level plan of the extra anchors (within TWO_WAY_TOLERANCE
@@ -222,6 +229,8 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
                     if level.block_time_s < anchor_plan.block_time_s:
                         anchor_plan, level_two_ways, best = level, level_two_ways_j, (got[0], j, got[1], got[2])
                     break
+                if j - best[1] >= LEVEL_SEARCH_LIMIT:  # (each count costs O(j x C): not every count is tried)
+                    break
         # A plan of whole documents (or whose anchors cannot level tokens and pairs) is level in
         # estimated cost only: one or two more anchors, split two-way, make it level whatever the
         # price ratio; taken where that costs at most TWO_WAY_TOLERANCE more by the estimate.
@@ -247,7 +256,9 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
     # is a candidate too (ATP is never worse than per_doc); its block time is costed
     # without building it first, and the plan is built only if it can win.
     if anchor_plan is None or _per_doc_may_win(lengths, C, cm, work_bound, anchor_plan.block_time_s * (1 + 1e-6)):
-        even = finish_flat(lengths, C, "atp", *per_doc_flat(lengths, C), None, cm, exchange)
+        # (its node-routed all-to-all only where counting its rows stays cheap; see PER_DOC_ROUTE_LIMIT)
+        route = "auto" if int(np.count_nonzero(lengths >= 2)) * C * C <= PER_DOC_ROUTE_LIMIT else None
+        even = finish_flat(lengths, C, "atp", *per_doc_flat(lengths, C), None, cm, exchange, route=route)
         if even.rank_num_tokens().max() <= cap and (anchor_plan is None
                                                       or even.block_time_s < anchor_plan.block_time_s):
             anchor_plan = even
