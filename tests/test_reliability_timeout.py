@@ -66,9 +66,11 @@ def _entry(rank: int, world: int, port: int, out_dir: str) -> None:
         faulty = rank == 1  # CP group {0, 1}: rank 1 fails; CP group {2, 3} trains on
         t0 = time.monotonic()
         try:
+            # zigzag: every document's K/V gathered; the fault comes after the batch check (a collective
+            # every rank of the group runs first), so the K/V all-gather is what the survivor waits on
+            local = acc.sharder(batch, num_items_in_batch=100)
             if faulty:
                 raise RuntimeError("injected fault")
-            local = acc.sharder(batch, num_items_in_batch=100)  # zigzag: every document's K/V gathered
             base(**local).loss.backward()
             res["completed"] = True
         except RuntimeError as e:

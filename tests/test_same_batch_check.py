@@ -49,3 +49,5 @@ def test_check_same_batch_refuses_other_rows_and_other_plans_on_every_rank(world
 def test_check_same_batch_passes_a_failed_peer_through(world):
     got = world(2, fail=True).run(lambda r: check_same_batch(plan_shards([4], 2), _batch([[1, 2, 3, 4]], [[4]]), GROUP))
     assert all(isinstance(e, RuntimeError) and "shuffle(seed" not in str(e) for e in got), got
+    assert all(str(e).startswith(f"atac_cp: the batch check (every batch) over the CP group failed on rank {r} of 2: "
+                                 "another CP rank crashed") for r, e in enumerate(got)), got

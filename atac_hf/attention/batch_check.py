@@ -38,7 +38,7 @@ def check_same_batch(plan: ShardPlan, batch: Mapping[str, Any], group: Any = Non
     all-gather per batch, so that CP ranks holding different batches (which would train on mismatched
     shards, or wait on each other's collectives forever) fail at once, naming the likely cause."""
     try:
-        shard.check_plan_digest(plan, group, content=light_batch_digest(batch))
+        shard.check_plan_digest(plan, group, content=light_batch_digest(batch), what="batch check (every batch)")
     except RuntimeError as e:
         if not str(e).startswith("the CP ranks hold different"):
             raise

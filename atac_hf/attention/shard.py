@@ -428,9 +428,11 @@ def batch_digest(batch: Mapping[str, Any]) -> str:
     return h.hexdigest()[:16]
 
 
-def check_plan_digest(plan: ShardPlan, group: Any = None, *, content: str | None = None) -> None:
+def check_plan_digest(plan: ShardPlan, group: Any = None, *, content: str | None = None,
+                      what: str = "plan digest check (debug)") -> None:
     """All-gather ``plan.digest`` (and ``content``, e.g. :func:`batch_digest`) over ``group`` in
-    one collective; RuntimeError naming the ranks and digests if they differ."""
+    one collective; RuntimeError naming the ranks and digests if they differ (``what``: the check's
+    name where the collective itself fails)."""
     dev = group_device(group)
     text = plan.digest.encode("ascii").ljust(16, b"-")[:16] + (content or "").encode("ascii").ljust(16, b"-")[:16]
     mine = torch.tensor(list(text), dtype=torch.uint8, device=dev)
@@ -441,7 +443,7 @@ def check_plan_digest(plan: ShardPlan, group: Any = None, *, content: str | None
     try:
         all_gather_single(allg, mine, group=group)
     except RuntimeError as e:
-        raise peer_failure("plan digest check (debug)", group, e) from e
+        raise peer_failure(what, group, e) from e
     got = [bytes(allg[r * 32:(r + 1) * 32].tolist()).decode("ascii") for r in range(world)]
     digests = [g[:16] for g in got]
     if len(set(digests)) > 1:
