@@ -279,7 +279,8 @@ def build_streaming_dataloader(dataset: Any, config: ATACConfig, *, num_replicas
     _warn_small_window(config, num_replicas * grad_accum)
     packed = PackedIterableDataset(checked_stream(dataset), config.step_packing_config(num_replicas * grad_accum),
                                    window_size=config.window_size, num_replicas=num_replicas, cost_model=cost_model)
-    loader = DataLoader(packed, batch_size=1, collate_fn=DocumentTargets(collate_fn if collate_fn is not None else PackedDataCollator()),
+    loader = DataLoader(packed, batch_size=1,
+                        collate_fn=DocumentTargets(collate_fn if collate_fn is not None else PackedDataCollator()),
                         **loader_kwargs)
     return loader, packed
 
@@ -295,7 +296,7 @@ def _check_loader_args(config: Any, num_replicas: Any, grad_accum: Any, collate_
     if collate_fn is not None and not callable(collate_fn):
         raise InputTypeError(f"collate_fn={short_repr(collate_fn)} is not callable: pass a collator such as "
                              "PackedDataCollator(), or None for the default")
-    DocumentTargets(collate_fn or PackedDataCollator())  # its separator_id checked before anything is built
+    DocumentTargets(collate_fn if collate_fn is not None else PackedDataCollator())  # its separator_id, checked
     return (check_count(num_replicas, "num_replicas", "DP replicas: world size // (cp_size x tp_size)"),
             check_count(grad_accum, "grad_accum", "micro-batches per optimizer step"))
 

@@ -23,7 +23,8 @@ from .bounds import _per_doc_a2a_floor, _per_doc_lower_bound, _per_doc_may_win, 
 from .segments import (_doc_work_lower_bounds, _exact_pairs, fill_empty_ranks, finish_flat, finish_plan, per_doc_flat,
                        resolve_exchange, row_offsets)
 
-__all__ = ["LEVEL_SEARCH_LIMIT", "PER_DOC_ROUTE_LIMIT", "PRICE_ERROR_BAND", "ROBUST_EXTRA_ANCHORS", "SUBGROUP_MARGIN", "SUBGROUP_SKIP_LEVEL", "TWO_WAY_TOLERANCE", "plan_atp"]
+__all__ = ["LEVEL_SEARCH_LIMIT", "PER_DOC_ROUTE_LIMIT", "PRICE_ERROR_BAND", "ROBUST_EXTRA_ANCHORS", "SUBGROUP_MARGIN",
+           "SUBGROUP_SKIP_LEVEL", "TWO_WAY_TOLERANCE", "plan_atp"]
 
 #: ATP takes the plan whose ranks are level in tokens and in attention pairs separately
 #: (robust to the cost model's error in their relative price) over the one level in
