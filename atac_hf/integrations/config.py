@@ -99,10 +99,10 @@ class ATACConfig:
         max_tokens_per_rank: memory cap on tokens one CP rank may hold, or ``None``.
         min_chunk: shortest chunk an anchor document may be cut into, in tokens;
             ``None``: 128 on CUDA (kernel tile), 1 elsewhere.
-        debug: extra checks: every CP rank compares its plan's digest and a digest of the full
-            batch (ids, labels, positions: ranks fed different data are caught even with the
-            same document lengths), in one small all-gather per batch, and the first batches are
-            validated more strictly.
+        debug: extra checks: every CP rank compares its plan's digest and a hash of the full
+            batch (ids, labels, positions) in one small all-gather per batch, and the first batches
+            are validated more strictly. (Without it the plan digest and a cheap checksum of the
+            ids and labels are compared: ranks fed different data are caught either way.)
         collective_timeout_s: seconds a CP collective (K/V gather, digest check) waits for the
             other ranks of its CP group before failing with a clear error (a rank that crashed,
             raised or hangs), set on the CP group; ``None`` keeps the process group's timeout
