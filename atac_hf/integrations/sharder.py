@@ -25,6 +25,7 @@ from ._hf_compat import track_group_holder
 from ..packing.validate import InputTypeError
 from .config import ATACConfig
 from .config_files import check_count, short_repr
+from ..attention.shard import IGNORE_INDEX
 from .targets import document_start_positions
 
 __all__ = [
@@ -41,8 +42,6 @@ __all__ = [
     "check_token_ids",
     "token_limits",
 ]
-
-IGNORE_INDEX = -100
 
 
 # ---------------------------------------------------------------------------- models

@@ -23,12 +23,11 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
+from ..attention.shard import IGNORE_INDEX
 from ..packing.validate import InputTypeError
 from .config_files import short_repr
 
 __all__ = ["DocumentTargets", "document_start_positions"]
-
-IGNORE_INDEX = -100
 
 
 def document_start_positions(batch: Mapping[str, Any]) -> np.ndarray | None:
