@@ -39,7 +39,6 @@ What it changes, and where:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import warnings
@@ -64,6 +63,7 @@ from .tensor_parallel import apply_tensor_parallel, dp_cp_group, full_state_dict
 from .tensor_parallel import sync_tp_gradients
 from .trainer_guards import (LossGuardMixin, check_best_metric, check_label_names, install_loss_override_check,
                              loss_scale_refusal, release_eval_preparation)
+from .trainer_guards import check_training_args as _check_args, sampling_strategy as _sampling_strategy  # noqa: F401
 
 __all__ = ["ATACTrainer", "SAMPLER_STATE_NAME", "STREAM_STATE_NAME"]
 
@@ -100,46 +100,6 @@ def _default_device_args(args: TrainingArguments, model: torch.nn.Module) -> Non
         composite = (len(texts) > 1 and texts[1] is not cfg) or bool(getattr(cfg, "sub_configs", None))
         if not composite and not any(getattr(c, f, None) for c in texts if c is not None for f in _MOE_FIELDS):
             args.ddp_find_unused_parameters = False
-
-
-def _check_args(args: TrainingArguments, config: ATACConfig) -> None:
-    launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if launched != args.world_size:
-        raise ValueError(f"launched with WORLD_SIZE={launched} but TrainingArguments sees {args.world_size} "
-                         "process(es): on a machine without CUDA pass TrainingArguments(use_cpu=True)")
-    if args.label_smoothing_factor:
-        raise ValueError(f"label_smoothing_factor={args.label_smoothing_factor}: Trainer's label smoother shifts "
-                         "labels on each rank's shard, which is wrong under ATP-CP; set it to 0")
-    if getattr(args, "neftune_noise_alpha", None) and config.cp_size > 1:
-        raise ValueError(f"neftune_noise_alpha={args.neftune_noise_alpha} with cp_size={config.cp_size}: NEFTune scales "
-                         "its embedding noise by 1/sqrt(sequence length x hidden size) and each rank sees only its "
-                         f"shard of the pack, so the noise would be about sqrt({config.cp_size}) times one device's; "
-                         "unset neftune_noise_alpha or train with cp_size=1")
-    if args.world_size > 1 and not args.average_tokens_across_devices:
-        raise ValueError("average_tokens_across_devices=False: each rank would normalise its loss by its own "
-                         "token count; ATP-CP needs the global count (set it to True, the default)")
-    # warn (rank 0) only about a batch size the user set: TrainingArguments' own default (8) is no choice
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
-    ignored = {k: getattr(args, k) for k in ("per_device_train_batch_size", "per_device_eval_batch_size")
-               if getattr(args, k) not in (1, defaults.get(k))}
-    if ignored and args.process_index == 0:
-        warnings.warn(f"{', '.join(f'{k}={v}' for k, v in ignored.items())} is ignored by ATACTrainer: each "
-                      "micro-batch is one WFAP pack of at most max_tokens tokens (raise max_tokens for bigger "
-                      "micro-batches)", stacklevel=3)
-    strategy = _sampling_strategy(args)
-    if strategy not in ("random", "sequential") and args.process_index == 0:
-        warnings.warn(f"train_sampling_strategy={strategy!r} is ignored by ATACTrainer: its WFAP sampler already "
-                      "balances the packs by cost; the sample order is shuffled per epoch (ATACConfig.shuffle) or "
-                      "kept (train_sampling_strategy='sequential' or ATACConfig(shuffle=False))", stacklevel=3)
-
-
-def _sampling_strategy(args: TrainingArguments) -> str:
-    """``args.train_sampling_strategy`` (transformers 5), or its 4.x spelling ``group_by_length=True``."""
-    strategy = getattr(args, "train_sampling_strategy", None) or "random"
-    if getattr(args, "group_by_length", False):
-        strategy = "group_by_length"
-    return str(strategy)
-
 
 
 class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
@@ -232,10 +192,8 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
             check_position_limit(model, ds, config, f"eval_dataset[{key!r}]" if key else "eval_dataset")
         stale = getattr(unwrap_base_model(model), "accepts_loss_kwargs", None) is False  # _hf_compat 7
         if why := loss_scale_refusal(model, stale, config.cp_size):  # checked before any change
-            declared = " declares accepts_loss_kwargs=False and" if stale else ""
-            raise ValueError(f"{type(unwrap_base_model(model)).__name__}{declared} {why}; ATP-CP needs the loss as the "
-                             f"target sum over num_items_in_batch (a per-rank mean is cp_size={config.cp_size} times "
-                             "the loss and gradients)")
+            declared = " declares accepts_loss_kwargs=False and" if stale else ":"
+            raise ValueError(f"{type(unwrap_base_model(model)).__name__}{declared} {why}")
         args.parallelism_config = pc
         warn_placement(pc, fsdp=fsdp)
         prepare_model(model, config)
@@ -350,13 +308,14 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
 
     # ------------------------------------------------------------------ the CP hook
     def _prepare_context_parallel_inputs(self, model: torch.nn.Module, inputs: dict[str, Any]):
-        """Plan and shard the full packed batch (Trainer already counted ``num_items_in_batch`` on it)."""
-        # the caller, not model.training: Trainer shards before its model.train(), and a model no
-        # wrapper holds (CP 1 in one process, TP, FSDP2) is still in eval mode after an evaluation
+        """Plan and shard the full packed batch (Trainer already counted ``num_items_in_batch`` on it). The caller,
+        not model.training: Trainer shards before model.train(); a model no wrapper holds stays in eval mode."""
         training = bool(getattr(self, "_atac_training_step", False))
         local = self.atac_sharder(inputs, record=training)
         if training:
             self._atac_docs_trained += self.atac_sharder.last_stats.num_docs
+        if self.atac_config.cp_size > 1 and "num_items_in_batch" in local:  # used where an override drops Trainer's
+            local["num_items_in_batch"] /= self.atac_config.cp_size  # count: each pack's mean, as on one device
         return contextlib.nullcontext, local
 
     def _track_num_input_tokens(self, inputs):
@@ -377,6 +336,7 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
         """Trainer's step; with ``tp_size > 1`` the gradients are averaged over dp x cp at each
         gradient-sync step (Accelerate wraps a TP model in no DDP; Trainer has scaled the loss by
         ``world / tp_size``, so the mean is the sum of the CP and DP shares)."""
+        install_loss_override_check(self, self.atac_config.cp_size)  # also one set on the instance after __init__
         self._atac_training_step = True
         try:
             loss = super().training_step(model, inputs, *args, **kwargs)
@@ -394,6 +354,7 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
                 self._atac_warned_logits = True
             prediction_loss_only = True
         check_label_names(self, inputs)
+        install_loss_override_check(self, self.atac_config.cp_size)
         return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
 
     # ------------------------------------------------------------------ logging

@@ -22,15 +22,24 @@ plain DDP has the same flaw). ``train()`` clears that mark first (:func:`release
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import os
+import sys
+import warnings
 from typing import Any
 
+from transformers import Trainer, TrainingArguments
+
+from ..attention.shard import IGNORE_INDEX as IGNORE
 from ._hf_compat import loss_num_items_refusal
 
 
 class LossGuardMixin:
     """Records that Trainer's loss was reached (see :func:`install_loss_override_check`): through
     ``super().compute_loss``, or ``Trainer.compute_loss(self, ...)`` called directly (it reads
-    ``compute_loss_func`` first)."""
+    ``compute_loss_func`` first; a read from any other code, e.g. a copy of an older Trainer's
+    ``compute_loss`` that does not scale the loss, counts for nothing)."""
 
     def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any):
         self._atac_loss_reached = True
@@ -38,7 +47,8 @@ class LossGuardMixin:
 
     @property
     def compute_loss_func(self) -> Any:
-        self._atac_loss_reached = True
+        if sys._getframe(1).f_code is _TRAINER_LOSS_CODE:
+            self._atac_loss_reached = True
         return self.__dict__.get("_atac_compute_loss_func")
 
     @compute_loss_func.setter
@@ -46,21 +56,28 @@ class LossGuardMixin:
         self.__dict__["_atac_compute_loss_func"] = value
 
 
+_TRAINER_LOSS_CODE = inspect.unwrap(Trainer.compute_loss).__code__
+
+
 def install_loss_override_check(trainer: Any, shards: int) -> None:
-    """Where ``type(trainer)`` overrides ``compute_loss`` and a pack is sharded over ``shards`` > 1 CP ranks,
-    wrap the instance's ``compute_loss`` so that a call that returns without reaching Trainer's (as
+    """Where ``trainer``'s ``compute_loss`` is not Trainer's (a subclass's override, or a function set on the
+    instance, checked again at every step) and a pack is sharded over ``shards`` > 1 CP ranks, wrap the
+    instance's ``compute_loss`` so that a call that returns without reaching Trainer's (as
     :class:`LossGuardMixin` records) raises, before Trainer runs the backward."""
-    if shards <= 1 or type(trainer).compute_loss is LossGuardMixin.compute_loss:
+    own = vars(trainer).get("compute_loss")
+    if shards <= 1 or getattr(own, "_atac_checked", False) or (
+            own is None and type(trainer).compute_loss is LossGuardMixin.compute_loss):
         return
     user = trainer.compute_loss
-    owner = next(c for c in type(trainer).__mro__ if "compute_loss" in vars(c))
+    owner = (f"{type(trainer).__name__} (set on the instance)" if own is not None else
+             next(c for c in type(trainer).__mro__ if "compute_loss" in vars(c)).__name__)
 
     def checked(model: Any, inputs: Any, *args: Any, **kwargs: Any):
         trainer._atac_loss_reached = False
         out = user(model, inputs, *args, **kwargs)
         if not trainer._atac_loss_reached:
             raise ValueError(
-                f"{owner.__name__}.compute_loss returned a loss without calling super().compute_loss(...): with "
+                f"{owner}.compute_loss returned a loss without calling super().compute_loss(...): with "
                 f"{shards} ranks sharing each pack, every rank holds chunks of several documents, and only "
                 "Trainer's compute_loss scales the model's loss share to give the exact loss and gradients (the "
                 f"model's own loss is 1/{shards} of it here; labels shifted in the override would be a shard's). "
@@ -68,23 +85,66 @@ def install_loss_override_check(trainer: Any, shards: int) -> None:
                 "terms to its result, or train with cp_size=1")
         return out
 
+    checked._atac_checked = True
     trainer.compute_loss = checked
 
 
 def loss_scale_refusal(model: Any, stale: bool, cp_size: int) -> str | None:
     """Why the model's loss cannot be sharded, or None. ``stale`` (``accepts_loss_kwargs=False``): the
     loss must be shown to honour ``num_items_in_batch``; otherwise, under CP, a loss shown to ignore it
-    is refused (a check that cannot run is not: the model may need inputs the check does not give)."""
-    if stale:
-        return loss_num_items_refusal(model)
+    is refused (a check that cannot run is not: the model may need inputs the check does not give).
+    Under CP, a loss shown not to train the targets of ``shift_labels`` is refused too
+    (:func:`loss_shift_refusal`)."""
     from ..attention.model_check import router_loss_refusal
     from .sharder import unwrap_base_model
 
     config = getattr(unwrap_base_model(model), "config", None)
-    if cp_size <= 1 or config is not None and router_loss_refusal(config) is not None:
-        return None  # an MoE router loss is refused, in its own words, where the model is prepared
-    why = loss_num_items_refusal(model, rtol=1e-2)  # only a verdict refuses (not a failed or non-finite check)
-    return why if why is not None and why.startswith("its loss ignores") else None
+    routed = cp_size > 1 and config is not None and router_loss_refusal(config) is not None
+    if stale:
+        why = loss_num_items_refusal(model)
+    elif cp_size <= 1 or routed:
+        return None  # (an MoE router loss is refused, in its own words, where the model is prepared)
+    else:  # only a verdict refuses (not a failed or non-finite check)
+        why = loss_num_items_refusal(model, rtol=1e-2)
+        why = why if why is not None and why.startswith("its loss ignores") else None
+    if why is not None:
+        return (f"{why}; ATP-CP needs the loss as the target sum over num_items_in_batch (a per-rank mean is "
+                f"cp_size={cp_size} times the loss and gradients)")
+    return loss_shift_refusal(model) if cp_size > 1 and not routed else None
+
+
+def loss_shift_refusal(model: Any) -> str | None:
+    """None where the model's loss trains the targets it is given as ``shift_labels`` (a 4-token row whose
+    targets are not ``labels`` shifted: a loss that shifts ``labels`` itself gets them wrong), or where the
+    check cannot run or gives no loss and logits; else why not. Under CP a rank's ``labels`` are its shard's
+    tokens, not a row's: shifted on the shard they cross every chunk boundary (a red-team's model whose loss
+    did that trained gradients 30-48% off at CP 2). Runs under ``no_grad`` in eval mode (the mode is restored)."""
+    import torch
+
+    training = model.training
+    try:
+        device = next(model.parameters()).device
+        ids = torch.arange(1, 5, device=device).unsqueeze(0)
+        targets = torch.tensor([[4, IGNORE, 1, IGNORE]], device=device)  # not ids[1:]: positions 0 and 2
+        model.eval()
+        with torch.no_grad():
+            out = model(input_ids=ids, labels=ids, shift_labels=targets, num_items_in_batch=2, use_cache=False)
+        loss, logits = getattr(out, "loss", None), getattr(out, "logits", None)
+        if loss is None or logits is None or tuple(logits.shape[:2]) != (1, 4) or not bool(torch.isfinite(loss)):
+            return None
+        logp = torch.log_softmax(logits[0].double(), dim=-1)
+        want, got = float(-(logp[0, 4] + logp[2, 1]) / 2), float(loss)
+    except Exception:  # noqa: BLE001 - a model that cannot run the check is not shown to ignore shift_labels
+        return None
+    finally:
+        model.train(training)
+    if abs(got - want) <= 1e-2 * abs(want):
+        return None
+    return (f"its loss does not train the targets given as shift_labels (a 4-token row with 2 targets: loss {got:.4g}, "
+            f"their cross-entropy {want:.4g}); it likely shifts labels itself, but under CP each rank's labels are "
+            "its shard's tokens and only shift_labels hold the row's targets. Compute the loss with the model's "
+            "loss_function(logits, labels, vocab_size, num_items_in_batch=..., shift_labels=...), which uses them, "
+            "or train with cp_size=1")
 
 
 def check_best_metric(args: Any, cp_size: int) -> None:
@@ -124,3 +184,43 @@ def release_eval_preparation(trainer: Any) -> None:
         del m._is_accelerate_prepared
     trainer.accelerator._models[:] = [m for m in trainer.accelerator._models if m is not model and m is not wrapped]
     trainer.model_wrapped = model  # train() prepares (compiles and wraps) it again
+
+
+def check_training_args(args: Any, config: Any) -> None:
+    """``TrainingArguments`` settings that would train wrong (or be ignored) under ATACTrainer: refused (or warned)."""
+    launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if launched != args.world_size:
+        raise ValueError(f"launched with WORLD_SIZE={launched} but TrainingArguments sees {args.world_size} "
+                         "process(es): on a machine without CUDA pass TrainingArguments(use_cpu=True)")
+    if args.label_smoothing_factor:
+        raise ValueError(f"label_smoothing_factor={args.label_smoothing_factor}: Trainer's label smoother shifts "
+                         "labels on each rank's shard, which is wrong under ATP-CP; set it to 0")
+    if getattr(args, "neftune_noise_alpha", None) and config.cp_size > 1:
+        raise ValueError(f"neftune_noise_alpha={args.neftune_noise_alpha} with cp_size={config.cp_size}: NEFTune scales "
+                         "its embedding noise by 1/sqrt(sequence length x hidden size) and each rank sees only its "
+                         f"shard of the pack, so the noise would be about sqrt({config.cp_size}) times one device's; "
+                         "unset neftune_noise_alpha or train with cp_size=1")
+    if args.world_size > 1 and not args.average_tokens_across_devices:
+        raise ValueError("average_tokens_across_devices=False: each rank would normalise its loss by its own "
+                         "token count; ATP-CP needs the global count (set it to True, the default)")
+    # warn (rank 0) only about a batch size the user set: TrainingArguments' own default (8) is no choice
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
+    ignored = {k: getattr(args, k) for k in ("per_device_train_batch_size", "per_device_eval_batch_size")
+               if getattr(args, k) not in (1, defaults.get(k))}
+    if ignored and args.process_index == 0:
+        warnings.warn(f"{', '.join(f'{k}={v}' for k, v in ignored.items())} is ignored by ATACTrainer: each "
+                      "micro-batch is one WFAP pack of at most max_tokens tokens (raise max_tokens for bigger "
+                      "micro-batches)", stacklevel=3)
+    strategy = sampling_strategy(args)
+    if strategy not in ("random", "sequential") and args.process_index == 0:
+        warnings.warn(f"train_sampling_strategy={strategy!r} is ignored by ATACTrainer: its WFAP sampler already "
+                      "balances the packs by cost; the sample order is shuffled per epoch (ATACConfig.shuffle) or "
+                      "kept (train_sampling_strategy='sequential' or ATACConfig(shuffle=False))", stacklevel=3)
+
+
+def sampling_strategy(args: Any) -> str:
+    """``args.train_sampling_strategy`` (transformers 5), or its 4.x spelling ``group_by_length=True``."""
+    strategy = getattr(args, "train_sampling_strategy", None) or "random"
+    if getattr(args, "group_by_length", False):
+        strategy = "group_by_length"
+    return str(strategy)
