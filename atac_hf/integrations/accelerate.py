@@ -49,6 +49,7 @@ from ._hf_compat import bypass_torch_cp_hooks, drain_gloo_workers, track_group_h
 from ..packing.validate import InputTypeError, _short
 from .config import ATACConfig
 from .config_files import check_count
+from .forward_check import PreparedForwardCheck
 from .layout import warn_placement
 from .sharder import (BatchSharder, count_targets, learned_position_limit, model_kv_bytes_per_token,
                       prepare_model, unwrap_base_model)
@@ -297,6 +298,7 @@ class ATACAccelerator(Accelerator):
         self.dp_size = self.num_processes // (config.cp_size * self.tp_size)
         self.sharder: BatchSharder | None = None
         self._atac_counted = True  # the last shard() was given the step's count (how reduce_loss undoes the scale)
+        self._forward_check = PreparedForwardCheck()  # CP > 1: a loss from the unprepared module is refused
 
     def end_training(self) -> None:
         """Accelerate's ``end_training`` (trackers finished, the process group destroyed), with gloo's
@@ -314,16 +316,28 @@ class ATACAccelerator(Accelerator):
 
         With ``tp_size > 1`` each model is sharded with its own ``tp_plan`` on the mesh's "tp"
         axis first (:func:`~.tensor_parallel.apply_tensor_parallel`), and the optimizers passed
-        in the same call are pointed at the sharded parameters.
+        in the same call are pointed at the sharded parameters. With ``cp_size > 1`` each returned wrapper
+        (DDP) counts its forwards: :meth:`backward` refuses a loss from the module it wraps (no gradient sum);
+        and a model whose loss ignores ``num_items_in_batch`` or shifts ``labels`` itself is refused (ValueError;
+        :func:`~.trainer_guards.loss_scale_refusal`): its loss on a shard would be wrong.
         """
         optimizers = [o for o in args if isinstance(o, torch.optim.Optimizer)]
+        if self.atac_config.cp_size > 1:  # every model checked before any is changed
+            from .trainer_guards import loss_scale_refusal  # (imports Trainer)
+
+            for obj in (a for a in args if isinstance(a, torch.nn.Module)):
+                if why := loss_scale_refusal(obj, False, self.atac_config.cp_size):
+                    raise ValueError(f"{type(unwrap_base_model(obj)).__name__}: {why}")
         for obj in args:
             if isinstance(obj, torch.nn.Module):
                 old = dict(obj.named_parameters())
                 self._setup_model(obj)
                 if self.tp_size > 1:
                     remap_optimizer_params(optimizers, old, dict(obj.named_parameters()))
-        return super().prepare(*args, **kwargs)
+        prepared = super().prepare(*args, **kwargs)
+        if self.atac_config.cp_size > 1:
+            self._forward_check.watch(prepared if isinstance(prepared, tuple) else (prepared,))
+        return prepared
 
     def prepare_scheduler(self, scheduler: Any):
         """``Accelerator.prepare_scheduler``, stepped once per DP replica (:class:`ReplicaStepScheduler`):
@@ -367,10 +381,17 @@ class ATACAccelerator(Accelerator):
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``Accelerator.backward``; with ``tp_size > 1``, at a gradient-sync step the gradients are then
-        averaged over dp x cp (Accelerate does not wrap a TP model in DDP)."""
+        averaged over dp x cp (Accelerate does not wrap a TP model in DDP).
+
+        Raises:
+            ValueError: (``cp_size > 1``) no model returned by :meth:`prepare` ran a forward since the last
+                :meth:`shard`: the loss came from the unprepared module, whose CP gradients DDP would not sum.
+        """
         if self.tp_size > 1 and not self._models:  # refused before any gradient is accumulated
             raise RuntimeError("accelerator.backward with tp_size > 1 needs the model prepared first: call "
                                "accelerator.prepare(model, optimizer)")
+        if self.atac_config.cp_size > 1:
+            self._forward_check.before_backward()
         super().backward(loss, **kwargs)
         if self.tp_size > 1 and self.sync_gradients:
             group = dp_cp_group(self.torch_device_mesh)
@@ -432,6 +453,7 @@ class ATACAccelerator(Accelerator):
         if num_items_in_batch is not None:
             num_items_in_batch = _target_count(num_items_in_batch)
         self._atac_counted = num_items_in_batch is not None
+        self._forward_check.on_shard()
         if num_items_in_batch is None:  # this micro-batch's mean: the step averages the micro-batches' means
             norm = max(float(self.count_items(batch)), 1.0) / (self.num_processes // self.tp_size)
         else:
