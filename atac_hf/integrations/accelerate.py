@@ -426,7 +426,7 @@ class ATACAccelerator(Accelerator):
         Collective: every rank calls it with its own batches (the CP and TP ranks of a replica
         hold the same, so the world sum is divided by ``cp_size x tp_size``).
         """
-        n = torch.tensor(float(count_targets(batches)), device=self.device)
+        n = torch.tensor(float(count_targets(batches)), dtype=torch.float64, device=self.device)  # (any default dtype)
         if self.num_processes > 1:
             dist.all_reduce(n)
         return int(round(n.item() / (self.atac_config.cp_size * self.tp_size)))

@@ -62,6 +62,7 @@ class DocumentTargets:
 
     def __call__(self, features: Any) -> Any:
         batch = self.collate(features)
+        self._check_rows(features, batch)
         labels = batch.get("labels") if isinstance(batch, Mapping) else None
         if not isinstance(labels, torch.Tensor) or labels.dim() != 2 or batch.get("shift_labels") is not None:
             return batch
@@ -81,3 +82,25 @@ class DocumentTargets:
             flat[idx] = IGNORE_INDEX
             batch["labels"] = flat.view_as(labels)
         return batch
+
+    def _check_rows(self, features: Any, batch: Any) -> None:
+        """Refuse a batch of pre-packed rows (features with ``seq_lengths``: a streaming dataset's packs) whose
+        documents the collator did not keep (one that does not read ``seq_lengths``, e.g. transformers'
+        ``DataCollatorWithFlattening``, makes each row one document: its documents would attend to each other)."""
+        if not isinstance(batch, Mapping) or not isinstance(features, (list, tuple)) or not features or not all(
+                isinstance(f, Mapping) and f.get("seq_lengths") is not None for f in features):
+            return
+        want = [int(n) for f in features for n in np.asarray(f["seq_lengths"]).reshape(-1) if int(n) > 0]
+        from ..attention import doc_lengths_from_batch
+
+        try:
+            got = [int(n) for n in doc_lengths_from_batch(batch) if int(n) > 0]
+        except (ValueError, TypeError):
+            return  # (the sharder refuses a batch whose documents cannot be found, naming why)
+        if got != want:
+            raise ValueError(
+                f"{type(self.collate).__name__} changed the documents of pre-packed rows: the rows hold documents of "
+                f"{short_repr(want)} tokens (seq_lengths), the collated batch {short_repr(got)}. A streaming dataset "
+                "reaches the collator as packed rows with seq_lengths, which this collator does not read, so the "
+                "documents would attend to each other. Leave data_collator / collate_fn unset (the default "
+                "PackedDataCollator reads seq_lengths) or pass PackedDataCollator(...)")

@@ -61,8 +61,8 @@ from .sharder import (BatchSharder, check_position_limit, model_kv_bytes_per_tok
 from .stream_state import STREAM_STATE_NAME, StreamResumeMixin, stream_dispatch
 from .tensor_parallel import apply_tensor_parallel, dp_cp_group, full_state_dict, remap_optimizer_params
 from .tensor_parallel import sync_tp_gradients
-from .trainer_guards import (LossGuardMixin, check_best_metric, check_label_names, install_loss_override_check,
-                             loss_scale_refusal, release_eval_preparation)
+from .trainer_guards import (LossGuardMixin, check_best_metric, check_label_names, check_late_loss_settings,
+                             install_loss_override_check, loss_scale_refusal, release_eval_preparation)
 from .trainer_guards import check_training_args as _check_args, sampling_strategy as _sampling_strategy  # noqa: F401
 
 __all__ = ["ATACTrainer", "SAMPLER_STATE_NAME", "STREAM_STATE_NAME"]
@@ -213,6 +213,7 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
         track_group_holder(self, self.accelerator)  # state and cp_group outlive end_training: _hf_compat (6, 8)
         self.atac_tp_size = int(args.parallelism_config.tp_size)
         install_loss_override_check(self, config.cp_size)
+        check_late_loss_settings(self, config.cp_size)  # (records the model's loss_function, checked above)
         self.atac_tp_rank = 0
         if self.atac_tp_size > 1:  # the model's own tp_plan on the mesh's "tp" axis (after the checks above)
             mesh = self.accelerator.torch_device_mesh
@@ -337,6 +338,7 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
         gradient-sync step (Accelerate wraps a TP model in no DDP; Trainer has scaled the loss by
         ``world / tp_size``, so the mean is the sum of the CP and DP shares)."""
         install_loss_override_check(self, self.atac_config.cp_size)  # also one set on the instance after __init__
+        check_late_loss_settings(self, self.atac_config.cp_size)
         self._atac_training_step = True
         try:
             loss = super().training_step(model, inputs, *args, **kwargs)
@@ -355,6 +357,7 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
             prediction_loss_only = True
         check_label_names(self, inputs)
         install_loss_override_check(self, self.atac_config.cp_size)
+        check_late_loss_settings(self, self.atac_config.cp_size)
         return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
 
     # ------------------------------------------------------------------ logging

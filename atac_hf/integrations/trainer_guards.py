@@ -22,6 +22,7 @@ plain DDP has the same flaw). ``train()`` clears that mark first (:func:`release
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import os
@@ -89,6 +90,31 @@ def install_loss_override_check(trainer: Any, shards: int) -> None:
     trainer.compute_loss = checked
 
 
+def check_late_loss_settings(trainer: Any, shards: int) -> None:
+    """Loss settings assigned to ``trainer`` (or its model) after construction, refused under CP as at
+    construction, before the step runs: ``compute_loss_func`` and ``label_smoother`` (Trainer hands them the
+    shard's labels, which they shift per shard), and a ``model.loss_function`` replaced since construction that
+    does not train ``shift_labels``' targets (:func:`loss_shift_refusal`; not probed under tensor parallelism)."""
+    if shards <= 1:
+        return
+    func = trainer.__dict__.get("_atac_compute_loss_func")
+    if func is not None or trainer.label_smoother is not None:
+        what = (f"compute_loss_func={getattr(func, '__name__', '<callable>')!r}" if func is not None else
+                f"label_smoother={type(trainer.label_smoother).__name__}")
+        raise ValueError(f"{what} was set on the trainer with cp_size={shards}: Trainer hands it the logits and labels "
+                         "of each rank's shard (chunks of several documents, not a contiguous row), and it shifts the "
+                         "labels per shard, which is wrong under ATP-CP; set it back to None (the model's own loss is "
+                         "exact under CP) or train with cp_size=1")
+    from .sharder import unwrap_base_model
+
+    base = unwrap_base_model(trainer.model)
+    fn = getattr(base, "loss_function", None)  # (transformers' property: the set function, else the mapping's)
+    if fn is not trainer.__dict__.get("_atac_loss_function", fn):
+        if getattr(trainer, "atac_tp_size", 1) <= 1 and (why := loss_scale_refusal(base, False, shards)):
+            raise ValueError(f"model.loss_function was replaced after ATACTrainer was built: {why}")
+    trainer.__dict__["_atac_loss_function"] = fn
+
+
 def loss_scale_refusal(model: Any, stale: bool, cp_size: int) -> str | None:
     """Why the model's loss cannot be sharded, or None. ``stale`` (``accepts_loss_kwargs=False``): the
     loss must be shown to honour ``num_items_in_batch``; otherwise, under CP, a loss shown to ignore it
@@ -100,17 +126,44 @@ def loss_scale_refusal(model: Any, stale: bool, cp_size: int) -> str | None:
 
     config = getattr(unwrap_base_model(model), "config", None)
     routed = cp_size > 1 and config is not None and router_loss_refusal(config) is not None
-    if stale:
-        why = loss_num_items_refusal(model)
-    elif cp_size <= 1 or routed:
+    if not stale and (cp_size <= 1 or routed):
         return None  # (an MoE router loss is refused, in its own words, where the model is prepared)
-    else:  # only a verdict refuses (not a failed or non-finite check)
-        why = loss_num_items_refusal(model, rtol=1e-2)
-        why = why if why is not None and why.startswith("its loss ignores") else None
-    if why is not None:
-        return (f"{why}; ATP-CP needs the loss as the target sum over num_items_in_batch (a per-rank mean is "
-                f"cp_size={cp_size} times the loss and gradients)")
-    return loss_shift_refusal(model) if cp_size > 1 and not routed else None
+    with stock_attention(model):  # a model loaded with atac_cp runs the checks (its attention needs a shard)
+        if stale:
+            why = loss_num_items_refusal(model)
+        else:  # only a verdict refuses (not a failed or non-finite check)
+            why = loss_num_items_refusal(model, rtol=1e-2)
+            why = why if why is not None and why.startswith("its loss ignores") else None
+        if why is not None:
+            return (f"{why}; ATP-CP needs the loss as the target sum over num_items_in_batch (a per-rank mean is "
+                    f"cp_size={cp_size} times the loss and gradients)")
+        return loss_shift_refusal(model) if cp_size > 1 and not routed else None
+
+
+@contextlib.contextmanager
+def stock_attention(model: Any):
+    """``model`` with its attention switched from ``atac_cp`` (it runs only with a shard context) to sdpa, or
+    eager where the model has no sdpa, for a check outside a shard, and back to ``atac_cp`` after it."""
+    from ..attention import ATTN_IMPLEMENTATION
+    from .sharder import unwrap_base_model
+
+    base = unwrap_base_model(model)
+    if getattr(getattr(base, "config", None), "_attn_implementation", None) != ATTN_IMPLEMENTATION:
+        yield
+        return
+    for impl in ("sdpa", "eager"):
+        try:
+            base.set_attn_implementation(impl)
+            break
+        except (ValueError, ImportError, NotImplementedError):  # no such kernel for this model: the next
+            continue
+    else:
+        yield  # (no stock attention to switch to: the checks find no verdict)
+        return
+    try:
+        yield
+    finally:
+        base.set_attn_implementation(ATTN_IMPLEMENTATION)
 
 
 def loss_shift_refusal(model: Any) -> str | None:
