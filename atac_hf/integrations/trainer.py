@@ -316,7 +316,8 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
         if training:
             self._atac_docs_trained += self.atac_sharder.last_stats.num_docs
         if self.atac_config.cp_size > 1 and "num_items_in_batch" in local:  # used where an override drops Trainer's
-            local["num_items_in_batch"] /= self.atac_config.cp_size  # count: each pack's mean, as on one device
+            local["num_items_in_batch"] = local["num_items_in_batch"] / self.atac_config.cp_size  # count: each pack's
+            # mean, as on one device (a new value: the batch's own count, a tensor maybe, stays as it was)
         return contextlib.nullcontext, local
 
     def _track_num_input_tokens(self, inputs):
