@@ -66,6 +66,10 @@ def test_loss_settings_assigned_after_construction_are_refused_under_cp():
     with pytest.raises(ValueError, match=r"label_smoother=LabelSmoother was set on the trainer with cp_size=2"):
         check_late_loss_settings(t, 2)
     t.label_smoother = None
+    t.neftune_noise_alpha = 5.0  # train() activates NEFTune from the trainer's attribute
+    with pytest.raises(ValueError, match=r"neftune_noise_alpha=5.0 was set on the trainer with cp_size=2: .*sqrt\(2\)"):
+        check_late_loss_settings(t, 2)
+    t.neftune_noise_alpha = None
     t.model.loss_function = _user_loss_function  # shifts labels itself
     with pytest.raises(ValueError, match=r"model.loss_function was replaced after ATACTrainer was built: its loss "
                                          r"does not train the targets given as shift_labels"):

@@ -93,8 +93,9 @@ def install_loss_override_check(trainer: Any, shards: int) -> None:
 def check_late_loss_settings(trainer: Any, shards: int) -> None:
     """Loss settings assigned to ``trainer`` (or its model) after construction, refused under CP as at
     construction, before the step runs: ``compute_loss_func`` and ``label_smoother`` (Trainer hands them the
-    shard's labels, which they shift per shard), and a ``model.loss_function`` replaced since construction that
-    does not train ``shift_labels``' targets (:func:`loss_shift_refusal`; not probed under tensor parallelism)."""
+    shard's labels, which they shift per shard), ``neftune_noise_alpha`` (its noise scale assumes whole rows), and
+    a ``model.loss_function`` replaced since construction that does not train ``shift_labels``' targets
+    (:func:`loss_shift_refusal`; not probed under tensor parallelism)."""
     if shards <= 1:
         return
     func = trainer.__dict__.get("_atac_compute_loss_func")
@@ -105,6 +106,11 @@ def check_late_loss_settings(trainer: Any, shards: int) -> None:
                          "of each rank's shard (chunks of several documents, not a contiguous row), and it shifts the "
                          "labels per shard, which is wrong under ATP-CP; set it back to None (the model's own loss is "
                          "exact under CP) or train with cp_size=1")
+    alpha = getattr(trainer, "neftune_noise_alpha", None)
+    if alpha:  # (refused in TrainingArguments at construction; train() reads the trainer's attribute)
+        raise ValueError(f"neftune_noise_alpha={alpha} was set on the trainer with cp_size={shards}: NEFTune scales "
+                         "its embedding noise by the sequence length each rank sees (its shard), so the noise would be "
+                         f"about sqrt({shards}) times one device's; set it back to None or train with cp_size=1")
     from .sharder import unwrap_base_model
 
     base = unwrap_base_model(trainer.model)
