@@ -19,6 +19,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from test_redteam20 import _guarded_trainer  # the bare guarded trainer (a base class optional)
+
 V = 8  # the fake model's vocabulary
 
 
@@ -108,23 +110,6 @@ def test_an_moe_model_with_a_router_loss_is_left_to_its_own_refusal_under_cp():
 
 
 # ---------------------------------------------------------------------------- the compute_loss guard
-def _guarded_trainer(base=None):
-    from transformers import Trainer
-
-    from atac_hf.integrations.trainer_guards import LossGuardMixin
-
-    if base is None:
-        class Guarded(LossGuardMixin, Trainer):
-            pass
-        base = Guarded
-    t = base.__new__(base)
-    t.label_smoother, t.compute_loss_func, t.model_accepts_loss_kwargs = None, None, True
-    t.args = SimpleNamespace(average_tokens_across_devices=True, n_gpu=1)
-    t.accelerator = SimpleNamespace(num_processes=2, parallelism_config=None)
-    t.get_tp_size = lambda: 1
-    return t
-
-
 def _model(**inputs):
     return {"loss": torch.tensor(float(inputs.get("num_items_in_batch", 1.0))), "logits": torch.zeros(1)}
 

@@ -89,8 +89,9 @@ def test_a_loss_that_shifts_labels_itself_is_found_and_a_stock_loss_is_not():
     assert loss_shift_refusal(NoLogits()) is None
 
 
-def _guarded_trainer():
-    """A bare trainer with the loss guard (what Trainer.compute_loss reads), no model or accelerator set up."""
+def _guarded_trainer(base=None):
+    """A bare trainer with the loss guard (what Trainer.compute_loss reads), no model or accelerator set up;
+    ``base``: a subclass of the guard to build instead."""
     from transformers import Trainer
 
     from atac_hf.integrations.trainer_guards import LossGuardMixin
@@ -98,7 +99,7 @@ def _guarded_trainer():
     class Guarded(LossGuardMixin, Trainer):
         pass
 
-    t = Guarded.__new__(Guarded)
+    t = (base or Guarded).__new__(base or Guarded)
     t.label_smoother, t.compute_loss_func, t.model_accepts_loss_kwargs = None, None, True
     t.args = SimpleNamespace(average_tokens_across_devices=True, n_gpu=1)
     t.accelerator = SimpleNamespace(num_processes=2, parallelism_config=None)
