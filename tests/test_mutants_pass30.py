@@ -292,6 +292,7 @@ def _bare_trainer(cp: int):
     t.atac_config, t.atac_tp_size, t.label_names, t._atac_warned_logits = SimpleNamespace(cp_size=cp), 1, None, False
     t.atac_sharder = lambda inputs, record: dict(inputs)
     t.label_smoother, t.model = None, TinyLM()
+    t._atac_base = t.model  # (the model the steps must run: check_step_model)
     return t
 
 
@@ -319,7 +320,7 @@ def test_each_step_checks_a_compute_loss_set_on_the_instance(monkeypatch, step):
     monkeypatch.setattr(Trainer, step, lambda self, *a, **kw: "ran")
     t = _bare_trainer(2)
     t.compute_loss = types.MethodType(lambda self, model, inputs, **kw: model(**inputs)["loss"], t)
-    args = (None, {}) if step == "training_step" else (None, {}, True)
+    args = (t.model, {}) if step == "training_step" else (t.model, {}, True)
     assert getattr(t, step)(*args) == "ran"
     with pytest.raises(ValueError, match=r"ATACTrainer \(set on the instance\)\.compute_loss returned a loss"):
         t.compute_loss(_model, {})

@@ -62,7 +62,8 @@ from .stream_state import STREAM_STATE_NAME, StreamResumeMixin, stream_dispatch
 from .tensor_parallel import apply_tensor_parallel, dp_cp_group, full_state_dict, remap_optimizer_params
 from .tensor_parallel import sync_tp_gradients
 from .trainer_guards import (LossGuardMixin, check_best_metric, check_label_names, check_late_loss_settings,
-                             install_loss_override_check, loss_scale_refusal, release_eval_preparation)
+                             check_step_model, install_loss_override_check, loss_scale_refusal,
+                             release_eval_preparation)
 from .trainer_guards import check_training_args as _check_args, sampling_strategy as _sampling_strategy  # noqa: F401
 
 __all__ = ["ATACTrainer", "SAMPLER_STATE_NAME", "STREAM_STATE_NAME"]
@@ -235,6 +236,7 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
             tp_group=self.accelerator.torch_device_mesh["tp"].get_group() if self.atac_tp_size > 1 else None,
         )
         self.atac_sharder.bind_model(model, position_limit)
+        self._atac_base = base  # the model every check above ran on: each step must run it (check_step_model)
         self.atac_sampler = None
         self._atac_resume_dir: str | None = None
         self._atac_warned_logits = False
@@ -338,6 +340,7 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
         """Trainer's step; with ``tp_size > 1`` the gradients are averaged over dp x cp at each
         gradient-sync step (Accelerate wraps a TP model in no DDP; Trainer has scaled the loss by
         ``world / tp_size``, so the mean is the sum of the CP and DP shares)."""
+        check_step_model(self, model, training=True)
         install_loss_override_check(self, self.atac_config.cp_size)  # also one set on the instance after __init__
         check_late_loss_settings(self, self.atac_config.cp_size)
         self._atac_training_step = True
@@ -356,6 +359,7 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
                               "returns the loss (prediction_loss_only=True)", stacklevel=2)
                 self._atac_warned_logits = True
             prediction_loss_only = True
+        check_step_model(self, model, training=False)
         check_label_names(self, inputs)
         install_loss_override_check(self, self.atac_config.cp_size)
         check_late_loss_settings(self, self.atac_config.cp_size)

@@ -121,6 +121,35 @@ def check_late_loss_settings(trainer: Any, shards: int) -> None:
     trainer.__dict__["_atac_loss_function"] = fn
 
 
+def check_step_model(trainer: Any, model: Any, training: bool) -> None:
+    """Refuse a step whose model is not the one ``ATACTrainer`` was built with and Accelerate prepared.
+
+    ``trainer.model`` assigned after construction (another model, or the same one wrapped by ``get_peft_model``)
+    leaves Trainer in a state it does not check: a replaced model was never switched to ``atac_cp`` nor checked
+    (shardable family, loss, position limit), and ``train()`` then runs the old model without its DDP wrapper
+    (Trainer prepares ``trainer.model`` only while it is the model it wraps), so with several processes the
+    ranks' gradients are never summed and each rank trains on its own shard's gradient."""
+    from .sharder import unwrap_base_model
+
+    built = trainer._atac_base
+    for m in (model, trainer.model):
+        base = unwrap_base_model(m)
+        if base is not built:
+            impl = getattr(getattr(base, "config", None), "_attn_implementation", None)
+            raise ValueError(f"this step runs a {type(base).__name__} (attn_implementation={impl!r}) that is not the "
+                             f"{type(built).__name__} ATACTrainer was built with (was trainer.model replaced after "
+                             "construction?): its packed rows would not be document-masked or sharded exactly; build "
+                             "a new ATACTrainer with model=<the new model> instead of assigning trainer.model")
+    prepared = getattr(getattr(trainer, "accelerator", None), "_models", None)
+    if (training and prepared is not None and trainer.args.world_size > 1 and trainer.atac_tp_size <= 1
+            and not any(model is m or getattr(model, "module", None) is m for m in prepared)):  # (DDP: its module)
+        raise RuntimeError(f"train() runs a {type(model).__name__} that Accelerate did not prepare (was "
+                           "trainer.model replaced or wrapped, e.g. by get_peft_model, after ATACTrainer was built?): "
+                           f"no DDP wrapper sums the gradients of the {trainer.args.world_size} processes, so each "
+                           "rank would train on its own shard's gradient; pass the final model (PEFT-wrapped or "
+                           "not) to ATACTrainer(model=...) instead of assigning trainer.model")
+
+
 def loss_scale_refusal(model: Any, stale: bool, cp_size: int) -> str | None:
     """Why the model's loss cannot be sharded, or None. ``stale`` (``accepts_loss_kwargs=False``): the
     loss must be shown to honour ``num_items_in_batch``; otherwise, under CP, a loss shown to ignore it
