@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-__all__ = ["model_arg", "parse_float", "parse_int", "parse_tokens", "profile_model"]
+__all__ = ["model_arg", "model_or_preset", "parse_float", "parse_int", "parse_tokens", "profile_model"]
 
 
 def _ascii_number(text: str, convert: Any, what: str) -> Any:
@@ -51,6 +51,12 @@ def model_arg(spec: str) -> Any:
             raise ValueError(f"--model {spec!r} must hold a JSON object (an HF config.json), got {type(data).__name__}")
         return data
     raise ValueError(f"--model {spec!r} is neither a preset {sorted(MODEL_PRESETS)} nor an existing config.json")
+
+
+def model_or_preset(spec: str) -> Any:
+    """``--model`` of ``plan`` / ``pack``: an HF ``config.json`` (its fields, as :func:`model_arg`), else the name,
+    which :meth:`~atac_hf.cost.CostModel.from_model` checks against the presets."""
+    return model_arg(spec) if os.path.isfile(spec) else spec
 
 
 def profile_model(path: str, flag: str) -> Any:

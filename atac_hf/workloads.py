@@ -218,6 +218,7 @@ def lengths_from_json(path: str | os.PathLike, setting: str = "the workload sett
 
 #: Local data files that ``datasets`` reads with a builder of their format.
 _FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv", ".arrow": "arrow"}
+_DATA_FILES = {ext for ext in _FILE_BUILDERS if ext != ".json"}  # never a lengths file
 
 
 def lengths_from_dataset(dataset: Any, column: str = "length", setting: str = "the workload setting") -> np.ndarray:
@@ -378,6 +379,10 @@ def load_workload(spec: str, *, num_samples: int = 50_000, seed: int = 0, settin
         rest = spec[len("dataset:"):]
         path, _, column = rest.rpartition(":") if rest.count(":") and not os.path.exists(rest) else (rest, "", "")
         return lengths_from_dataset(path, column or "length", setting)
+    if os.path.isdir(spec) or os.path.isfile(spec) and os.path.splitext(spec)[1].lower() in _DATA_FILES:
+        raise ValueError(f"workload {_short(spec)} is a dataset, not a lengths file (a JSON array of ints): read a "
+                         f"column of it with dataset:{spec}:<column> (ints, or token lists measured "
+                         f"with len) (check {setting})")
     if spec.endswith((".json", ".json.gz")) or os.path.exists(spec):
         return lengths_from_json(spec, setting)
     raise ValueError(f"unknown workload {_short(spec)}; {legal} (check {setting})")

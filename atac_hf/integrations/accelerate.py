@@ -51,8 +51,8 @@ from .config import ATACConfig
 from .config_files import check_count
 from .forward_check import PreparedForwardCheck
 from .layout import warn_placement
-from .sharder import (BatchSharder, count_targets, learned_position_limit, model_kv_bytes_per_token,
-                      prepare_model, unwrap_base_model)
+from .kv_bytes import kv_element_bytes, model_kv_bytes_per_token
+from .sharder import BatchSharder, count_targets, learned_position_limit, prepare_model, unwrap_base_model
 from .tensor_parallel import apply_tensor_parallel, dp_cp_group, remap_optimizer_params, sync_tp_gradients
 
 __all__ = [
@@ -367,14 +367,11 @@ class ATACAccelerator(Accelerator):
         if self.tp_size > 1:
             apply_tensor_parallel(model, self.torch_device_mesh["tp"])
         base_config = unwrap_base_model(model).config
-        try:
-            dtype_bytes = next(model.parameters()).element_size()
-        except StopIteration:
-            dtype_bytes = 2
+        half = str(self.mixed_precision) in ("bf16", "fp16")  # K/V are computed (and exchanged) in the autocast dtype
         self.sharder = BatchSharder(
             self.atac_config, cp_rank=self.cp_rank, cp_group=self.cp_group,
-            cost_model=self.atac_config.cost_model(base_config, dtype_bytes=min(dtype_bytes, 2)),
-            kv_bytes_per_token=model_kv_bytes_per_token(model) / self.tp_size, device_type=self.device.type,
+            cost_model=self.atac_config.cost_model(base_config, dtype_bytes=kv_element_bytes(model, half)),
+            kv_bytes_per_token=model_kv_bytes_per_token(model, half) / self.tp_size, device_type=self.device.type,
             tp_group=self.torch_device_mesh["tp"].get_group() if self.tp_size > 1 else None,
         )
         self.sharder.bind_model(model, learned_position_limit(model))

@@ -35,7 +35,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--model-type", metavar="NAME", help="a transformers model_type (e.g. llama, qwen3, gpt2)")
-    what.add_argument("--config", metavar="PATH", help="a config.json (checked as given: dropout etc. count)")
+    what.add_argument("--config", metavar="PATH", help="a config.json, or a checkpoint folder holding one (checked "
+                      "as given: dropout etc. count)")
     what.add_argument("--all", action="store_true", help="every causal-LM family of the installed transformers")
     p.add_argument("--world-size", type=parse_int, default=2, help="gloo ranks of the probe (default 2)")
     p.add_argument("--timeout", type=parse_float, default=120.0, help="seconds one family may take (default 120)")
@@ -54,6 +55,8 @@ def _families() -> list[str]:
 
 def _items(args: argparse.Namespace) -> list[dict]:
     if args.config:
+        if os.path.isdir(args.config) and os.path.isfile(os.path.join(args.config, "config.json")):
+            args.config = os.path.join(args.config, "config.json")  # a checkpoint folder
         if not os.path.isfile(args.config):
             raise ValueError(f"--config {args.config!r} is not a file; pass the path of a config.json")
         try:

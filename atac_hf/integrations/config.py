@@ -1,7 +1,7 @@
 """`ATACConfig`: every setting of the add-on, from a YAML file, ``ATAC_*`` variables or code.
 
 ``accelerate launch`` exports only the keys it knows (``parallelism_config_cp_size`` becomes
-``PARALLELISM_CONFIG_CP_SIZE``) and drops unknown ones, so the add-on reads its own file
+``PARALLELISM_CONFIG_CP_SIZE``) and refuses unknown ones, so the add-on reads its own file
 (``--atac_config`` / ``ATAC_CONFIG``) and ``ATAC_*`` variables. Precedence, lowest first
 (:meth:`ATACConfig.from_sources`)::
 

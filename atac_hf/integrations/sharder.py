@@ -20,12 +20,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..cost.presets import key_value_widths
 from ._hf_compat import track_group_holder
 from ..packing.validate import InputTypeError
 from .config import ATACConfig
 from .config_files import check_count, short_repr
 from ..attention.shard import IGNORE_INDEX
+from .kv_bytes import model_kv_bytes_per_token  # noqa: F401  (re-exported)
 from .targets import document_start_positions
 
 __all__ = [
@@ -131,32 +131,6 @@ def _check_score_features(base: torch.nn.Module, backend: str) -> None:
         raise NotImplementedError(
             f"{type(base).__name__} uses {' and '.join(uses)}, which attention_backend={backend!r} does not apply; "
             f"legal values for it: {list(SINK_BACKENDS)} (set attention_backend='sdpa' in ATACConfig)")
-
-
-def model_kv_bytes_per_token(model: torch.nn.Module) -> float:
-    """Bytes of K and V of one token over all layers (``layers x kv_heads x (head_dim + v_head_dim) x dtype``;
-    the widths differ under multi-head latent attention, DeepSeek-V3's).
-
-    A heterogeneous config (transformers' ``per_layer_config``, e.g. Gemma 4's wider global
-    layers) is summed layer by layer: reading a per-layer attribute off the whole config raises."""
-    base = unwrap_base_model(model)
-    cfg = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
-    if getattr(cfg, "is_heterogeneous", False):
-        per_layer = list(cfg.per_layer_config)
-    else:
-        per_layer = [cfg] * int(getattr(cfg, "num_hidden_layers", 1) or 1)
-    values = 0
-    for c in per_layer:
-        heads = int(getattr(c, "num_attention_heads", 1) or 1)
-        kv = int(getattr(c, "num_key_value_heads", None) or heads)
-        k_dim, v_dim = key_value_widths(lambda name, c=c: getattr(c, name, None),
-                                        int(getattr(c, "head_dim", None) or c.hidden_size // heads))
-        values += kv * (k_dim + v_dim)
-    try:
-        dtype_bytes = next(base.parameters()).element_size()
-    except StopIteration:
-        dtype_bytes = 2
-    return 1.0 * values * dtype_bytes
 
 
 # ---------------------------------------------------------------------------- counting and gradients

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from .._argtypes import parse_int, parse_tokens, profile_model
+from .._argtypes import model_or_preset, parse_int, parse_tokens, profile_model
 from ..cost import HARDWARE_PRESETS, MODEL_PRESETS, CostModel
 from ..workloads import WORKLOADS, load_lengths, make_workload
 from .config import OVERLENGTH_POLICIES, STRATEGIES, PackingConfig
@@ -49,7 +49,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--overlength", choices=OVERLENGTH_POLICIES, default="split",
                    help="samples longer than --max-tokens (default split)")
     p.add_argument("--max-defer", type=parse_int, default=None, help="windows a sample may be held back")
-    p.add_argument("--model", default="8b", help=f"model preset for the cost model: {sorted(MODEL_PRESETS)}")
+    p.add_argument("--model", default="8b", help=f"model of the cost model: a preset {sorted(MODEL_PRESETS)} or the "
+                   "path of an HF config.json (default 8b)")
     p.add_argument("--hardware", default="H100", help=f"hardware preset: {sorted(HARDWARE_PRESETS)}")
     p.add_argument("--cost-profile", default=None, help="calibrated cost profile JSON (overrides --model/--hardware)")
     p.add_argument("--json", action="store_true", help="print one JSON object {packs, deferred, metrics}")
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cost_profile:
         cm = profile_model(args.cost_profile, "--cost-profile")
     else:
-        cm = CostModel.from_model(args.model, args.hardware)
+        cm = CostModel.from_model(model_or_preset(args.model), args.hardware)
     options: dict[str, Any] = {}
     if args.max_defer is not None:
         options["max_defer"] = args.max_defer

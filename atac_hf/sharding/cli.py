@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 
-from .._argtypes import parse_int, parse_tokens, profile_model
+from .._argtypes import model_or_preset, parse_int, parse_tokens, profile_model
 from ..cost import HARDWARE_PRESETS, MODEL_PRESETS, CostModel
 from ..workloads import load_lengths
 from .api import STRATEGIES, CapExceededError, plan_shards
@@ -22,7 +22,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated document lengths of one pack, or a JSON file holding an array of ints")
     p.add_argument("--cp-size", type=parse_int, required=True, help="ranks in the context-parallel group")
     p.add_argument("--strategy", choices=[*STRATEGIES, "all"], default="all")
-    p.add_argument("--model", default="8b", choices=sorted(MODEL_PRESETS), help="model preset for the cost model")
+    p.add_argument("--model", default="8b", help=f"model of the cost model: a preset {sorted(MODEL_PRESETS)} or the "
+                   "path of an HF config.json (default 8b)")
     p.add_argument("--hardware", default="H100", choices=sorted(HARDWARE_PRESETS))
     p.add_argument("--profile", help="calibration profile JSON (overrides --model/--hardware)")
     p.add_argument("--max-tokens-per-rank", type=parse_tokens, default=None, metavar="N",
@@ -50,7 +51,7 @@ def _read_lengths(spec: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     lengths = _read_lengths(args.doc_lengths)
-    cm = profile_model(args.profile, "--profile") if args.profile else CostModel.from_model(args.model, args.hardware)
+    cm = profile_model(args.profile, "--profile") if args.profile else CostModel.from_model(model_or_preset(args.model), args.hardware)
     names = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
     rows = []
     for name in names:
