@@ -115,7 +115,8 @@ def check_late_loss_settings(trainer: Any, shards: int) -> None:
 
     base = unwrap_base_model(trainer.model)
     fn = getattr(base, "loss_function", None)  # (transformers' property: the set function, else the mapping's)
-    if fn is not trainer.__dict__.get("_atac_loss_function", fn):
+    # (==, not `is`: a loss_function defined as a method of the model's class is a new bound method at every read)
+    if fn != trainer.__dict__.get("_atac_loss_function", fn):
         if getattr(trainer, "atac_tp_size", 1) <= 1 and (why := loss_scale_refusal(base, False, shards)):
             raise ValueError(f"model.loss_function was replaced after ATACTrainer was built: {why}")
     trainer.__dict__["_atac_loss_function"] = fn
