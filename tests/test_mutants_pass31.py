@@ -145,29 +145,11 @@ def test_stock_attention_switches_to_sdpa_and_back_also_after_an_exception():
     assert plain.config._attn_implementation == "eager"
 
 
-def _no_sdpa_self_shift_model():
-    from transformers import LlamaForCausalLM
-
-    class NoSdpaSelfShift(LlamaForCausalLM):  # no sdpa kernel; a loss that shifts labels itself
-        _supports_sdpa = False
-
-        def forward(self, input_ids=None, labels=None, num_items_in_batch=None, shift_labels=None, **kw):
-            out = super().forward(input_ids=input_ids, **kw)
-            if labels is not None:
-                lg = out.logits[:, :-1].float()
-                out.loss = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), labels[:, 1:].reshape(-1),
-                                           ignore_index=-100, reduction="sum") / num_items_in_batch
-            return out
-
-    torch.manual_seed(0)
-    return NoSdpaSelfShift(_config())
-
-
 def test_a_model_without_sdpa_is_checked_on_eager():
     import atac_hf  # noqa: F401
     from atac_hf.integrations.trainer_guards import loss_scale_refusal, stock_attention
 
-    m = _no_sdpa_self_shift_model()
+    m = _self_shift_model(supports_sdpa=False)  # no sdpa kernel; a loss that shifts labels itself
     m.set_attn_implementation("atac_cp")
     with stock_attention(m):
         assert m.config._attn_implementation == "eager"
@@ -332,27 +314,17 @@ def test_construction_records_the_loss_settings(monkeypatch, tmp_path):
 
 
 # ---------------------------------------------------------------------------- the bug L13 found (fixed: != for is not)
-class MethodLossLM(torch.nn.Module):
+class MethodLossLM(LossFnLM):
     """Its loss function is a method of its class (as a subclass overriding transformers' property writes it)."""
 
     def __init__(self):
         super().__init__()
-        g = torch.Generator().manual_seed(0)
-        self.emb = torch.nn.Parameter(torch.randn(V, 6, generator=g))
-        self.head = torch.nn.Parameter(torch.randn(6, V, generator=g))
-        self.seen = []
+        del self.loss_function  # reads now reach the class's method: a new bound method each time
 
     def loss_function(self, logits, labels, vocab_size, **kwargs):
         from transformers.loss.loss_utils import ForCausalLMLoss
 
         return ForCausalLMLoss(logits, labels, vocab_size, **kwargs)
-
-    def forward(self, input_ids=None, labels=None, shift_labels=None, num_items_in_batch=None, use_cache=None, **kw):
-        self.seen.append(tuple(input_ids.shape))
-        logits = self.emb[input_ids] @ self.head
-        loss = None if labels is None else self.loss_function(logits, labels, V, num_items_in_batch=num_items_in_batch,
-                                                              shift_labels=shift_labels)
-        return SimpleNamespace(loss=loss, logits=logits)
 
 
 def test_a_loss_function_defined_as_a_method_is_not_probed_at_every_step():

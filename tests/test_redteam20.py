@@ -35,10 +35,12 @@ def _config():
     return tiny_llama_config(hidden_size=32, num_layers=1, vocab_size=64, max_position_embeddings=512)
 
 
-def _self_shift_model():
+def _self_shift_model(supports_sdpa: bool = True):
     from transformers import LlamaForCausalLM
 
     class SelfShiftLlama(LlamaForCausalLM):  # its own loss: labels shifted on whatever rows it gets
+        _supports_sdpa = supports_sdpa
+
         def forward(self, input_ids=None, labels=None, num_items_in_batch=None, shift_labels=None, **kw):
             out = super().forward(input_ids=input_ids, **kw)
             if labels is not None:
