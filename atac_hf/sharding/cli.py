@@ -51,7 +51,8 @@ def _read_lengths(spec: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     lengths = _read_lengths(args.doc_lengths)
-    cm = profile_model(args.profile, "--profile") if args.profile else CostModel.from_model(model_or_preset(args.model), args.hardware)
+    cm = (profile_model(args.profile, "--profile") if args.profile
+          else CostModel.from_model(model_or_preset(args.model), args.hardware))
     names = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
     rows = []
     for name in names:
