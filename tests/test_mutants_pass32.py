@@ -802,3 +802,49 @@ def test_contiguous_plan_not_built_at_its_floors_edge(monkeypatch):
     n, block, edge = run(lat)
     assert block == edge  # the tie (found on this numpy; the bisection finds it anew)
     assert n == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# plan_atp 662: ``>=`` at the exposure gate of the sub-group candidates (``block > compute.max x (1 +
+# 1e-9)``). At the exact edge the exchange counts as hidden and the incumbent ([30] at CP 3, three level
+# ranks of 165 s) as level: no candidate is built. Speed only; told apart by ``_plan_subgroups`` calls,
+# the latency bisected on the plan the fewer-anchors step is given (the one the gate reads).
+
+
+def test_sub_group_candidates_not_built_at_the_exposure_gates_edge(monkeypatch):
+    def run(lat):
+        cm = _model(linear_s_per_token=1.0, attn_s_per_pair=1.0, kv_bytes_per_token=0.0, link_latency_s=lat)
+        subs, seen = [], []
+        real = atp._plan_subgroups
+        monkeypatch.setattr(atp, "_plan_subgroups", lambda *a: subs.append(1) or real(*a))
+        fewer = atp._fewer_anchors
+        monkeypatch.setattr(atp, "_fewer_anchors", lambda plan, *a: seen.append(plan) or fewer(plan, *a))
+        plan_shards([30], 3, "atp", cm, kv_exchange="all_gather")
+        monkeypatch.undo()
+        return len(subs), seen[-1].block_time_s, float(seen[-1].rank_compute_s.max()) * (1 + 1e-9)
+
+    lat = float(np.nextafter(_bisect(lambda x: (lambda n, b, e: b > e)(*run(x)), 1e-8, 1e-6), 0.0))
+    n, block, edge = run(lat)
+    assert block == edge and block > 165.0  # the tie (found on this numpy; the bisection finds it anew)
+    assert n == 0
+    assert run(1e-6)[0] > 0  # over the edge the candidates are built
+
+
+# ---------------------------------------------------------------------------------------------
+# plan_atp 442: ``placed is None`` not checked for an extra anchor count (a TypeError). The tails are
+# placed costliest first, and a document longer than the sliding window runs masked: with masked
+# calls cheaper than causal ones, the 30-token document (2 s) is costlier than the longer three (1 s
+# each), and it is the first anchor. Whole, the four fit a 180-token cap (30 + 120 | 80 + 100: 0 anchors
+# is the best count, its 3 s under the 30 s exchange of one anchor, and not level two-way); without it
+# the LPT placement puts 80 | 100, and 120 fits on neither rank: the extra count's tails do not fit the
+# cap though the best count's did (costlier-first placement is not monotone in the documents placed).
+
+
+def test_extra_anchor_count_whose_tails_do_not_fit_the_cap_is_skipped():
+    cm = CostModel(linear_s_per_token=0.0, attn_s_per_pair=0.0, segment_overhead_s=2.0, masked_segment_overhead_s=1.0,
+                   sliding_window=50, tile=1, kv_bytes_per_token=1.0, link_bandwidth=1.0, link_latency_s=0.0)
+    L = [30, 80, 100, 120]
+    assert cm.doc_cost(L).tolist() == [2.0, 1.0, 1.0, 1.0]
+    plan = plan_shards(L, 2, "atp", cm, max_tokens_per_rank=180)
+    assert plan.block_time_s == 3.0 and plan.gathered_docs.tolist() == []
+    assert [s.tolist() for s in plan.segments] == [[[0, 0, 30], [3, 0, 120]], [[1, 0, 80], [2, 0, 100]]]
