@@ -25,6 +25,19 @@ def _model(**kw) -> CostModel:
     return CostModel(**base)
 
 
+def _spy_finished_blocks(monkeypatch) -> list:
+    """The block time of every plan ``finish_flat`` finishes, in order (filled as the planner runs)."""
+    finished, real = [], atp.finish_flat
+
+    def spy(*a, **k):
+        p = real(*a, **k)
+        finished.append(p.block_time_s)
+        return p
+
+    monkeypatch.setattr(atp, "finish_flat", spy)
+    return finished
+
+
 def _bisect(pred, lo: float, hi: float) -> float:
     """The least float in (lo, hi] where the monotone ``pred`` holds (``pred(lo)`` false, ``pred(hi)`` true)."""
     assert not pred(lo) and pred(hi)
@@ -311,15 +324,7 @@ def test_a_split_exactly_at_the_tolerance_is_taken(monkeypatch):
     """``[11, 11, 10, 8]`` at CP 2 (1 s/token, 1 s/pair, the all-to-all forced, 26.33 s latency): the
     cost-level split is 133 s, the other 135.66 s = 133 x (1 + TWO_WAY_TOLERANCE) exactly: within the
     tolerance, the split ATP keeps for its robustness is taken."""
-    finished = []
-    real = atp.finish_flat
-
-    def spy(*a, **k):
-        p = real(*a, **k)
-        finished.append(p.block_time_s)
-        return p
-
-    monkeypatch.setattr(atp, "finish_flat", spy)
+    finished = _spy_finished_blocks(monkeypatch)
     cm = _model(linear_s_per_token=1.0, attn_s_per_pair=1.0, link_latency_s=26.33)
     plan = plan_shards([11, 11, 10, 8], 2, "atp", cm, kv_exchange="all_to_all")
     assert 133.0 in finished
@@ -453,15 +458,7 @@ def test_level_bound_edge_decides_whether_the_cost_level_split_is_built(monkeypa
     from atac_hf.sharding.segments import _doc_work_lower_bounds
 
     L = np.array([300, 50, 70, 12, 4])  # 1 anchor (the 300) at CP 2
-    finished = []
-    real = atp.finish_flat
-
-    def spy(*a, **k):
-        p = real(*a, **k)
-        finished.append(p.block_time_s)
-        return p
-
-    monkeypatch.setattr(atp, "finish_flat", spy)
+    finished = _spy_finished_blocks(monkeypatch)
 
     def run(lat):
         cm = _model(linear_s_per_token=1.0, attn_s_per_pair=1.0, link_latency_s=lat)
@@ -489,15 +486,7 @@ def test_an_extra_count_exactly_at_the_tolerance_is_taken(monkeypatch):
     count's cost-level plan is 1,410 s (its two-way split over the tolerance); one more anchor split
     two-way is 1,180 s + 6 x the latency. The latency is bisected to where that is 1,410 x (1 +
     TWO_WAY_TOLERANCE) exactly: within the tolerance, taken."""
-    finished = []
-    real = atp.finish_flat
-
-    def spy(*a, **k):
-        p = real(*a, **k)
-        finished.append(p.block_time_s)
-        return p
-
-    monkeypatch.setattr(atp, "finish_flat", spy)
+    finished = _spy_finished_blocks(monkeypatch)
 
     def run(lat):
         finished.clear()

@@ -16,24 +16,12 @@ import numpy as np
 
 from atac_hf.cost import CostModel
 from atac_hf.sharding import subgroups
+from test_mutants_pass32 import _bisect  # noqa: E402  (the least float where a monotone predicate holds)
 
 
 def _model(lin: float) -> CostModel:
     return CostModel(linear_s_per_token=lin, attn_s_per_pair=1e-12, segment_overhead_s=0.0, tile=1,
                      kv_bytes_per_token=1.0, link_bandwidth=1.0, link_latency_s=0.0)
-
-
-def _bisect(pred, lo: float, hi: float) -> float:
-    """The least float in (lo, hi] where the monotone ``pred`` holds (``pred(lo)`` false, ``pred(hi)`` true)."""
-    assert not pred(lo) and pred(hi)
-    while True:
-        mid = (lo + hi) / 2
-        if mid in (lo, hi):
-            return hi
-        if pred(mid):
-            hi = mid
-        else:
-            lo = mid
 
 
 def _spans(L, C, lin):
