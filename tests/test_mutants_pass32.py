@@ -168,26 +168,14 @@ def test_tied_documents_are_placed_in_row_order(monkeypatch):
 # _fewer_anchors 64: ``<`` for ``<=`` on the imbalance. Integer prices make an exact tie.
 
 
-def test_fewer_anchors_exactly_as_level_are_taken():
+def test_fewer_anchors_exactly_as_level_are_taken(monkeypatch):
     """``[2, 7, 4, 4]`` at CP 2 (1 s/token, 2 s/pair, 1 byte/token over 4 B/s, 16 s latency): every
     document whole (7 | 2 + 4 + 4 tokens) is 63 s, imbalance 72/68; ATP's anchor plan is 70.75 s with the
     same 72/68 (its exchange exposed). No less level and over TWO_WAY_TOLERANCE faster: taken, though at
     4x the attention price it would be slower (the "or" of the rule is not needed)."""
     cm = _model(linear_s_per_token=1.0, attn_s_per_pair=2.0, link_bandwidth=4.0, link_latency_s=16.0)
-    seen = []
-    real = atp._fewer_anchors
-
-    def spy(plan, *a, **k):
-        out = real(plan, *a, **k)
-        seen.append((plan, out))
-        return out
-
-    atp_spy = pytest.MonkeyPatch()
-    atp_spy.setattr(atp, "_fewer_anchors", spy)
-    try:
-        plan = plan_shards([2, 7, 4, 4], 2, "atp", cm)
-    finally:
-        atp_spy.undo()
+    seen = _fewer_inputs(monkeypatch)
+    plan = plan_shards([2, 7, 4, 4], 2, "atp", cm)
     given, got = seen[-1]
     assert given.block_time_s == 70.75 and got.imbalance == given.imbalance == 72 / 68
     assert not atp._robustly_no_worse(got, given, cm)
