@@ -94,6 +94,30 @@ def test_from_env_parses_types():
         ATACConfig.from_env({"ATAC_CP_SIZE": "two"})
 
 
+def test_token_counts_take_k_as_the_command_line_tools_do(tmp_path):
+    """max_tokens, max_tokens_per_rank and min_chunk take "16K" (x 1024) wherever they are written:
+    Python, a YAML file and ATAC_* variables. Anything else is refused, naming the setting."""
+    assert ATACConfig(max_tokens="16K", cp_size=2, max_tokens_per_rank="8k", min_chunk=" 128 ") == \
+        ATACConfig(max_tokens=16384, cp_size=2, max_tokens_per_rank=8192, min_chunk=128)
+    (tmp_path / "a.yaml").write_text("max_tokens: 32K\nmin_chunk: 1k\n")
+    assert (ATACConfig.from_yaml(tmp_path / "a.yaml").max_tokens, ATACConfig.from_yaml(tmp_path / "a.yaml").min_chunk) \
+        == (32768, 1024)
+    cfg = ATACConfig.from_env({"ATAC_MAX_TOKENS": "64K", "ATAC_MAX_TOKENS_PER_RANK": "none", "ATAC_MIN_CHUNK": "2K"})
+    assert (cfg.max_tokens, cfg.max_tokens_per_rank, cfg.min_chunk) == (65536, None, 2048)
+    for bad in ("16KB", "1.5K", "-4", "", "16 K", "\uff11\uff16K", "16M"):
+        with pytest.raises(ValueError, match=r"max_tokens=.* is not a token count: write ASCII digits, or digits and "
+                                             r"K \(x 1024\), e\.g\. 16384 or 16K \(set max_tokens / ATAC_MAX_TOKENS\)"):
+            ATACConfig(max_tokens=bad)
+    with pytest.raises(ValueError, match=r"ATAC_MAX_TOKENS='16M' is not a token count.*\(set ATAC_MAX_TOKENS\)"):
+        ATACConfig.from_env({"ATAC_MAX_TOKENS": "16M"})
+    with pytest.raises(ValueError, match=r"ATAC_MAX_TOKENS='none' is not a token count"):  # a cap, never None
+        ATACConfig.from_env({"ATAC_MAX_TOKENS": "none"})
+    with pytest.raises(ValueError, match=r"max_tokens=0 must be an int >= 1"):
+        ATACConfig(max_tokens="0K")
+    with pytest.raises(ValueError, match=r"window_size='4K' must be None or an int"):  # samples, not tokens
+        ATACConfig(window_size="4K")
+
+
 def test_from_sources_precedence(tmp_path):
     f = tmp_path / "atac.yaml"
     f.write_text("max_tokens: 1000\nsharding_strategy: zigzag\ndebug: true\nwindow_size: 7\n")

@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 from ..packing.validate import InputTypeError
 from .config_files import (MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, device_type as _device_type, path_repr,
-                           read_config_file, short_repr, short_text, unique_keys)
+                           read_config_file, short_repr, short_text, token_count, unique_keys)
 
 __all__ = ["ATACConfig", "ENV_PREFIX", "ATTENTION_BACKENDS", "COST_PRESETS", "KV_EXCHANGES", "MAX_CONFIG_BYTES", "MAX_CONFIG_DEPTH",
            "MIN_COLLECTIVE_TIMEOUT_S", "MAX_COLLECTIVE_TIMEOUT_S", "short_repr"]
@@ -140,6 +140,10 @@ class ATACConfig:
         from ..sharding import MAX_CP_SIZE, STRATEGIES as SHARDING_STRATEGIES
 
         r = short_repr
+        for name in _TOKEN_FIELDS:  # "16K", as the command-line tools and ATAC_* variables take it
+            if isinstance(getattr(self, name), str):
+                setting = f"{name} / {ENV_PREFIX}{name.upper()}"
+                object.__setattr__(self, name, token_count(getattr(self, name), name, setting))
         if not _is_int(self.cp_size) or not 1 <= self.cp_size <= MAX_CP_SIZE:
             raise ValueError(f"cp_size={r(self.cp_size)} must be an int >= 1 and <= {MAX_CP_SIZE} (MAX_CP_SIZE) "
                              "(set cp_size / ATAC_CP_SIZE)")
@@ -445,8 +449,9 @@ def _env_values(environ: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
-_INT_FIELDS = ("cp_size", "max_tokens", "min_window_packs")
-_OPT_INT_FIELDS = ("window_size", "max_tokens_per_rank", "min_chunk")
+_INT_FIELDS = ("cp_size", "min_window_packs")
+_OPT_INT_FIELDS = ("window_size",)
+_TOKEN_FIELDS = ("max_tokens", "max_tokens_per_rank", "min_chunk")  # also "16K"
 _BOOL_FIELDS = ("shuffle", "debug")
 
 
@@ -456,6 +461,8 @@ def _parse_env(key: str, name: str, raw: str) -> Any:
         return _parse_int(key, text)
     if name in _OPT_INT_FIELDS:
         return None if text.lower() in _NONE else _parse_int(key, text)
+    if name in _TOKEN_FIELDS:
+        return None if name != "max_tokens" and text.lower() in _NONE else token_count(text, key, key)
     if name in _BOOL_FIELDS:
         if text.lower() in _TRUE:
             return True

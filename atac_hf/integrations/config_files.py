@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import reprlib
 import stat
 from typing import Any, Mapping
 
-__all__ = ["MAX_CONFIG_BYTES", "MAX_CONFIG_DEPTH", "path_repr", "read_config_file", "short_repr", "short_text"]
+__all__ = ["MAX_CONFIG_BYTES", "MAX_CONFIG_DEPTH", "path_repr", "read_config_file", "short_repr", "short_text",
+           "token_count"]
 
 #: Largest config file read (bytes): real configs are a few hundred; parsing 64 KiB takes < 1 s.
 MAX_CONFIG_BYTES = 64 << 10
@@ -50,6 +52,16 @@ def check_count(value: Any, name: str, what: str, low: int | None = 1) -> int:
         raise (ValueError if is_int else InputTypeError)(f"{name}={short_repr(value)} is invalid: it must be "
                                                          f"{legal} ({what})")
     return int(value)
+
+
+def token_count(text: str, name: str, setting: str) -> int:
+    """A token count written as text, as the command-line tools take it: ASCII digits, or digits and
+    ``K`` (x 1024): ``"16384"`` and ``"16K"`` -> 16384. ``ValueError`` naming ``setting`` otherwise."""
+    m = re.fullmatch(r"([0-9]{1,18})([kK]?)", text.strip())
+    if m is None:
+        raise ValueError(f"{name}={short_repr(text)} is not a token count: write ASCII digits, or digits and K "
+                         f"(x 1024), e.g. 16384 or 16K (set {setting})")
+    return int(m[1]) * (1024 if m[2] else 1)
 
 
 def path_repr(path: str) -> str:
