@@ -125,3 +125,11 @@ def test_each_concept_has_its_own_module():
     }
     for path, needle in expected.items():
         assert needle in (ROOT / path).read_text(encoding="utf-8"), f"{needle!r} not in {path}"
+
+
+def test_the_design_map_names_every_module():
+    """docs/DESIGN.md's layout is the contributors' map: every module of the package is on it."""
+    design = (ROOT / "docs" / "DESIGN.md").read_text()
+    missing = sorted(str(p.relative_to(ROOT)) for p in PKG.rglob("*.py")
+                     if p.name != "__init__.py" and p.name not in design)
+    assert not missing, f"modules missing from docs/DESIGN.md's layout: {missing}"
