@@ -38,11 +38,13 @@ def parse_tokens(text: str) -> int:
 
 
 def model_arg(spec: str) -> Any:
-    """``--model``: a model preset name (lower-cased) or the fields of an HF ``config.json``."""
+    """``--model``: a model preset name (lower-cased) or the fields of an HF ``config.json`` (or of the one
+    in a checkpoint folder)."""
     from .cost import MODEL_PRESETS
 
     if spec.lower() in MODEL_PRESETS:
         return spec.lower()
+    spec = _config_file(spec)
     if os.path.exists(spec):
         from ._io import load_json  # bounded: regular files only, size and depth capped
 
@@ -56,7 +58,13 @@ def model_arg(spec: str) -> Any:
 def model_or_preset(spec: str) -> Any:
     """``--model`` of ``plan`` / ``pack``: an HF ``config.json`` (its fields, as :func:`model_arg`), else the name,
     which :meth:`~atac_hf.cost.CostModel.from_model` checks against the presets."""
-    return model_arg(spec) if os.path.isfile(spec) else spec
+    return model_arg(spec) if os.path.isfile(_config_file(spec)) else spec
+
+
+def _config_file(spec: str) -> str:
+    """A checkpoint folder holding a ``config.json`` -> that file; anything else unchanged."""
+    inner = os.path.join(spec, "config.json")
+    return inner if os.path.isdir(spec) and os.path.isfile(inner) else spec
 
 
 def profile_model(path: str, flag: str) -> Any:

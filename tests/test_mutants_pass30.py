@@ -268,14 +268,18 @@ def test_backward_under_cp_refuses_a_loss_from_the_unprepared_module_before_runn
     wrapped = acc.prepare(model)  # one model: prepare returns it alone
     batch = {"input_ids": torch.tensor([[1, 2, 3, 4]]), "labels": torch.tensor([[1, 2, 3, 4]])}
     loss = model(**acc.shard(batch, num_items_in_batch=3)).loss
-    with pytest.raises(ValueError, match=r"no model returned by accelerator\.prepare \(Wrapper\) ran a forward"):
+    with pytest.raises(ValueError, match=r"a model that accelerator\.prepare wrapped \(Wrapper\) ran a forward with "
+                                         r"autograd on outside the wrapper"):  # (the module prepare wrapped)
         acc.backward(loss)
     assert "backward" not in calls  # refused before Accelerate's backward
     acc.backward(wrapped(**acc.shard(batch, num_items_in_batch=3)).loss)
     assert calls[-1] == "backward"
     acc.shard(batch, num_items_in_batch=3)  # the next micro-batch ...
-    with pytest.raises(ValueError, match=r"no model returned by accelerator\.prepare"):
+    with pytest.raises(ValueError, match=r"a model that accelerator\.prepare wrapped"):
         acc.backward(model(**batch).loss)  # ... through the unprepared module again
+    other = TinyLM()  # a module prepare never saw
+    with pytest.raises(ValueError, match=r"no model returned by accelerator\.prepare \(Wrapper\) ran a forward"):
+        acc.backward(other(**acc.shard(batch, num_items_in_batch=3)).loss)
 
     one, calls1 = _bare_accelerator(monkeypatch, 1)
     m1 = TinyLM()

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from ..sharding.plan import LocalLayout, ShardPlan
 from .backends import BACKENDS
 from .collectives import group_device, peer_failure
+from .stock_guard import guard_stock_attention
 
 __all__ = ["ShardContext", "shard_batch", "doc_lengths_from_batch", "build_shift_labels", "unshard"]
 
@@ -361,6 +362,8 @@ def shard_batch(
         n_items = batch.get("num_items_in_batch")
         out["num_items_in_batch"] = int((shift != IGNORE_INDEX).sum()) if n_items is None else n_items
     out["use_cache"] = False
+    if plan.cp_size > 1:  # a second model run on this shard with sdpa (a teacher) is refused, not wrong
+        guard_stock_attention()
     out["atac_shard"] = ShardContext(plan=plan, rank=rank, group=group, layout=plan.local_layout(rank),
                                      backend=backend, debug=debug)
     return out

@@ -51,7 +51,7 @@ from .config import ATACConfig
 from .config_files import check_count
 from .forward_check import PreparedForwardCheck
 from .layout import warn_placement
-from .kv_bytes import kv_element_bytes, model_kv_bytes_per_token
+from .kv_bytes import HALF_AUTOCAST, kv_element_bytes, model_kv_bytes_per_token
 from .sharder import BatchSharder, count_targets, learned_position_limit, prepare_model, unwrap_base_model
 from .tensor_parallel import apply_tensor_parallel, dp_cp_group, remap_optimizer_params, sync_tp_gradients
 
@@ -367,7 +367,7 @@ class ATACAccelerator(Accelerator):
         if self.tp_size > 1:
             apply_tensor_parallel(model, self.torch_device_mesh["tp"])
         base_config = unwrap_base_model(model).config
-        half = str(self.mixed_precision) in ("bf16", "fp16")  # K/V are computed (and exchanged) in the autocast dtype
+        half = str(self.mixed_precision) in HALF_AUTOCAST  # K/V are computed (and exchanged) in the autocast dtype
         self.sharder = BatchSharder(
             self.atac_config, cp_rank=self.cp_rank, cp_group=self.cp_group,
             cost_model=self.atac_config.cost_model(base_config, dtype_bytes=kv_element_bytes(model, half)),

@@ -7,8 +7,13 @@ gradient only). :class:`PreparedForwardCheck` counts the forwards with autograd 
 wrapper (a forward pre-hook; an evaluation under ``no_grad`` does not count) and
 :meth:`~PreparedForwardCheck.before_backward` raises when none ran since the last ``shard()`` and since
 the last backward (either suffices: a next batch sharded ahead of the backward, or two backwards of one
-forward, pass). FSDP2 and tensor parallelism wrap nothing, so nothing is
-watched there; at ``cp_size == 1`` the accelerator does not install the check.
+forward, pass). It also watches the module each wrapper wraps: a forward of it with autograd on outside
+its wrapper (``accelerator.unwrap_model(model)(...)``, the original module) since the last backward
+is refused too, even where another prepared model ran (a reference model) or the wrapper was freed
+(``model = accelerator.unwrap_model(model)``; Accelerate keeps the module, not the wrapper). The hooks
+run outside ``torch.compile`` graphs (their counters would otherwise be guarded on and recompile every
+step). FSDP2 and tensor parallelism wrap nothing, so nothing is watched there; at ``cp_size == 1`` the
+accelerator does not install the check.
 """
 
 from __future__ import annotations
@@ -27,37 +32,95 @@ def is_wrapper(obj: Any) -> bool:
     return isinstance(inner, torch.nn.Module) and inner is not obj
 
 
+class _Noop:
+    """What a hook of the check becomes in a copy of its module (``copy.deepcopy``, pickle): a copy such as an
+    EMA model is not watched, and copying never copies the check."""
+
+    def __call__(self, *args: Any) -> None:
+        return None
+
+
+class _Hook(_Noop):
+    """A hook of the check that copies and pickles as a :class:`_Noop`."""
+
+    def __init__(self, fn: Any) -> None:
+        self._fn = fn
+
+    def __call__(self, *args: Any) -> None:
+        return self._fn(*args)
+
+    def __deepcopy__(self, memo: dict) -> _Noop:
+        return _Noop()
+
+    def __reduce__(self):
+        return (_Noop, ())
+
+
 class PreparedForwardCheck:
-    """Counts the forwards of prepared wrappers and refuses a backward that bypassed them all."""
+    """Counts the forwards of prepared wrappers and refuses a backward that bypassed them."""
 
     def __init__(self) -> None:
         self.num_forwards = 0
+        self.num_bypassed = 0  # forwards of a wrapped module with autograd on, outside its wrapper
+        self._in_wrapper = 0
         self._at_shard: int | None = None  # None: shard() never called (nothing to check)
         self._at_backward = 0
+        self._bypassed_at_backward = 0
         self._watched: weakref.WeakSet = weakref.WeakSet()  # weak: free_memory() still frees a model
+        self._inner: weakref.WeakSet = weakref.WeakSet()
+        self._names: set[str] = set()
 
     def watch(self, prepared: Iterable[Any]) -> None:
-        """Count the forwards of each wrapper among ``prepared`` (``Accelerator.prepare``'s results)."""
+        """Count the forwards of each wrapper among ``prepared`` (``Accelerator.prepare``'s results) and
+        watch the module it wraps for forwards outside it."""
         for obj in prepared:
             if is_wrapper(obj) and obj not in self._watched:
-                obj.register_forward_pre_hook(self._count)
+                obj.register_forward_pre_hook(_Hook(self._enter))
+                obj.register_forward_hook(_Hook(self._leave), always_call=True)
                 self._watched.add(obj)
+                self._names.add(type(obj).__name__)
+                inner = obj.module
+                if inner not in self._inner:
+                    inner.register_forward_pre_hook(_Hook(self._inner_forward))
+                    self._inner.add(inner)
 
-    def _count(self, module: torch.nn.Module, args: Any) -> None:
+    @torch.compiler.disable
+    def _enter(self, module: torch.nn.Module, args: Any) -> None:
+        self._in_wrapper += 1
         if torch.is_grad_enabled():  # only a forward that builds a graph can feed a backward
             self.num_forwards += 1
+
+    @torch.compiler.disable
+    def _leave(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        self._in_wrapper = max(0, self._in_wrapper - 1)
+
+    @torch.compiler.disable
+    def _inner_forward(self, module: torch.nn.Module, args: Any) -> None:
+        if torch.is_grad_enabled() and not self._in_wrapper:
+            self.num_bypassed += 1
 
     def on_shard(self) -> None:
         self._at_shard = self.num_forwards
 
     def before_backward(self) -> None:
-        """Raise if no watched wrapper ran a forward since the last ``shard()`` and the last backward.
+        """Raise if a watched module ran a forward with autograd on outside its wrapper since the last
+        backward, or if no watched wrapper ran one since the last ``shard()`` and the last backward.
 
         Raises:
             ValueError: the loss came from a module that ``prepare`` did not return (nothing changed).
         """
-        if self._watched and self._at_shard == self.num_forwards == self._at_backward:
-            names = ", ".join(sorted({type(m).__name__ for m in self._watched}))
+        names = ", ".join(sorted(self._names))
+        if self.num_bypassed != self._bypassed_at_backward:
+            self._bypassed_at_backward = self.num_bypassed  # told once: a corrected step may follow
+            raise ValueError(
+                "accelerator.backward(loss) under cp_size > 1: a model that accelerator.prepare wrapped "
+                f"({names}) ran a forward with autograd on outside the wrapper prepare returned (the original "
+                "module, or accelerator.unwrap_model(model)) since the last backward. Its CP ranks' gradients "
+                "would not be summed: each CP rank would step on its own shard's gradient and their weights drift "
+                "apart. Keep and call the model prepare returns: model, optimizer = accelerator.prepare(model, optimizer), "
+                "then loss = model(**accelerator.shard(batch)).loss; run other forwards of the unwrapped module under "
+                "torch.no_grad() (this backward was not run)")
+        if self._names and self._at_shard == self.num_forwards == self._at_backward:  # (a wrapper freed too)
             raise ValueError(
                 "accelerator.backward(loss) under cp_size > 1: no model returned by accelerator.prepare "
                 f"({names}) ran a forward since the last accelerator.shard(batch), so the loss came from a "
@@ -66,3 +129,4 @@ class PreparedForwardCheck:
                 "Use the model prepare returns: model, optimizer = accelerator.prepare(model, optimizer), then "
                 "loss = model(**accelerator.shard(batch)).loss (this backward was not run)")
         self._at_backward = self.num_forwards
+        self._bypassed_at_backward = self.num_bypassed

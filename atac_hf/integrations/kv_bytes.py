@@ -6,7 +6,11 @@ import torch
 
 from ..cost.presets import key_value_widths
 
-__all__ = ["kv_element_bytes", "model_kv_bytes_per_token"]
+__all__ = ["HALF_AUTOCAST", "kv_element_bytes", "model_kv_bytes_per_token"]
+
+#: Accelerate ``mixed_precision`` values whose autocast computes K/V in 2 bytes (fp8 autocasts to bf16 too:
+#: its fp8 matmuls return bf16).
+HALF_AUTOCAST = ("bf16", "fp16", "fp8")
 
 
 def kv_element_bytes(model: torch.nn.Module, autocast_half: bool = False) -> int:

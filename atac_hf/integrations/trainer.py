@@ -56,7 +56,7 @@ from .accelerate import cp_coordinates
 from .config import ATACConfig
 from .data import build_packed_dataloader, check_collator, check_dataset_columns, is_streaming_dataset
 from .layout import warn_placement
-from .kv_bytes import kv_element_bytes, model_kv_bytes_per_token
+from .kv_bytes import HALF_AUTOCAST, kv_element_bytes, model_kv_bytes_per_token
 from .sharder import BatchSharder, check_position_limit, prepare_model, unwrap_base_model
 from .stream_state import STREAM_STATE_NAME, StreamResumeMixin, stream_dispatch
 from .tensor_parallel import apply_tensor_parallel, dp_cp_group, full_state_dict, remap_optimizer_params
@@ -225,7 +225,8 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
             self.atac_tp_rank = int(mesh["tp"].get_local_rank())
         self.dp_size = self.args.world_size // (config.cp_size * self.atac_tp_size)
         base = unwrap_base_model(self.model)
-        half = bool(self.args.bf16 or self.args.fp16)  # K/V are computed (and exchanged) in the autocast dtype
+        half = bool(self.args.bf16 or self.args.fp16) or str(self.accelerator.mixed_precision) in HALF_AUTOCAST  # (K/V:
+        # computed and exchanged in the autocast dtype; fp8 from the launch config autocasts to bf16)
         kv_per_token = model_kv_bytes_per_token(base, half) / self.atac_tp_size  # each TP rank moves its own heads
         self.atac_sharder = BatchSharder(
             config, cp_rank=self.cp_rank, cp_group=self.cp_group, kv_bytes_per_token=kv_per_token,
