@@ -34,7 +34,7 @@ import torch
 from .model_probe import (PROBE_TOLERANCE, ProbeResult, StockModelError, run_probe, sequence_convolutions,
                           shrink_config)
 from .relay import _remove_relay, install_relay
-from .runtime import (ATTENTION_DROPOUT_FIELDS, ATTN_IMPLEMENTATION, SHARD_KWARG, UncheckedModelWarning,
+from .runtime import (_WARNED, ATTENTION_DROPOUT_FIELDS, ATTN_IMPLEMENTATION, SHARD_KWARG, UncheckedModelWarning,
                       _refuse_position_dependent_rope, mark_checked)
 from .shard import ShardContext
 
@@ -91,7 +91,10 @@ def _configs(config: Any) -> list[Any]:
 def static_refusal(model_cls: type, config: Any) -> tuple[type, str] | None:
     """``(exception class, reason)`` when a rule on the class or config refuses it, else None."""
     if config is None:
-        return ValueError, "has no transformers config: ATP-CP shards transformers causal LMs"
+        return ValueError, ("has no transformers config: ATP-CP shards transformers causal LMs (ATACAccelerator.prepare "
+                            "passes a module of torch's per-token layers, e.g. an nn.Linear value head, as it is; a "
+                            "module class of your own that computes each token on its own can be prepared with "
+                            "accelerator.prepare_model(module), which skips the atac checks)")
     if getattr(config, "is_encoder_decoder", False):
         return ValueError, ("is an encoder-decoder model: ATP-CP shards the packed rows of decoder-only causal LMs "
                             "(AutoModelForCausalLM) only")
@@ -337,10 +340,14 @@ def check_architecture(model_cls: type, config: Any, *, rank: int = 0, world: in
     tiny = None
     try:
         tiny = shrink_config(config) if shrink else config
-        with torch.random.fork_rng(devices=[]), torch.enable_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", UncheckedModelWarning)  # the probe's own tiny copies
-            result = run_probe(model_cls, tiny, rank=rank, world=world, group=group)
-            refused = _diagnose(model_cls, tiny, result, rank, world, group)
+        warned = set(_WARNED)
+        try:
+            with torch.random.fork_rng(devices=[]), torch.enable_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore", UncheckedModelWarning)  # the probe's own tiny copies
+                result = run_probe(model_cls, tiny, rank=rank, world=world, group=group)
+                refused = _diagnose(model_cls, tiny, result, rank, world, group)
+        finally:  # ... hidden, not counted as shown: an unchecked model of the class still warns
+            _WARNED.intersection_update(warned)
     except Exception as e:  # noqa: BLE001 - every failure becomes a named refusal
         exc, reason = (None if tiny is None else _convolution_refusal(model_cls, tiny, None)) or \
             _probe_failure(e, model_cls)

@@ -52,6 +52,7 @@ from .config_files import check_count
 from .forward_check import PreparedForwardCheck
 from .layout import warn_placement
 from .kv_bytes import HALF_AUTOCAST, kv_element_bytes, model_kv_bytes_per_token
+from .plain_modules import runs_no_attention
 from .sharder import BatchSharder, count_targets, learned_position_limit, prepare_model, unwrap_base_model
 from .tensor_parallel import apply_tensor_parallel, dp_cp_group, remap_optimizer_params, sync_tp_gradients
 
@@ -322,18 +323,18 @@ class ATACAccelerator(Accelerator):
         :func:`~.trainer_guards.loss_scale_refusal`): its loss on a shard would be wrong.
         """
         optimizers = [o for o in args if isinstance(o, torch.optim.Optimizer)]
+        models = [a for a in args if isinstance(a, torch.nn.Module) and not runs_no_attention(a)]  # (heads: as they are)
         if self.atac_config.cp_size > 1:  # every model checked before any is changed
             from .trainer_guards import loss_scale_refusal  # (imports Trainer)
 
-            for obj in (a for a in args if isinstance(a, torch.nn.Module)):
+            for obj in models:
                 if why := loss_scale_refusal(obj, False, self.atac_config.cp_size):
                     raise ValueError(f"{type(unwrap_base_model(obj)).__name__}: {why}")
-        for obj in args:
-            if isinstance(obj, torch.nn.Module):
-                old = dict(obj.named_parameters())
-                self._setup_model(obj)
-                if self.tp_size > 1:
-                    remap_optimizer_params(optimizers, old, dict(obj.named_parameters()))
+        for obj in models:
+            old = dict(obj.named_parameters())
+            self._setup_model(obj)
+            if self.tp_size > 1:
+                remap_optimizer_params(optimizers, old, dict(obj.named_parameters()))
         prepared = super().prepare(*args, **kwargs)
         if self.atac_config.cp_size > 1:
             self._forward_check.watch(prepared if isinstance(prepared, tuple) else (prepared,))
@@ -366,7 +367,7 @@ class ATACAccelerator(Accelerator):
         prepare_model(model, self.atac_config)
         if self.tp_size > 1:
             apply_tensor_parallel(model, self.torch_device_mesh["tp"])
-        base_config = unwrap_base_model(model).config
+        base_config, previous = unwrap_base_model(model).config, self.sharder
         half = str(self.mixed_precision) in HALF_AUTOCAST  # K/V are computed (and exchanged) in the autocast dtype
         self.sharder = BatchSharder(
             self.atac_config, cp_rank=self.cp_rank, cp_group=self.cp_group,
@@ -374,7 +375,7 @@ class ATACAccelerator(Accelerator):
             kv_bytes_per_token=model_kv_bytes_per_token(model, half) / self.tp_size, device_type=self.device.type,
             tp_group=self.torch_device_mesh["tp"].get_group() if self.tp_size > 1 else None,
         )
-        self.sharder.bind_model(model, learned_position_limit(model))
+        self.sharder.bind_model(model, learned_position_limit(model), also=previous)  # (ids fit every model prepared)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``Accelerator.backward``; with ``tp_size > 1``, at a gradient-sync step the gradients are then

@@ -388,10 +388,17 @@ class BatchSharder:
         #: :func:`token_limits` of the model: ids and labels outside them are refused before the model runs
         self.token_limits: tuple[int | None, int | None] | None = None
 
-    def bind_model(self, model: torch.nn.Module, position_limit: tuple[int, str] | None) -> None:
-        """Set :attr:`position_limit` and :attr:`token_limits` from the model this sharder feeds."""
-        self.position_limit = position_limit
-        self.token_limits = token_limits(model)
+    def bind_model(self, model: torch.nn.Module, position_limit: tuple[int, str] | None, *,
+                   also: "BatchSharder | None" = None) -> None:
+        """Set :attr:`position_limit` and :attr:`token_limits` from the model this sharder feeds; with ``also``
+        (the sharder of a model prepared before, fed the same batches) the tighter of each."""
+        self.position_limit, self.token_limits = position_limit, token_limits(model)
+        if also is not None and also.position_limit is not None and (
+                position_limit is None or also.position_limit[0] < position_limit[0]):
+            self.position_limit = also.position_limit
+        if also is not None and also.token_limits is not None:
+            self.token_limits = tuple(min((n for n in pair if n is not None), default=None)
+                                      for pair in zip(also.token_limits, self.token_limits))
 
     def plan(self, batch: Mapping[str, Any]):
         """The :class:`~atac_hf.sharding.ShardPlan` of a full packed batch, and its :class:`ShardStats`."""
