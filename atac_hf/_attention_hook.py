@@ -5,8 +5,10 @@ the numpy-only planning code must not pull in. So ``import atac_hf`` either regi
 once, when the module defining ``AttentionInterface`` is already loaded, or installs a
 one-shot post-import hook: a :class:`importlib.abc.MetaPathFinder` that wraps the loader of
 that module and registers ``atac_cp`` right after the module has executed. Nothing of
-transformers is patched; the finder removes itself after it fired (or on
-:func:`remove_hook`), and registration is idempotent.
+transformers is patched on import; the finder removes itself after it fired (or on
+:func:`remove_hook`), and registration is idempotent. (The first CP > 1 shard later wraps the
+registry's other functions, through its public ``register``, so that a model left on ``sdpa`` refuses a
+shard: :mod:`atac_hf.attention.stock_guard`.)
 
 A registration that fails (e.g. another function already holds the name) warns instead of
 breaking the user's ``import transformers``; ``ATACTrainer`` / ``ATACAccelerator`` register
