@@ -46,6 +46,7 @@ class _Hook(_Noop):
     def __init__(self, fn: Any) -> None:
         self._fn = fn
 
+    @torch.compiler.disable  # run as Python under torch.compile: its counters are never guarded on
     def __call__(self, *args: Any) -> None:
         return self._fn(*args)
 
@@ -84,17 +85,14 @@ class PreparedForwardCheck:
                     inner.register_forward_pre_hook(_Hook(self._inner_forward))
                     self._inner.add(inner)
 
-    @torch.compiler.disable
     def _enter(self, module: torch.nn.Module, args: Any) -> None:
         self._in_wrapper += 1
         if torch.is_grad_enabled():  # only a forward that builds a graph can feed a backward
             self.num_forwards += 1
 
-    @torch.compiler.disable
     def _leave(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         self._in_wrapper = max(0, self._in_wrapper - 1)
 
-    @torch.compiler.disable
     def _inner_forward(self, module: torch.nn.Module, args: Any) -> None:
         if torch.is_grad_enabled() and not self._in_wrapper:
             self.num_bypassed += 1
