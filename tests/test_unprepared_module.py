@@ -19,7 +19,8 @@ from atac_hf.integrations.forward_check import PreparedForwardCheck, is_wrapper
 sys.path.insert(0, os.path.dirname(__file__))
 from _launch import torchrun_json  # noqa: E402
 
-REFUSAL = (r"a model that accelerator\.prepare wrapped \(Wrapper\) ran a forward with autograd on outside the wrapper"
+REFUSAL = (r"a model that accelerator\.prepare wrapped \(Linear, in Wrapper\) ran a forward with autograd on only "
+           r"outside the wrapper"
            r".*model, optimizer = accelerator\.prepare")  # the module prepare wrapped, called itself
 
 

@@ -7,10 +7,12 @@ gradient only). :class:`PreparedForwardCheck` counts the forwards with autograd 
 wrapper (a forward pre-hook; an evaluation under ``no_grad`` does not count) and
 :meth:`~PreparedForwardCheck.before_backward` raises when none ran since the last ``shard()`` and since
 the last backward (either suffices: a next batch sharded ahead of the backward, or two backwards of one
-forward, pass). It also watches the module each wrapper wraps: a forward of it with autograd on outside
-its wrapper (``accelerator.unwrap_model(model)(...)``, the original module) since the last backward
-is refused too, even where another prepared model ran (a reference model) or the wrapper was freed
-(``model = accelerator.unwrap_model(model)``; Accelerate keeps the module, not the wrapper). The hooks
+forward, pass). It also watches the module each wrapper wraps: a backward after a forward of it with
+autograd on outside its wrapper (``accelerator.unwrap_model(model)(...)``, the original module) while
+the wrapper itself ran none since the last backward is refused too, even where another prepared model
+ran (a reference model) or the wrapper was freed (``model = accelerator.unwrap_model(model)``;
+Accelerate keeps the module, not the wrapper). (An extra forward of the module beside one through its
+wrapper is summed: DDP reduces each parameter's whole gradient once the backward has accumulated it.) The hooks
 run outside ``torch.compile`` graphs (their counters would otherwise be guarded on and recompile every
 step). FSDP2 and tensor parallelism wrap nothing, so nothing is watched there; at ``cp_size == 1`` the
 accelerator does not install the check.
@@ -60,13 +62,17 @@ class _Hook(_Noop):
 class PreparedForwardCheck:
     """Counts the forwards of prepared wrappers and refuses a backward that bypassed them."""
 
-    def __init__(self) -> None:
+    def __init__(self, fix: str | None = None) -> None:
+        self._fix = fix or ("keep and call the model prepare returns: model, optimizer = accelerator.prepare(model, "
+                            "optimizer), then loss = model(**accelerator.shard(batch)).loss; run other forwards of the "
+                            "unwrapped module under torch.no_grad()")
         self.num_forwards = 0
         self.num_bypassed = 0  # forwards of a wrapped module with autograd on, outside its wrapper
         self._in_wrapper = 0
+        # per wrapped module since the last backward: [forwards outside its wrapper, forwards through it]
+        self._since: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._at_shard: int | None = None  # None: shard() never called (nothing to check)
         self._at_backward = 0
-        self._bypassed_at_backward = 0
         self._watched: weakref.WeakSet = weakref.WeakSet()  # weak: free_memory() still frees a model
         self._inner: weakref.WeakSet = weakref.WeakSet()
         self._names: set[str] = set()
@@ -84,11 +90,15 @@ class PreparedForwardCheck:
                 if inner not in self._inner:
                     inner.register_forward_pre_hook(_Hook(self._inner_forward))
                     self._inner.add(inner)
+                    self._since[inner] = [0, 0]
 
     def _enter(self, module: torch.nn.Module, args: Any) -> None:
         self._in_wrapper += 1
         if torch.is_grad_enabled():  # only a forward that builds a graph can feed a backward
             self.num_forwards += 1
+            counts = self._since.get(getattr(module, "module", None))
+            if counts is not None:
+                counts[1] += 1
 
     def _leave(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         self._in_wrapper = max(0, self._in_wrapper - 1)
@@ -96,6 +106,9 @@ class PreparedForwardCheck:
     def _inner_forward(self, module: torch.nn.Module, args: Any) -> None:
         if torch.is_grad_enabled() and not self._in_wrapper:
             self.num_bypassed += 1
+            counts = self._since.get(module)
+            if counts is not None:
+                counts[0] += 1
 
     def on_shard(self) -> None:
         self._at_shard = self.num_forwards
@@ -108,16 +121,16 @@ class PreparedForwardCheck:
             ValueError: the loss came from a module that ``prepare`` did not return (nothing changed).
         """
         names = ", ".join(sorted(self._names))
-        if self.num_bypassed != self._bypassed_at_backward:
-            self._bypassed_at_backward = self.num_bypassed  # told once: a corrected step may follow
+        bypassed = [type(m).__name__ for m, (outside, through) in self._since.items() if outside and not through]
+        for counts in self._since.values():  # told once: a corrected step may follow
+            counts[:] = [0, 0]
+        if bypassed:
             raise ValueError(
                 "accelerator.backward(loss) under cp_size > 1: a model that accelerator.prepare wrapped "
-                f"({names}) ran a forward with autograd on outside the wrapper prepare returned (the original "
-                "module, or accelerator.unwrap_model(model)) since the last backward. Its CP ranks' gradients "
-                "would not be summed: each CP rank would step on its own shard's gradient and their weights drift "
-                "apart. Keep and call the model prepare returns: model, optimizer = accelerator.prepare(model, optimizer), "
-                "then loss = model(**accelerator.shard(batch)).loss; run other forwards of the unwrapped module under "
-                "torch.no_grad() (this backward was not run)")
+                f"({', '.join(bypassed)}, in {names}) ran a forward with autograd on only outside the wrapper prepare "
+                "returned (the original module, or accelerator.unwrap_model(model)) since the last backward. Its CP "
+                "ranks' gradients would not be summed: each CP rank would step on its own shard's gradient and their "
+                f"weights drift apart. Fix: {self._fix} (this backward was not run)")
         if self._names and self._at_shard == self.num_forwards == self._at_backward:  # (a wrapper freed too)
             raise ValueError(
                 "accelerator.backward(loss) under cp_size > 1: no model returned by accelerator.prepare "
@@ -127,4 +140,3 @@ class PreparedForwardCheck:
                 "Use the model prepare returns: model, optimizer = accelerator.prepare(model, optimizer), then "
                 "loss = model(**accelerator.shard(batch)).loss (this backward was not run)")
         self._at_backward = self.num_forwards
-        self._bypassed_at_backward = self.num_bypassed

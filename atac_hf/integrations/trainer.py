@@ -63,7 +63,7 @@ from .tensor_parallel import apply_tensor_parallel, dp_cp_group, full_state_dict
 from .tensor_parallel import sync_tp_gradients
 from .trainer_guards import (LossGuardMixin, check_best_metric, check_label_names, check_late_loss_settings,
                              check_step_model, install_loss_override_check, loss_scale_refusal,
-                             release_eval_preparation)
+                             release_eval_preparation, watch_step_forwards)
 from .trainer_guards import check_training_args as _check_args, sampling_strategy as _sampling_strategy  # noqa: F401
 
 __all__ = ["ATACTrainer", "SAMPLER_STATE_NAME", "STREAM_STATE_NAME"]
@@ -314,6 +314,8 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
         not model.training: Trainer shards before model.train(); a model no wrapper holds stays in eval mode."""
         training = bool(getattr(self, "_atac_training_step", False))
         local = self.atac_sharder(inputs, record=training)
+        self._atac_targets = {k: local[k].clone() for k in ("labels", "shift_labels")  # (check_target_edits)
+                              if isinstance(local.get(k), torch.Tensor)}
         if training:
             self._atac_docs_trained += self.atac_sharder.last_stats.num_docs
         if self.atac_config.cp_size > 1 and "num_items_in_batch" in local:  # used where an override drops Trainer's
@@ -340,6 +342,7 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
         gradient-sync step (Accelerate wraps a TP model in no DDP; Trainer has scaled the loss by
         ``world / tp_size``, so the mean is the sum of the CP and DP shares)."""
         check_step_model(self, model, training=True)
+        watch_step_forwards(self, model)  # a loss from self.model outside the step's DDP wrapper: refused
         install_loss_override_check(self, self.atac_config.cp_size)  # also one set on the instance after __init__
         check_late_loss_settings(self, self.atac_config.cp_size)
         self._atac_training_step = True

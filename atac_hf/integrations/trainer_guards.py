@@ -30,6 +30,7 @@ import sys
 import warnings
 from typing import Any
 
+import torch
 from transformers import Trainer, TrainingArguments
 
 from ..attention.shard import IGNORE_INDEX as IGNORE
@@ -44,6 +45,7 @@ class LossGuardMixin:
 
     def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any):
         self._atac_loss_reached = True
+        check_target_edits(getattr(self, "_atac_targets", None), inputs)
         return super().compute_loss(model, inputs, *args, **kwargs)
 
     @property
@@ -58,6 +60,24 @@ class LossGuardMixin:
 
 
 _TRAINER_LOSS_CODE = inspect.unwrap(Trainer.compute_loss).__code__
+
+
+def check_target_edits(sharded: Any, inputs: Any) -> None:
+    """Refuse ``inputs["labels"]`` changed before ``super().compute_loss`` (e.g. masked in an override) while
+    ``inputs["shift_labels"]`` is not: the loss trains ``shift_labels``, which the sharder built from the labels
+    before ``compute_loss`` ran, so the change would be ignored. ``sharded``: clones of the shard's own."""
+    def same(key: str) -> bool:
+        x = inputs.get(key) if isinstance(inputs, dict) else None
+        return isinstance(x, torch.Tensor) and x.shape == sharded[key].shape and bool(torch.equal(x, sharded[key]))
+
+    if not sharded or "labels" not in sharded or "shift_labels" not in sharded or "labels" not in inputs:
+        return
+    if not same("labels") and same("shift_labels"):
+        raise ValueError(
+            "inputs['labels'] was changed before super().compute_loss, but under ATACTrainer the loss trains "
+            "inputs['shift_labels'] (each position's next-token target, built from the labels when the pack was "
+            "sharded, before compute_loss ran), so the change would be ignored: apply it to inputs['shift_labels'] "
+            "too (e.g. inputs['shift_labels'][inputs['shift_labels'] < 128] = -100), or make it in the data")
 
 
 def install_loss_override_check(trainer: Any, shards: int) -> None:
@@ -149,6 +169,34 @@ def check_step_model(trainer: Any, model: Any, training: bool) -> None:
                            f"no DDP wrapper sums the gradients of the {trainer.args.world_size} processes, so each "
                            "rank would train on its own shard's gradient; pass the final model (PEFT-wrapped or "
                            "not) to ATACTrainer(model=...) instead of assigning trainer.model")
+
+
+TRAINER_BYPASS_FIX = ("in a compute_loss override, pass the model argument on (super().compute_loss(model, inputs, "
+                      "...)), not self.model, and run other forwards of self.model under torch.no_grad() or beside "
+                      "one through model")
+
+
+def watch_step_forwards(trainer: Any, model: Any) -> None:
+    """Under CP over several processes, refuse a backward whose loss came only from ``trainer.model`` called
+    outside the DDP wrapper the step got (``super().compute_loss(self.model, inputs)`` in an override): no
+    gradient sum would follow, and each rank would train on its own shard's gradient. The step's wrapper and
+    its module are watched (:class:`~.forward_check.PreparedForwardCheck`) and Accelerate's ``backward`` on this
+    trainer's accelerator checks first (installed once)."""
+    from .forward_check import PreparedForwardCheck, is_wrapper
+
+    if not is_wrapper(model) or trainer.atac_config.cp_size <= 1 or trainer.args.world_size <= 1:
+        return
+    check = getattr(trainer, "_atac_forward_check", None)
+    if check is None:
+        check = trainer._atac_forward_check = PreparedForwardCheck(fix=TRAINER_BYPASS_FIX)
+        backward = trainer.accelerator.backward
+
+        def checked_backward(loss: Any, **kwargs: Any) -> Any:
+            check.before_backward()
+            return backward(loss, **kwargs)
+
+        trainer.accelerator.backward = checked_backward
+    check.watch([model])
 
 
 def loss_scale_refusal(model: Any, stale: bool, cp_size: int) -> str | None:
