@@ -1,7 +1,8 @@
 """Worker for ``tests/test_redteam24.py``: ``ATACTrainer`` subclasses at CP 2 (under ``torchrun --nproc_per_node 2``;
 OUT.json from rank 0). A ``compute_loss`` override that passes ``self.model`` (outside the step's DDP wrapper) to
 ``super().compute_loss`` is refused before the first backward; one that adds a term from a second forward of
-``self.model`` beside the loss through ``model`` trains in step across the ranks (DDP sums the whole gradient)."""
+``self.model`` beside the loss through ``model`` trains in step across the ranks (DDP sums the whole gradient); a
+parameter unfrozen by a callback after DDP wrapped the model is refused at the next step."""
 
 from __future__ import annotations
 
@@ -39,6 +40,20 @@ def main(out_path: str) -> None:
     except ValueError as e:
         res["self_model"] = {"error": str(e), "before": before, "after": per_rank_sum(t),
                              "grads": sum(p.grad is not None for p in t.model.parameters())}
+    from transformers import TrainerCallback
+
+    class Unfreeze(TrainerCallback):  # gradual unfreezing: the embeddings after the first step
+        def on_step_end(self, args, state, control, model=None, **kw):
+            model.get_input_embeddings().weight.requires_grad_(True)
+
+    t = make(ATACTrainer, os.path.join(tmp, "unfreeze"))
+    t.model.get_input_embeddings().weight.requires_grad_(False)
+    t.add_callback(Unfreeze())
+    try:
+        t.train()
+        res["unfreeze"] = {"error": None}
+    except ValueError as e:
+        res["unfreeze"] = {"error": str(e), "step": t.state.global_step}
     t = make(ExtraTerm, os.path.join(tmp, "extra_term"))
     t.train()
     res["extra_term"] = {"sums": per_rank_sum(t), "losses": [h["loss"] for h in t.state.log_history if "loss" in h]}

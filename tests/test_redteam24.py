@@ -8,6 +8,9 @@ in float64). Silently wrong, now refused:
 - ``inputs["labels"]`` masked in an override before ``super().compute_loss``: the loss trains the
   ``shift_labels`` the sharder built before ``compute_loss`` ran, so the mask was ignored at every ``cp_size``
   (:func:`~atac_hf.integrations.trainer_guards.check_target_edits`).
+- a parameter unfrozen by a callback mid-run: DDP fixed its gradient buckets when it wrapped the model, so
+  the parameter's gradient was never summed (grad norm 23% off, the ranks' embeddings drifting apart); refused
+  at the next step.
 """
 
 from __future__ import annotations
@@ -95,3 +98,10 @@ def test_super_compute_loss_given_self_model_is_refused_on_every_rank_before_any
 def test_an_extra_forward_of_self_model_beside_the_wrapped_loss_trains_in_step(cp2):
     sums = cp2["extra_term"]["sums"]
     assert sums[0] == sums[1] and len(cp2["extra_term"]["losses"]) == 3
+
+
+@pytest.mark.slow
+def test_a_parameter_unfrozen_after_ddp_wrapped_the_model_is_refused_at_the_next_step(cp2):
+    r = cp2["unfreeze"]
+    assert r["error"] and "embed_tokens.weight'] were unfrozen (1 in all) after DDP wrapped the model" in r["error"]
+    assert r["step"] == 1  # the first step trained; the second was refused before its forward

@@ -197,6 +197,15 @@ def watch_step_forwards(trainer: Any, model: Any) -> None:
 
         trainer.accelerator.backward = checked_backward
     check.watch([model])
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    wrapped, first = getattr(trainer, "_atac_ddp_trainable", (None, None))
+    if wrapped is not model:  # DDP fixed its gradient buckets when it wrapped the model (this train())
+        trainer._atac_ddp_trainable = (model, trainable)
+    elif trainable - first:
+        raise ValueError(
+            f"parameters {sorted(trainable - first)[:3]} were unfrozen ({len(trainable - first)} in all) after DDP "
+            "wrapped the model: DDP sums only the gradients of the parameters that required them then, so each "
+            "rank would train these on its own shard's gradient; set requires_grad before train()")
 
 
 def loss_scale_refusal(model: Any, stale: bool, cp_size: int) -> str | None:
