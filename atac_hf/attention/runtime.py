@@ -119,7 +119,9 @@ def _context(module: Any, kwargs: dict) -> ShardContext:
             f"attn_implementation={ATTN_IMPLEMENTATION!r} needs the per-batch shard context (kwarg {SHARD_KWARG!r} "
             f"is missing in {type(module).__name__}). After training (ATACTrainer and ATACAccelerator leave the "
             "model on 'atac_cp'), switch the attention back before generate() or a plain forward: "
-            "model.set_attn_implementation('sdpa'). To train, call model(**atac_hf.shard_batch(batch, plan, rank, "
+            "model.set_attn_implementation('sdpa'). In an ATACTrainer subclass, a training_step or prediction_step "
+            "override that does not call super() skips the step that shards the batch: call super(). To train by "
+            "hand, call model(**atac_hf.shard_batch(batch, plan, rank, "
             "group)); if you did, this model does not pass its forward's **kwargs on to its attention layers: call "
             "atac_hf.integrations.prepare_model(model) first, which relays the context to them"
         )

@@ -282,7 +282,8 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
         return loader
 
     def get_eval_dataloader(self, eval_dataset: Any = None):
-        """Prepared DataLoader of WFAP packs of the eval set, in data order (no shuffle)."""
+        """Prepared DataLoader of WFAP packs of the eval set, not shuffled (samples keep their order within a
+        pack; the packs follow the packer's plan, not the data order)."""
         if eval_dataset is None and self.eval_dataset is None:
             raise ValueError("Trainer: evaluation requires an eval_dataset.")
         if isinstance(eval_dataset, str):
@@ -293,8 +294,8 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
         return self._atac_loader(eval_dataset, grad_accum=1, shuffle=False)[0]
 
     def get_test_dataloader(self, test_dataset: Any):
-        """Prepared DataLoader of WFAP packs of the test set (``predict``), in data order, packed and
-        capped at ``max_tokens`` like the eval set."""
+        """Prepared DataLoader of WFAP packs of the test set (``predict``), not shuffled (one row per pack, in the
+        packer's order), packed and capped at ``max_tokens`` like the eval set."""
         check_dataset_columns(test_dataset, name="test_dataset", streaming=True)
         return self._atac_loader(test_dataset, grad_accum=1, shuffle=False)[0]
 
