@@ -234,8 +234,12 @@ def test_the_probe_does_not_silence_the_unchecked_warning_of_its_class():
     from atac_hf import check_model
     from atac_hf.attention import runtime
 
+    from atac_hf.attention import model_check
+
     saved = set(runtime._WARNED)
     runtime._WARNED.clear()
+    cached = dict(model_check._CACHE)
+    model_check._CACHE.clear()  # the probe runs here, whatever verdicts earlier tests cached
     try:
         assert check_model(_llama("sdpa")).exact  # probes tiny copies of LlamaForCausalLM
         unchecked = _llama("sdpa")
@@ -251,6 +255,7 @@ def test_the_probe_does_not_silence_the_unchecked_warning_of_its_class():
     finally:
         runtime._WARNED.clear()
         runtime._WARNED.update(saved)
+        model_check._CACHE.update(cached)
 
 
 def test_plan_and_pack_take_a_checkpoint_folder_as_model(tmp_path):
