@@ -245,6 +245,7 @@ def _split(kv_RKX: torch.Tensor, dk: int) -> tuple[torch.Tensor, torch.Tensor]:
     return kv_RKX[..., :dk], kv_RKX[..., dk:]
 
 
+@torch.compiler.disable  # run as Python under torch.compile: dynamo guarded on each batch's plan and recompiled
 def atac_cp_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
