@@ -65,10 +65,13 @@ def test_the_shift_check_refuses_a_loss_5_percent_off_and_accepts_one_half_a_per
 
     assert loss_shift_refusal(TinyLM()) is None
     assert loss_shift_refusal(TinyLM(shift_factor=1.005)) is None  # within the 1% tolerance (bf16 noise)
-    why = loss_shift_refusal(TinyLM(shift_factor=1.05))
-    assert why and why.startswith("its loss does not train the targets given as shift_labels")
-    assert loss_scale_refusal(TinyLM(shift_factor=1.05), stale=False, cp_size=2) == why
-    assert loss_shift_refusal(TinyLM("self_shift")).startswith("its loss does not train the targets")
+    # red-team 25: 5% off plain cross-entropy (label smoothing, a z-loss) but read from shift_labels only: exact,
+    # accepted after two more forwards (other targets: another loss; other labels: the same)
+    model = TinyLM(shift_factor=1.05)
+    assert loss_shift_refusal(model) is None and len(model.seen) == 3
+    why = loss_shift_refusal(TinyLM("self_shift"))
+    assert why.startswith("its loss does not train the targets given as shift_labels") and "changes with labels" in why
+    assert loss_scale_refusal(TinyLM("self_shift"), stale=False, cp_size=2) == why
     assert loss_shift_refusal(TinyLM(shift_factor=float("nan"))) is None  # a non-finite check is no verdict
     assert loss_shift_refusal(TinyLM("prefix")) is None  # logits not one per token: the targets' rows are unknown
 
@@ -208,15 +211,21 @@ def test_only_a_module_is_a_wrapper_and_a_watched_wrapper_can_be_freed():
     assert ref() is None  # free_memory() still frees a prepared model
 
 
-def test_before_any_shard_a_backward_is_not_checked():
+def test_before_any_shard_a_backward_without_a_wrapper_forward_is_refused_too():
+    # red-team 25: DDP sums once per forward through it, shard() or not; the message names shard() where it ran
     from atac_hf.integrations.forward_check import PreparedForwardCheck
 
     check = PreparedForwardCheck()
     wrapper = Wrapper(torch.nn.Linear(1, 1))  # (held: the check holds it weakly)
     check.watch([wrapper])
-    check.before_backward()  # no shard() yet: nothing to compare
+    with pytest.raises(ValueError, match=r"no model returned by accelerator\.prepare \(Wrapper\) ran a forward with "
+                                         r"autograd on since the last backward"):
+        check.before_backward()  # no shard() yet, no forward
+    wrapper(torch.ones(1, 1))
+    check.before_backward()
     check.on_shard()
-    with pytest.raises(ValueError, match=r"no model returned by accelerator\.prepare \(Wrapper\)"):
+    with pytest.raises(ValueError, match=r"no model returned by accelerator\.prepare \(Wrapper\) ran a forward with "
+                                         r"autograd on since the last accelerator\.shard\(batch\) and since"):
         check.before_backward()
 
 

@@ -200,15 +200,19 @@ def test_each_training_step_watches_its_wrapper_before_trainers_step_runs(monkey
     assert ran == [] and not t._atac_training_step
 
 
-def test_two_backwards_of_one_forward_through_the_wrapper_pass():
-    # kills: on_shard() called by the trainer's backward (the second backward of one forward refused as "no
-    # model returned by accelerator.prepare ran a forward")
+def test_a_second_backward_of_one_forward_through_the_wrapper_is_refused():
+    # red-team 25: DDP sums the gradients once per forward through it, so a second backward of one forward stayed
+    # on each rank (12-28% off); the trainer's backward refuses it as the accelerator's does, and runs nothing
     inner = nn.Linear(3, 1)
     wrapper = Wrapper(inner)
     t, calls, _ = _step_trainer(model=inner)
     watch_step_forwards(t, wrapper)
     out = wrapper(torch.ones(2, 3)).sum()
     t.accelerator.backward(out)
+    with pytest.raises(ValueError, match=r"ran a forward with autograd on since the last backward.*second backward"):
+        t.accelerator.backward(out)
+    assert len(calls) == 1
+    wrapper(torch.ones(2, 3))  # the next forward through the wrapper: its backward runs
     t.accelerator.backward(out)
     assert len(calls) == 2
 

@@ -62,7 +62,8 @@ def test_a_loss_from_the_wrapped_module_is_refused_and_from_the_wrapper_accepted
     check.on_shard()
     wrapper(x)
     check.before_backward()
-    check.before_backward()  # a second backward of the same forward
+    with pytest.raises(ValueError, match=r"second backward of one forward"):  # DDP summed in the first only
+        check.before_backward()
     with pytest.raises(ValueError, match=REFUSAL):  # the next micro-batch, unprepared again
         check.on_shard()
         inner(x)
@@ -83,6 +84,27 @@ def test_an_evaluation_does_not_count_and_a_shard_ahead_of_the_backward_passes()
     wrapper(x)
     check.on_shard()  # the next batch sharded (or evaluated) before this backward
     check.before_backward()
+
+
+def test_a_direct_call_of_the_wrappers_forward_counts_as_a_forward_through_it():
+    """Red-team 25: ``model.forward(**inputs)`` on the prepared wrapper runs no hooks, but DDP's ``forward`` sets
+    up the gradient sum; it was refused as a forward outside the wrapper (exact with the check off)."""
+    inner, wrapper, check = _setup()
+    x = torch.ones(2, 3)
+    check.on_shard()
+    wrapper.forward(x)
+    assert (check.num_forwards, check.num_bypassed) == (1, 0)
+    check.before_backward()
+    check.on_shard()
+    inner.forward(x)  # the wrapped module's own forward: no hook, no count (as before)
+    inner(x)  # called outside the wrapper, with the wrapper's forward nowhere on the stack
+    with pytest.raises(ValueError, match=REFUSAL):
+        check.before_backward()
+    other = Wrapper(inner)  # a wrapper the check does not watch vouches for nothing
+    check.on_shard()
+    other(x)
+    with pytest.raises(ValueError, match=REFUSAL):
+        check.before_backward()
 
 
 def test_watching_the_same_wrapper_twice_counts_each_forward_once():

@@ -5,9 +5,13 @@ calling the original module gets no gradient all-reduce: each CP rank then steps
 gradient, and the ranks' weights drift apart without an error (each holds a part of the pack's
 gradient only). :class:`PreparedForwardCheck` counts the forwards with autograd on of each prepared
 wrapper (a forward pre-hook; an evaluation under ``no_grad`` does not count) and
-:meth:`~PreparedForwardCheck.before_backward` raises when none ran since the last ``shard()`` and since
-the last backward (either suffices: a next batch sharded ahead of the backward, or two backwards of one
-forward, pass). It also watches the module each wrapper wraps: a backward after a forward of it with
+:meth:`~PreparedForwardCheck.before_backward` raises when none ran since the last backward: DDP sums the
+gradients once per forward through it, in the first backward after it, so a second backward of one forward
+(``backward(loss1, retain_graph=True)`` then ``backward(loss2)``, or two forwards then two backwards) stays on
+each rank (red-team 25: grad norms 12-28% off, the ranks' weights apart). A next batch sharded ahead of the
+backward passes. A direct ``wrapper.forward(...)`` call runs no hooks; the wrapped module's hook finds the
+wrapper's ``forward`` on the stack and counts it as a forward through it (DDP's ``forward`` sets up the sum).
+It also watches the module each wrapper wraps: a backward after a forward of it with
 autograd on outside its wrapper (``accelerator.unwrap_model(model)(...)``, the original module) while
 the wrapper itself ran none since the last backward is refused too, even where another prepared model
 ran (a reference model) or the wrapper was freed (``model = accelerator.unwrap_model(model)``;
@@ -20,12 +24,15 @@ accelerator does not install the check.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any, Iterable
 
 import torch
 
 __all__ = ["PreparedForwardCheck", "is_wrapper"]
+
+_STACK_FRAMES = 32  # frames searched for a wrapper's forward called directly (DDP: 5 above the module's hook)
 
 
 def is_wrapper(obj: Any) -> bool:
@@ -71,7 +78,7 @@ class PreparedForwardCheck:
         self._in_wrapper = 0
         # per wrapped module since the last backward: [forwards outside its wrapper, forwards through it]
         self._since: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._at_shard: int | None = None  # None: shard() never called (nothing to check)
+        self._at_shard: int | None = None  # None: shard() never called (the message says which)
         self._at_backward = 0
         self._watched: weakref.WeakSet = weakref.WeakSet()  # weak: free_memory() still frees a model
         self._inner: weakref.WeakSet = weakref.WeakSet()
@@ -105,17 +112,34 @@ class PreparedForwardCheck:
 
     def _inner_forward(self, module: torch.nn.Module, args: Any) -> None:
         if torch.is_grad_enabled() and not self._in_wrapper:
-            self.num_bypassed += 1
+            through = self._wrapper_forward_running(module)  # wrapper.forward(...) called directly: no hooks ran
+            self.num_forwards += through
+            self.num_bypassed += not through
             counts = self._since.get(module)
             if counts is not None:
-                counts[0] += 1
+                counts[int(through)] += 1
+
+    def _wrapper_forward_running(self, module: torch.nn.Module) -> bool:
+        """Whether a watched wrapper of ``module`` is in its ``forward`` on the stack (DDP's ``forward`` runs the
+        wrapped module from ``_run_ddp_forward``, a few frames up)."""
+        frame = sys._getframe(1)
+        for _ in range(_STACK_FRAMES):
+            if frame is None:
+                return False
+            if frame.f_code.co_name in ("forward", "_run_ddp_forward"):
+                owner = frame.f_locals.get("self")
+                if (isinstance(owner, torch.nn.Module) and owner in self._watched
+                        and getattr(owner, "module", None) is module):
+                    return True
+            frame = frame.f_back
+        return False
 
     def on_shard(self) -> None:
         self._at_shard = self.num_forwards
 
     def before_backward(self) -> None:
         """Raise if a watched module ran a forward with autograd on outside its wrapper since the last
-        backward, or if no watched wrapper ran one since the last ``shard()`` and the last backward.
+        backward, or if no watched wrapper ran one since the last backward.
 
         Raises:
             ValueError: the loss came from a module that ``prepare`` did not return (nothing changed).
@@ -131,12 +155,17 @@ class PreparedForwardCheck:
                 "returned (the original module, or accelerator.unwrap_model(model)) since the last backward. Its CP "
                 "ranks' gradients would not be summed: each CP rank would step on its own shard's gradient and their "
                 f"weights drift apart. Fix: {self._fix} (this backward was not run)")
-        if self._names and self._at_shard == self.num_forwards == self._at_backward:  # (a wrapper freed too)
+        if self._names and self.num_forwards == self._at_backward:  # (a wrapper freed too)
+            since = (" since the last accelerator.shard(batch) and" if self._at_shard == self.num_forwards
+                     else "")
             raise ValueError(
-                "accelerator.backward(loss) under cp_size > 1: no model returned by accelerator.prepare "
-                f"({names}) ran a forward since the last accelerator.shard(batch), so the loss came from a "
-                "module prepare did not return (e.g. the original model) and the CP ranks' gradients would not "
-                "be summed: each CP rank would step on its own shard's gradient and their weights drift apart. "
-                "Use the model prepare returns: model, optimizer = accelerator.prepare(model, optimizer), then "
-                "loss = model(**accelerator.shard(batch)).loss (this backward was not run)")
+                f"accelerator.backward(loss) under cp_size > 1: no model returned by accelerator.prepare ({names}) "
+                f"ran a forward with autograd on{since} since the last backward. DDP sums the CP ranks' gradients "
+                "once per forward through the model prepare returned, in the first backward after it, so this "
+                "loss came from a module prepare did not return (e.g. the original model), or is a second backward "
+                "of one forward (backward(loss1, retain_graph=True), then backward(loss2)): each CP rank would step "
+                "on its own shard's gradient and their weights drift apart. Use the model prepare returns (model, "
+                "optimizer = accelerator.prepare(model, optimizer), then loss = model(**accelerator.shard(batch))"
+                ".loss) and run one backward per forward: accelerator.backward(loss1 + loss2) (this backward was "
+                "not run)")
         self._at_backward = self.num_forwards

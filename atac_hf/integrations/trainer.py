@@ -63,7 +63,7 @@ from .tensor_parallel import apply_tensor_parallel, dp_cp_group, full_state_dict
 from .tensor_parallel import sync_tp_gradients
 from .trainer_guards import (LossGuardMixin, check_best_metric, check_label_names, check_late_loss_settings,
                              check_step_model, install_loss_override_check, loss_scale_refusal,
-                             release_eval_preparation, watch_step_forwards)
+                             record_wrap_trainable, release_eval_preparation, watch_step_forwards)
 from .trainer_guards import check_training_args as _check_args, sampling_strategy as _sampling_strategy  # noqa: F401
 
 __all__ = ["ATACTrainer", "SAMPLER_STATE_NAME", "STREAM_STATE_NAME"]
@@ -422,6 +422,7 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
             if self._atac_resume_dir is not None and is_streaming_dataset(self.train_dataset):
                 self._atac_stream_check_resume(self._atac_resume_dir)  # before Trainer loads anything
             release_eval_preparation(self)  # an evaluate() before train() must not keep DDP off
+            record_wrap_trainable(self)  # which parameters DDP sums, taken when it wraps the model
             return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             self._atac_resume_dir = None

@@ -28,6 +28,7 @@ import inspect
 import os
 import sys
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -67,7 +68,7 @@ def check_target_edits(sharded: Any, inputs: Any) -> None:
     ``inputs["shift_labels"]`` is not: the loss trains ``shift_labels``, which the sharder built from the labels
     before ``compute_loss`` ran, so the change would be ignored. ``sharded``: clones of the shard's own."""
     def same(key: str) -> bool:
-        x = inputs.get(key) if isinstance(inputs, dict) else None
+        x = inputs.get(key) if isinstance(inputs, Mapping) else None  # (BatchEncoding, UserDict too)
         return isinstance(x, torch.Tensor) and x.shape == sharded[key].shape and bool(torch.equal(x, sharded[key]))
 
     if not sharded or "labels" not in sharded or "shift_labels" not in sharded or "labels" not in inputs:
@@ -162,7 +163,8 @@ def check_step_model(trainer: Any, model: Any, training: bool) -> None:
                              "construction?): its packed rows would not be document-masked or sharded exactly; build "
                              "a new ATACTrainer with model=<the new model> instead of assigning trainer.model")
     prepared = getattr(getattr(trainer, "accelerator", None), "_models", None)
-    if (training and prepared is not None and trainer.args.world_size > 1 and trainer.atac_tp_size <= 1
+    reused = getattr(model, "module", None) is trainer.model  # a second train() runs the DDP of the first (red-team 25)
+    if (training and prepared is not None and trainer.args.world_size > 1 and trainer.atac_tp_size <= 1 and not reused
             and not any(model is m or getattr(model, "module", None) is m for m in prepared)):  # (DDP: its module)
         raise RuntimeError(f"train() runs a {type(model).__name__} that Accelerate did not prepare (was "
                            "trainer.model replaced or wrapped, e.g. by get_peft_model, after ATACTrainer was built?): "
@@ -199,13 +201,37 @@ def watch_step_forwards(trainer: Any, model: Any) -> None:
     check.watch([model])
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     wrapped, first = getattr(trainer, "_atac_ddp_trainable", (None, None))
-    if wrapped is not model:  # DDP fixed its gradient buckets when it wrapped the model (this train())
+    if wrapped is not model:  # not recorded at the wrap (record_wrap_trainable): from this first step on
         trainer._atac_ddp_trainable = (model, trainable)
     elif trainable - first:
         raise ValueError(
             f"parameters {sorted(trainable - first)[:3]} were unfrozen ({len(trainable - first)} in all) after DDP "
-            "wrapped the model: DDP sums only the gradients of the parameters that required them then, so each "
-            "rank would train these on its own shard's gradient; set requires_grad before train()")
+            "wrapped the model (at the start of the first train(); a later train() runs the same wrapper, and "
+            "on_train_begin and the first on_step_begin run after the wrap): DDP sums only the gradients of the "
+            "parameters that required them then, so each rank would train these on its own shard's gradient; set "
+            "requires_grad before the first train(), or build a new ATACTrainer for a stage that trains others")
+
+
+def record_wrap_trainable(trainer: Any) -> None:
+    """Record, when Accelerate wraps the model in DDP (``accelerator.prepare_model`` in ``train()``), which of its
+    parameters require a gradient: DDP sums only theirs. Callbacks (``on_train_begin``, the first
+    ``on_step_begin``) run between the wrap and the first step, so a parameter they unfreeze was missed when the
+    first step recorded the set (a mutation pass: the ranks' weights drifted apart). Installed once per trainer."""
+    from .forward_check import is_wrapper
+
+    acc = trainer.accelerator
+    if getattr(acc, "_atac_wrap_recorder", None) is trainer:
+        return
+    prepare_model = acc.prepare_model
+
+    def recording_prepare_model(model: Any, *args: Any, **kwargs: Any) -> Any:
+        out = prepare_model(model, *args, **kwargs)
+        if is_wrapper(out):
+            trainer._atac_ddp_trainable = (out, {name for name, p in out.named_parameters() if p.requires_grad})
+        return out
+
+    acc.prepare_model = recording_prepare_model
+    acc._atac_wrap_recorder = trainer
 
 
 def loss_scale_refusal(model: Any, stale: bool, cp_size: int) -> str | None:
@@ -264,7 +290,10 @@ def loss_shift_refusal(model: Any) -> str | None:
     targets are not ``labels`` shifted: a loss that shifts ``labels`` itself gets them wrong), or where the
     check cannot run or gives no loss and logits; else why not. Under CP a rank's ``labels`` are its shard's
     tokens, not a row's: shifted on the shard they cross every chunk boundary (a red-team's model whose loss
-    did that trained gradients 30-48% off at CP 2). Runs under ``no_grad`` in eval mode (the mode is restored)."""
+    did that trained gradients 30-48% off at CP 2). A loss that is not their plain cross-entropy (label
+    smoothing, a z-loss, token weights) passes where it changes with ``shift_labels`` and not with ``labels``
+    (two more forwards; red-team 25: such losses were refused though exact). Runs under ``no_grad`` in eval
+    mode (the mode is restored)."""
     import torch
 
     training = model.training
@@ -273,24 +302,36 @@ def loss_shift_refusal(model: Any) -> str | None:
         ids = torch.arange(1, 5, device=device).unsqueeze(0)
         targets = torch.tensor([[4, IGNORE, 1, IGNORE]], device=device)  # not ids[1:]: positions 0 and 2
         model.eval()
-        with torch.no_grad():
-            out = model(input_ids=ids, labels=ids, shift_labels=targets, num_items_in_batch=2, use_cache=False)
+
+        def loss_of(labels: Any, shift_labels: Any) -> Any:
+            with torch.no_grad():
+                return model(input_ids=ids, labels=labels, shift_labels=shift_labels, num_items_in_batch=2,
+                             use_cache=False)
+
+        out = loss_of(ids, targets)
         loss, logits = getattr(out, "loss", None), getattr(out, "logits", None)
         if loss is None or logits is None or tuple(logits.shape[:2]) != (1, 4) or not bool(torch.isfinite(loss)):
             return None
         logp = torch.log_softmax(logits[0].double(), dim=-1)
         want, got = float(-(logp[0, 4] + logp[2, 1]) / 2), float(loss)
+        if abs(got - want) <= 1e-2 * abs(want):
+            return None
+        other_targets = float(loss_of(ids, torch.tensor([[2, IGNORE, 3, IGNORE]], device=device)).loss)
+        other_labels = float(loss_of(ids.flip(-1), targets).loss)
     except Exception:  # noqa: BLE001 - a model that cannot run the check is not shown to ignore shift_labels
         return None
     finally:
         model.train(training)
-    if abs(got - want) <= 1e-2 * abs(want):
+    reads_targets = abs(other_targets - got) > 1e-6 * max(1.0, abs(got))
+    reads_labels = abs(other_labels - got) > 1e-7 * max(1.0, abs(got))
+    if reads_targets and not reads_labels:
         return None
+    found = "; it changes with labels" if reads_labels else "; it does not change with shift_labels"
     return (f"its loss does not train the targets given as shift_labels (a 4-token row with 2 targets: loss {got:.4g}, "
-            f"their cross-entropy {want:.4g}); it likely shifts labels itself, but under CP each rank's labels are "
-            "its shard's tokens and only shift_labels hold the row's targets. Compute the loss with the model's "
-            "loss_function(logits, labels, vocab_size, num_items_in_batch=..., shift_labels=...), which uses them, "
-            "or train with cp_size=1")
+            f"their cross-entropy {want:.4g}{found}); it likely shifts labels itself, but under CP each rank's labels "
+            "are its shard's tokens and only shift_labels hold the row's targets. Compute the loss with the model's "
+            "loss_function(logits, labels, vocab_size, num_items_in_batch=..., shift_labels=...), or a loss of your "
+            "own that reads its targets from shift_labels where given, or train with cp_size=1")
 
 
 def check_best_metric(args: Any, cp_size: int) -> None:
