@@ -6,7 +6,8 @@ alone, and seeing a label changed by one id; ``ATACTrainer._prepare_context_para
 the shard's own targets, in evaluation too (a mask made in place refused, before Trainer's ``compute_loss``);
 ``watch_step_forwards`` checking before Accelerate's ``backward`` runs (its keyword arguments passed on, the
 trainer's fix named), installed once per trainer, watching the new wrapper of a second ``train()``, installing
-nothing at ``cp_size=1`` or for a model no wrapper holds, letting two backwards of one forward pass, called by
+nothing at ``cp_size=1`` or for a model no wrapper holds, refusing a second backward of one forward (red-team 25:
+DDP sums once per forward; this pass first pinned it as allowed), called by
 ``training_step`` with the step's model before Trainer's step, and its unfreeze check (three names, sorted, as the
 step's model names them, the count, a parameter frozen mid-run and a new wrap accepted); ``PreparedForwardCheck``'s
 per-module counts kept when another wrapper of the module is watched, and holding their modules weakly (the

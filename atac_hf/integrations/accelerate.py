@@ -382,8 +382,9 @@ class ATACAccelerator(Accelerator):
         averaged over dp x cp (Accelerate does not wrap a TP model in DDP).
 
         Raises:
-            ValueError: (``cp_size > 1``) no model returned by :meth:`prepare` ran a forward since the last
-                :meth:`shard`: the loss came from the unprepared module, whose CP gradients DDP would not sum.
+            ValueError: (``cp_size > 1``) no model returned by :meth:`prepare` ran a forward with autograd on
+                since the last backward (the loss came from the unprepared module, or is a second backward of one
+                forward), or a wrapped module ran one only outside its wrapper: DDP would not sum these gradients.
         """
         if self.tp_size > 1 and not self._models:  # refused before any gradient is accumulated
             raise RuntimeError("accelerator.backward with tp_size > 1 needs the model prepared first: call "
