@@ -219,8 +219,8 @@ def record_wrap_trainable(trainer: Any) -> None:
     first step recorded the set (a mutation pass: the ranks' weights drifted apart). Installed once per trainer."""
     from .forward_check import is_wrapper
 
-    acc = trainer.accelerator
-    if getattr(acc, "_atac_wrap_recorder", None) is trainer:
+    acc = getattr(trainer, "accelerator", None)
+    if acc is None or getattr(acc, "_atac_wrap_recorder", None) is trainer:
         return
     prepare_model = acc.prepare_model
 
