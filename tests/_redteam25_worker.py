@@ -11,10 +11,10 @@ import os
 import sys
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _integration_worker import dataset, model  # noqa: E402
+from _redteam13_worker import per_rank_sum  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -40,14 +40,6 @@ def params(t) -> list[float]:
     return [float(x) for x in torch.cat([p.detach().double().reshape(-1) for p in m.parameters()])[::97]]
 
 
-def rank_sums(t) -> list[float]:
-    m = getattr(t.model_wrapped, "module", t.model_wrapped)
-    s = torch.tensor([float(sum(p.detach().double().sum() for p in m.parameters()))], dtype=torch.float64)
-    out = [torch.zeros_like(s) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, s)
-    return [float(x) for x in out]
-
-
 def main(out_path: str) -> None:
     from transformers import TrainerCallback
 
@@ -56,7 +48,7 @@ def main(out_path: str) -> None:
     t = make(os.path.join(tmp, "twice"))
     t.train()
     t.train()  # a second stage on the same trainer
-    res["twice"] = {"params": params(t), "steps": t.state.global_step, "rank_sums": rank_sums(t)}
+    res["twice"] = {"params": params(t), "steps": t.state.global_step, "rank_sums": per_rank_sum(t)}
 
     class UnfreezeAtBegin(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kw):
