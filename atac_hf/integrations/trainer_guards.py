@@ -199,7 +199,7 @@ def watch_step_forwards(trainer: Any, model: Any) -> None:
 
         trainer.accelerator.backward = checked_backward
     check.watch([model])
-    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    trainable = _trainable_names(model)
     wrapped, first = getattr(trainer, "_atac_ddp_trainable", (None, None))
     if wrapped is not model:  # not recorded at the wrap (record_wrap_trainable): from this first step on
         trainer._atac_ddp_trainable = (model, trainable)
@@ -210,6 +210,11 @@ def watch_step_forwards(trainer: Any, model: Any) -> None:
             "on_train_begin and the first on_step_begin run after the wrap): DDP sums only the gradients of the "
             "parameters that required them then, so each rank would train these on its own shard's gradient; set "
             "requires_grad before the first train(), or build a new ATACTrainer for a stage that trains others")
+
+
+def _trainable_names(module: Any) -> set[str]:
+    """The names of ``module``'s parameters that require a gradient (those DDP sums, taken at its wrap)."""
+    return {name for name, p in module.named_parameters() if p.requires_grad}
 
 
 def record_wrap_trainable(trainer: Any) -> None:
@@ -227,7 +232,7 @@ def record_wrap_trainable(trainer: Any) -> None:
     def recording_prepare_model(model: Any, *args: Any, **kwargs: Any) -> Any:
         out = prepare_model(model, *args, **kwargs)
         if is_wrapper(out):
-            trainer._atac_ddp_trainable = (out, {name for name, p in out.named_parameters() if p.requires_grad})
+            trainer._atac_ddp_trainable = (out, _trainable_names(out))
         return out
 
     acc.prepare_model = recording_prepare_model
@@ -294,8 +299,6 @@ def loss_shift_refusal(model: Any) -> str | None:
     smoothing, a z-loss, token weights) passes where it changes with ``shift_labels`` and not with ``labels``
     (two more forwards; red-team 25: such losses were refused though exact). Runs under ``no_grad`` in eval
     mode (the mode is restored)."""
-    import torch
-
     training = model.training
     try:
         device = next(model.parameters()).device
