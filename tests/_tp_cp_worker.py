@@ -61,7 +61,8 @@ def main(out_path: str, cp_size: int, tp_size: int, grad_accum: int = 2, dp: int
     res = iw.history(trainer)
     res["eval_loss"] = trainer.evaluate()["eval_loss"]
     trainer.save_model(out_path + ".model")  # every rank: the TP shards are gathered, rank 0 writes
-    res.update(world_size=trainer.args.world_size, tp_size=trainer.atac_tp_size, dp_size=trainer.dp_size)
+    res.update(world_size=trainer.args.world_size, tp_size=trainer.atac_tp_size, dp_size=trainer.dp_size,
+               kv_bytes_per_token=trainer.atac_sharder.kv_bytes_per_token)  # this rank's heads' K/V per token
     with open(f"{out_path}.{os.environ.get('RANK', '0')}.digests", "w") as f:
         json.dump(trainer.digests, f)
     if int(os.environ.get("RANK", "0")) == 0:
@@ -166,7 +167,7 @@ def accelerate_entry(rank: int, world: int, port: int, out_dir: str, spec: dict)
 
         from atac_hf.cost import CostModel
         from atac_hf.integrations import ATACAccelerator, ATACConfig
-        from atac_hf.integrations.sharder import BatchSharder
+        from atac_hf.integrations.sharder import BatchSharder, model_kv_bytes_per_token
 
         tp, cp, ga, packs = spec["tp"], spec["cp"], spec["ga"], spec["packs"]
         extra = {"max_tokens": 512} if spec.get("epoch_docs") else {}
@@ -184,7 +185,9 @@ def accelerate_entry(rank: int, world: int, port: int, out_dir: str, spec: dict)
         for name in spec["models"]:
             model = tiny_model(name)
             opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+            full_kv = model_kv_bytes_per_token(model)
             model, opt = acc.prepare(model, opt)  # TP from the model's tp_plan, atac_cp attention
+            res[name + "_kv_share"] = acc.sharder.kv_bytes_per_token / full_kv  # this rank's heads: 1 / tp
             if cp > 1:  # attention dominates, so atp splits each pack's long document over the CP ranks
                 cost = CostModel(linear_s_per_token=1e-6, attn_s_per_pair=1e-7, tile=1, kv_bytes_per_token=64.0)
                 assert acc.sharder.tp_group is not None  # debug: plans compared over the TP group too

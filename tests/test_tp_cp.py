@@ -51,6 +51,8 @@ def test_tp2_x_cp2_mesh_and_coordinates(accelerate_runs):
     # TP innermost: ranks {0, 1} are one TP group (CP rank 0), {2, 3} the other (CP rank 1)
     assert [(r["cp_rank"], r["tp_rank"]) for r in res] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert all(r["dp_size"] == 1 for r in res)
+    # the K/V each rank exchanges is that of its own heads: half the model's at TP 2
+    assert all(r[name + "_kv_share"] == 0.5 for r in res for name in MODELS)
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -87,6 +89,7 @@ def test_trainer_tp2_x_cp2_matches_one_process(tmp_path):
     np.testing.assert_allclose(got["total_flos"], one["total_flos"], rtol=1e-6)
     np.testing.assert_allclose(got["eval_loss"], one["eval_loss"], rtol=RTOL)
     assert any(x > 0 for x in got["kv_mb"]), "some pack must be split over the CP ranks"
+    assert got["kv_bytes_per_token"] == one["kv_bytes_per_token"] / 2 > 0, "each TP rank moves its own heads' K/V"
     assert len(set(np.round(one["loss"], 6))) > 1 and min(one["grad_norm"]) > 0
     # the saved weights: gathered from the TP shards, equal to the one-process run's
     from safetensors.torch import load_file
