@@ -195,3 +195,14 @@ def test_iterating_here_after_a_worker_clears_the_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert ds.state_dict()["num_rows"] == 1
+
+
+def test_every_top_level_name_resolves_and_the_streaming_dataset_is_exported():
+    """The README names ``PackedIterableDataset`` beside the top-level data pieces (red-team 28)."""
+    import atac_hf
+    from atac_hf.packing import PackedIterableDataset
+
+    for name in atac_hf.__all__:
+        assert getattr(atac_hf, name) is not None, name
+    assert "PackedIterableDataset" in atac_hf.__all__
+    assert atac_hf.PackedIterableDataset is PackedIterableDataset
