@@ -430,3 +430,32 @@ def test_accelerator_shard_before_prepare_is_an_error():
     acc.sharder = None
     with pytest.raises(RuntimeError, match=r"call accelerator.prepare\(model, ...\) before shard\(\)"):
         acc.shard({"input_ids": torch.zeros(1, 4, dtype=torch.long)})
+
+
+def test_the_sharder_keeps_running_means_not_a_record_per_step():
+    # red-team 27: every recorded pack's stats were appended to a list that only ATACTrainer.log emptied, so an
+    # Accelerate loop that never calls pop_summary grew by one entry a step (245 bytes; 245 MB at 10^6 steps)
+    from atac_hf.integrations.sharder import BatchSharder
+    from atac_hf.packing import PackedDataCollator
+
+    sharder = BatchSharder(ATACConfig(), kv_bytes_per_token=1.0)
+    batches = [PackedDataCollator()([{"input_ids": list(range(3, 3 + n))} for n in lengths])
+               for lengths in ((9, 4), (30, 2, 7), (1,))]
+
+    def sizes():
+        return {k: len(v) for k, v in vars(sharder).items() if isinstance(v, (list, dict, set, tuple))}
+
+    for _ in range(100):
+        sharder(batches[0])
+    assert sharder.pop_summary()["imbalance"] == 1.0 and sharder.pop_summary() == {}
+    before = sizes()
+    ms = []
+    for _ in range(100):
+        for b in batches:
+            sharder(b)
+            ms.append(sharder.last_stats.planner_ms)
+    assert sizes() == before
+    sharder(batches[1], record=False)  # (evaluation batches are not counted)
+    summary = sharder.pop_summary()
+    assert summary["imbalance"] == 1.0 and summary["kv_mb"] == 0.0
+    assert summary["planner_ms"] == pytest.approx(sum(ms) / len(ms), rel=1e-9)

@@ -53,6 +53,7 @@ from .forward_check import PreparedForwardCheck
 from .layout import warn_placement
 from .kv_bytes import HALF_AUTOCAST, kv_element_bytes, model_kv_bytes_per_token
 from .plain_modules import runs_no_attention
+from .sharded_check import check_model_sharded
 from .sharder import BatchSharder, count_targets, learned_position_limit, prepare_model, unwrap_base_model
 from .tensor_parallel import apply_tensor_parallel, dp_cp_group, remap_optimizer_params, sync_tp_gradients
 
@@ -364,7 +365,10 @@ class ATACAccelerator(Accelerator):
         super().register_for_checkpointing(*objects)
 
     def _setup_model(self, model: torch.nn.Module) -> None:
+        attention = unwrap_base_model(model).config._attn_implementation  # put back if the sharded probe refuses
         prepare_model(model, self.atac_config)
+        check_model_sharded(model, self.cp_rank, self.cp_group, self.atac_config.cp_size,
+                            timeout_s=self.atac_config.collective_timeout_s, restore=attention)
         if self.tp_size > 1:
             apply_tensor_parallel(model, self.torch_device_mesh["tp"])
         base_config, previous = unwrap_base_model(model).config, self.sharder

@@ -45,6 +45,9 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------- models
+_SUMMED = ("imbalance", "kv_mb", "planner_ms")  # the ShardStats fields pop_summary averages
+
+
 def unwrap_base_model(model: torch.nn.Module) -> torch.nn.Module:
     """The transformers model under DDP/FSDP/compile/PEFT wrappers."""
     seen = 0
@@ -379,7 +382,8 @@ class BatchSharder:
         self.tp_group = tp_group
         if cp_group is not None or tp_group is not None:
             track_group_holder(self)  # let the groups go before interpreter exit: _hf_compat (6)
-        self.history: list[ShardStats] = []
+        self._recorded: list[float] = [0.0] * 4  # since pop_summary: packs, then the sums of _SUMMED (a list of
+        # stats would grow by one a step in a loop that never logs)
         self.last_plan = None
         self.last_stats: ShardStats | None = None
         #: ``(positions, what)`` of a model with a learned absolute position table (see
@@ -431,7 +435,7 @@ class BatchSharder:
             batch: a full packed batch (every CP rank passes the same one).
             num_items_in_batch: the global target count the loss divides by; ``None`` keeps the
                 batch's own (or counts this batch alone).
-            record: add this pack's :class:`ShardStats` to :attr:`history` (training batches).
+            record: add this pack's :class:`ShardStats` to the means :meth:`pop_summary` returns (training batches).
 
         Raises:
             ValueError: a batch without ``input_ids`` (lists its keys), negative labels other than
@@ -468,13 +472,12 @@ class BatchSharder:
         local = shard_batch(batch, plan, self.cp_rank, self.cp_group, backend=self.config.attention_backend,
                             debug=self.config.debug)
         if record:
-            self.history.append(stats)
+            n, *sums = self._recorded
+            self._recorded = [n + 1, *(t + getattr(stats, k) for t, k in zip(sums, _SUMMED))]
         self.last_plan, self.last_stats = plan, stats
         return local
 
     def pop_summary(self) -> dict[str, float]:
         """Mean ``imbalance``, ``kv_mb`` and ``planner_ms`` since the last call (empty if no batch)."""
-        h, self.history = self.history, []
-        if not h:
-            return {}
-        return {k: float(np.mean([getattr(s, k) for s in h])) for k in ("imbalance", "kv_mb", "planner_ms")}
+        (n, *sums), self._recorded = self._recorded, [0.0] * 4
+        return {k: float(t / n) for k, t in zip(_SUMMED, sums)} if n else {}

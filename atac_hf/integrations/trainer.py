@@ -51,12 +51,13 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, get_
 from transformers.utils import logging as hf_logging
 
 from .accelerate import as_atac_parallelism_config, build_parallelism_config, bypass_torch_cp_hooks, check_tp_layout
-from ._hf_compat import drain_gloo_workers, track_group_holder
+from ._hf_compat import drain_gloo_workers, release_loader, track_group_holder
 from .accelerate import cp_coordinates
 from .config import ATACConfig
 from .data import build_packed_dataloader, check_collator, check_dataset_columns, is_streaming_dataset
 from .layout import warn_placement
 from .kv_bytes import HALF_AUTOCAST, kv_element_bytes, model_kv_bytes_per_token
+from .sharded_check import check_model_sharded
 from .sharder import BatchSharder, check_position_limit, prepare_model, unwrap_base_model
 from .stream_state import STREAM_STATE_NAME, StreamResumeMixin, stream_dispatch
 from .tensor_parallel import apply_tensor_parallel, dp_cp_group, full_state_dict, remap_optimizer_params
@@ -197,6 +198,7 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
             raise ValueError(f"{type(unwrap_base_model(model)).__name__}{declared} {why}")
         args.parallelism_config = pc
         warn_placement(pc, fsdp=fsdp)
+        attention = unwrap_base_model(model).config._attn_implementation  # put back if the sharded probe refuses
         prepare_model(model, config)
         super().__init__(model=model, args=args, data_collator=data_collator or PackedDataCollator(),
                          train_dataset=train_dataset, eval_dataset=eval_dataset, **kwargs)
@@ -212,6 +214,8 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
         self.cp_rank, self.cp_group = cp_coordinates(self.accelerator, config.cp_size,
                                                      timeout_s=config.collective_timeout_s)
         track_group_holder(self, self.accelerator)  # state and cp_group outlive end_training: _hf_compat (6, 8)
+        check_model_sharded(model, self.cp_rank, self.cp_group, config.cp_size, timeout_s=config.collective_timeout_s,
+                            restore=attention)  # the probe over the CP ranks (check_model's ran in one process)
         self.atac_tp_size = int(args.parallelism_config.tp_size)
         install_loss_override_check(self, config.cp_size)
         check_late_loss_settings(self, config.cp_size)  # (records the model's loss_function, checked above)
@@ -286,18 +290,33 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
         pack; the packs follow the packer's plan, not the data order)."""
         if eval_dataset is None and self.eval_dataset is None:
             raise ValueError("Trainer: evaluation requires an eval_dataset.")
+        kind = f"eval:{eval_dataset}" if isinstance(eval_dataset, str) else "eval"
         if isinstance(eval_dataset, str):
             eval_dataset = self.eval_dataset[eval_dataset]
         elif eval_dataset is None:
             eval_dataset = self.eval_dataset
         check_dataset_columns(eval_dataset, name="eval_dataset", streaming=True)
-        return self._atac_loader(eval_dataset, grad_accum=1, shuffle=False)[0]
+        return self._atac_eval_loader(eval_dataset, kind)
+
+    def _atac_eval_loader(self, dataset: Any, kind: str):
+        """One prepared loader per kind (eval, test): reused for the same dataset with persistent workers, as Trainer
+        does; else made again and the one it replaces released (its plan, its workers: _hf_compat 9)."""
+        held = self.__dict__.setdefault("_atac_eval_loaders", {})
+        if kind in held:
+            dataset_then, loader = held.pop(kind)
+            if dataset_then is dataset and self.args.dataloader_persistent_workers and self.args.dataloader_num_workers:
+                held[kind] = (dataset, loader)
+                return loader
+            release_loader(self.accelerator, loader)
+        loader = self._atac_loader(dataset, grad_accum=1, shuffle=False)[0]
+        held[kind] = (dataset, loader)
+        return loader
 
     def get_test_dataloader(self, test_dataset: Any):
         """Prepared DataLoader of WFAP packs of the test set (``predict``), not shuffled (one row per pack, in the
         packer's order), packed and capped at ``max_tokens`` like the eval set."""
         check_dataset_columns(test_dataset, name="test_dataset", streaming=True)
-        return self._atac_loader(test_dataset, grad_accum=1, shuffle=False)[0]
+        return self._atac_eval_loader(test_dataset, "test")
 
     def evaluation_loop(self, *args: Any, **kwargs: Any):
         """Trainer's loop (``evaluate`` and ``predict``), every CP rank's loss gathered: each is a

@@ -1,0 +1,104 @@
+"""Worker for ``tests/test_redteam26.py`` (under ``torchrun --nproc_per_node 2``; OUT.json from rank 0): model
+classes of the user's own that are exact at cp_size 1 but not under CP, refused before training by the
+exactness probe sharded over the CP ranks (``atac_hf.integrations.sharded_check``), with the model's attention
+put back; a stock Llama is accepted. ``MODE``: ``accelerate`` (``ATACAccelerator.prepare``) or ``trainer``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from transformers import LlamaForCausalLM
+from transformers.models.llama import modeling_llama as ml
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _integration_worker import dataset, model as stock_llama  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+class _LocalArangeRotary(ml.LlamaRotaryEmbedding):
+    """RoPE angles from the row's own length (nanoGPT's ``freqs_cis[:T]``): ``position_ids`` unused."""
+
+    def forward(self, x, position_ids):
+        return super().forward(x, torch.arange(x.shape[1], device=x.device)[None])
+
+
+class LocalRopeLlama(LlamaForCausalLM):
+    def __init__(self, config):
+        super().__init__(config)
+        self.model.rotary_emb = _LocalArangeRotary(config=config)
+
+
+class _ShiftLayer(ml.LlamaDecoderLayer):
+    """An RWKV-like token shift before the layer, restarted at each document (``position_ids == 0``)."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__(config, layer_idx)
+        self.mix = torch.nn.Parameter(torch.full((config.hidden_size,), 0.5))
+
+    def forward(self, hidden_states, *args, position_ids=None, **kwargs):
+        prev = F.pad(hidden_states, (0, 0, 1, 0))[:, :-1] * (position_ids != 0)[..., None].to(hidden_states.dtype)
+        return super().forward(hidden_states + self.mix * (prev - hidden_states), *args, position_ids=position_ids,
+                               **kwargs)
+
+
+class ResetShiftLlama(LlamaForCausalLM):
+    def __init__(self, config):
+        super().__init__(config)
+        self.model.layers = torch.nn.ModuleList(_ShiftLayer(config, i) for i in range(config.num_hidden_layers))
+        self.post_init()
+
+
+def custom(cls):
+    base = stock_llama()
+    return cls._from_config(base.config, attn_implementation="sdpa", dtype=torch.float64)
+
+
+def outcome(fn, model) -> dict:
+    try:
+        fn(model)
+        error = None
+    except (ValueError, NotImplementedError) as e:
+        error = f"{type(e).__name__}: {e}"
+    return {"error": error, "attention": model.config._attn_implementation}
+
+
+def main(out_path: str, mode: str) -> None:
+    from accelerate.state import AcceleratorState
+    from transformers import TrainingArguments
+
+    from atac_hf import check_model
+    from atac_hf.integrations import ATACAccelerator, ATACConfig, ATACTrainer
+
+    world = int(os.environ["WORLD_SIZE"])
+    config = ATACConfig(cp_size=world, max_tokens=384, min_chunk=8)
+    res: dict = {}
+    for cls in (LocalRopeLlama, ResetShiftLlama):
+        res[cls.__name__ + "_one_process"] = check_model(custom(cls)).exact  # in one process: shown exact
+    if mode == "accelerate":
+        acc = ATACAccelerator(config, cpu=True)
+        for cls in (LocalRopeLlama, ResetShiftLlama):
+            res[cls.__name__] = outcome(acc.prepare, custom(cls))
+        res["stock"] = outcome(acc.prepare, stock_llama().double())
+    else:
+        def build(model):
+            AcceleratorState._reset_state(True)  # (a new trainer per model: new arguments, a new state)
+            args = TrainingArguments(output_dir=out_path + ".run", use_cpu=True, report_to=[], max_steps=1,
+                                     per_device_train_batch_size=1, save_strategy="no", disable_tqdm=True,
+                                     log_level="error", ddp_find_unused_parameters=False)
+            ATACTrainer(model=model, args=args, train_dataset=dataset(40, seed=1), atac_config=config)
+
+        for cls in (LocalRopeLlama, ResetShiftLlama):
+            res[cls.__name__] = outcome(build, custom(cls))
+        res["stock"] = outcome(build, stock_llama().double())
+    if int(os.environ.get("RANK", "0")) == 0:
+        with open(out_path, "w") as f:
+            json.dump(res, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

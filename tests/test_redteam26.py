@@ -1,0 +1,55 @@
+"""Red-team 26: model classes of the user's own (not stock transformers families).
+
+A class that computes something from each rank's *local* row (RoPE angles from ``arange`` of the row length
+instead of ``position_ids``; a token shift restarted where ``position_ids`` is 0) is exact at cp_size 1, where
+every document of the packed row is contiguous, and wrong under CP, where a rank holds a split document's
+chunks beside other documents (a helper measured grads 12% and 0.15% off at CP 2). ``check_model``'s probe
+runs in one process, so both were accepted; ATACAccelerator and ATACTrainer now also run the probe sharded
+over the CP ranks before training (:mod:`atac_hf.integrations.sharded_check`).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from _launch import torchrun
+from _redteam26_worker import LocalRopeLlama, ResetShiftLlama, custom
+
+
+def test_the_cp_only_classes_are_exact_in_one_process_and_nothing_is_probed_at_cp_size_1():
+    from atac_hf import check_model
+    from atac_hf.integrations.sharded_check import _VERDICTS, check_model_sharded
+
+    for cls in (LocalRopeLlama, ResetShiftLlama):
+        model = custom(cls)
+        assert check_model(model).exact
+        before = dict(_VERDICTS)
+        check_model_sharded(model, 0, None, 1)  # cp_size 1: no group, nothing to do
+        assert _VERDICTS == before
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = {}
+    for mode in ("accelerate", "trainer"):
+        path = tmp_path_factory.mktemp(f"rt26_{mode}") / "out.json"
+        torchrun(2, "tests/_redteam26_worker.py", path, mode, timeout=600)
+        out[mode] = json.loads(path.read_text())
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["accelerate", "trainer"])
+def test_a_class_wrong_only_under_cp_is_refused_before_training_and_left_as_it_came(runs, mode):
+    res = runs[mode]
+    for name in ("LocalRopeLlama", "ResetShiftLlama"):
+        assert res[name + "_one_process"] is True
+        got = res[name]
+        assert got["error"] and got["error"].startswith("NotImplementedError: " + name), got
+        assert "exact at cp_size=1 but not with its packed row sharded over 2 CP ranks" in got["error"]
+        assert "Set cp_size=1" in got["error"]
+        assert got["attention"] == "sdpa", got  # the attention prepare had selected is put back
+    assert res["stock"] == {"error": None, "attention": "atac_cp"}
