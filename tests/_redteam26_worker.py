@@ -53,6 +53,46 @@ class ResetShiftLlama(LlamaForCausalLM):
         self.post_init()
 
 
+class _ZeroGateShiftLayer(ml.LlamaDecoderLayer):
+    """A token shift across every token (documents too), behind a gate initialised to zero (ReZero style)."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__(config, layer_idx)
+        self.gate = torch.nn.Parameter(torch.zeros(config.hidden_size))
+
+    def forward(self, hidden_states, *args, **kwargs):
+        prev = F.pad(hidden_states, (0, 0, 1, 0))[:, :-1]
+        return super().forward(hidden_states + self.gate * (prev - hidden_states), *args, **kwargs)
+
+
+class ZeroGateShiftLlama(LlamaForCausalLM):
+    def __init__(self, config):
+        super().__init__(config)
+        self.model.layers = torch.nn.ModuleList(_ZeroGateShiftLayer(config, i) for i in range(config.num_hidden_layers))
+        self.post_init()
+
+
+class BigramLlama(LlamaForCausalLM):
+    """Adds an embedding of the previous token id (across documents), read from input_ids only."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.bigram = torch.nn.Embedding(config.vocab_size, config.hidden_size)
+        self.post_init()
+
+    def forward(self, input_ids=None, inputs_embeds=None, **kwargs):
+        if input_ids is not None:
+            inputs_embeds = self.model.embed_tokens(input_ids) + self.bigram(F.pad(input_ids, (1, 0))[:, :-1])
+        return super().forward(inputs_embeds=inputs_embeds, **kwargs)
+
+
+class IdsOnlyLlama(LlamaForCausalLM):
+    """A hand-written forward that takes token ids only (no inputs_embeds), as many remote-code classes do."""
+
+    def forward(self, input_ids, position_ids=None, labels=None, **kwargs):
+        return super().forward(input_ids=input_ids, position_ids=position_ids, labels=labels, **kwargs)
+
+
 def custom(cls):
     base = stock_llama()
     return cls._from_config(base.config, attn_implementation="sdpa", dtype=torch.float64)

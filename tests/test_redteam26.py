@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from _launch import torchrun
-from _redteam26_worker import LocalRopeLlama, ResetShiftLlama, custom
+from _redteam26_worker import BigramLlama, IdsOnlyLlama, LocalRopeLlama, ResetShiftLlama, ZeroGateShiftLlama, custom
 
 
 def test_the_cp_only_classes_are_exact_in_one_process_and_nothing_is_probed_at_cp_size_1():
@@ -29,6 +29,42 @@ def test_the_cp_only_classes_are_exact_in_one_process_and_nothing_is_probed_at_c
         before = dict(_VERDICTS)
         check_model_sharded(model, 0, None, 1)  # cp_size 1: no group, nothing to do
         assert _VERDICTS == before
+
+
+def test_a_zero_initialised_token_mixing_branch_is_refused_by_its_parameter_gradients():
+    # the fresh copy's logits and input gradients are exact (the gate is 0), but the gate's own gradient is wrong
+    # (13-25% in the helper's variants), and a trained checkpoint's non-zero gate mixes the documents
+    from atac_hf.attention.model_check import check_architecture
+
+    model = custom(ZeroGateShiftLlama)
+    verdict = check_architecture(type(model), model.config)
+    assert not verdict.exact and verdict.max_error > 1e-3, verdict
+    assert "gives different results through 'atac_cp'" in verdict.reason
+
+
+def test_the_probe_feeds_token_ids_so_a_model_reading_them_is_checked_and_an_ids_only_forward_is_accepted():
+    from atac_hf.attention.model_check import check_architecture
+
+    model = custom(BigramLlama)  # an embedding of the previous id: read only from input_ids
+    verdict = check_architecture(type(model), model.config)
+    assert not verdict.exact and verdict.max_error > 1e-3, verdict
+    model = custom(IdsOnlyLlama)  # was "could not be probed" (TypeError: missing input_ids)
+    verdict = check_architecture(type(model), model.config)
+    assert verdict.exact and verdict.max_error < 1e-12, verdict
+
+
+def test_special_token_ids_are_not_drawn():
+    from transformers import LlamaConfig
+
+    from atac_hf.attention.probe_compare import plain_ids
+
+    cfg = LlamaConfig(vocab_size=16, pad_token_id=5, bos_token_id=3, eos_token_id=[4, 9])
+    ids = torch.arange(3, 16)[None]
+    out = plain_ids(ids, cfg, 16)
+    assert not set(out[0].tolist()) & {3, 4, 5, 9} and set(out[0].tolist()) <= set(range(3, 16))
+    assert (out[ids != out] == 6).all()  # each replaced by the smallest plain id
+    assert plain_ids(ids, LlamaConfig(vocab_size=16, pad_token_id=None, bos_token_id=None, eos_token_id=None), 16
+                     ) is ids
 
 
 @pytest.fixture(scope="module")

@@ -59,7 +59,7 @@ class ModelVerdict:
         model_type: ``config.model_type``.
         exact: True when the ``atac_cp`` path was shown equal to per-document stock runs.
         reason: why (for refusals: the feature that breaks exactness and what to do instead).
-        max_error: the probe's max relative error of logits and input gradients (None: not probed).
+        max_error: the probe's max relative error of logits, input and parameter gradients (None: not probed).
         attention_classes: module classes that ran ``atac_cp`` in the probe (the guard counts them).
         error: the exception class a refusal raises (``ValueError`` or ``NotImplementedError``).
     """

@@ -18,6 +18,9 @@ from typing import Any
 
 import torch
 
+from .probe_compare import (_UNDRAWN_IDS, EmbeddingTap, logits_2d, param_err, param_grads, plain_ids, reference_runs,
+                            rel_err)
+
 __all__ = ["PROBE_DOC_LENGTHS", "PROBE_TOLERANCE", "PROBE_WINDOW", "ProbeResult", "ProbeTooLarge", "StockModelError",
            "probe_plan", "run_probe", "sequence_convolutions", "shrink_config"]
 
@@ -40,7 +43,6 @@ _ALIASES = {"hidden_size": ("n_embd", "d_model"), "num_hidden_layers": ("n_layer
 _EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 _MOE_KEYS = _EXPERT_COUNTS + ("num_experts_per_tok", "moe_topk", "n_group", "topk_group", "n_shared_experts")
 
-_UNDRAWN_IDS = 3  # the probe's token ids are drawn from [3, vocab)
 _MAX_LAYERS = 8
 _MAX_PARAMS = 20_000_000  # a tiny copy above this means the shrink missed a size field
 
@@ -59,8 +61,9 @@ class ProbeResult:
     """What the probe measured.
 
     Attributes:
-        max_error: max relative error (``max |a - b| / max |b|``) of logits and input-embedding
-            gradients, ``atac_cp`` path against per-document stock runs.
+        max_error: max relative error (``max |a - b| / max |b|``) of logits, input-embedding gradients
+            and each parameter's gradient (:func:`~.probe_compare.param_err`), ``atac_cp`` path against
+            per-document stock runs (fed token ids, or embeddings to a class that takes only those).
         layers: decoder layers of the tiny copy (``num_hidden_layers``).
         attention_classes: names of the module classes that reached the ``atac_cp`` attention.
         reached: how many distinct modules reached it in one forward.
@@ -320,11 +323,6 @@ def sequence_convolutions(model_cls: type, tiny: Any) -> list[str]:
     return found
 
 
-def _logits(out: Any) -> torch.Tensor:
-    logits = out.logits if hasattr(out, "logits") else out[0]
-    return logits.reshape(-1, logits.shape[-1])
-
-
 def probe_plan(lengths: list[int], world: int):
     """The probe's ATP plan: capped at an even share of the row's tokens, so a document longer than
     that share is split whatever the cost model says (for rows this short the default model keeps
@@ -360,54 +358,46 @@ def run_probe(model_cls: type, tiny: Any, *, rank: int = 0, world: int = 1, grou
     n = sum(lengths)
     g = torch.Generator().manual_seed(1)
     vocab = int(getattr(_text_config(tiny), "vocab_size", 128) or 128)
-    ids = torch.randint(_UNDRAWN_IDS, vocab, (1, n), generator=g)
+    ids = plain_ids(torch.randint(_UNDRAWN_IDS, vocab, (1, n), generator=g), tiny, vocab)
     try:
         model = _build(model_cls, tiny, stock)
-        with torch.no_grad():
-            embeds = model.get_input_embeddings()(ids).detach()
         weight = torch.randn(n, vocab, generator=g, dtype=torch.float64)
-        # stock reference: each document alone, no cache
-        ref_logits, ref_grads, start = [], [], 0
-        for length in lengths:
-            e = embeds[:, start:start + length].clone().requires_grad_(True)
-            logit = _logits(model(inputs_embeds=e.clone(), use_cache=False))  # clone: some scale it in place
-            (logit[:, :vocab] * weight[start:start + length, : logit.shape[1]]).sum().backward()
-            ref_logits.append(logit.detach())
-            ref_grads.append(e.grad[0].detach())
-            start += length
+        # stock reference: each document alone, no cache; fed token ids where the model takes them (a model may
+        # read the ids beyond the embedding), else embeddings
+        via_ids = True
+        try:
+            ref = reference_runs(model, ids, lengths, weight, vocab, via_ids=True)
+        except Exception:  # noqa: BLE001 - a class that takes only embeddings, or embeds more than once: embeddings
+            model.zero_grad(set_to_none=True)
+            via_ids, ref = False, reference_runs(model, ids, lengths, weight, vocab, via_ids=False)
     except ProbeTooLarge:
         raise
     except Exception as e:  # noqa: BLE001 - named for the verdict: the stock model, not atac_cp, failed
         raise StockModelError(f"{type(e).__name__}: {str(e)[:300]}") from e
-    ref_logits, ref_grads = torch.cat(ref_logits), torch.cat(ref_grads)
+    ref_logits, ref_grads, ref_params = ref
+    model.zero_grad(set_to_none=True)
 
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
     install_relay(model)  # as check_model does for the models it accepts
     pos = torch.cat([torch.arange(m) for m in lengths])[None]
     plan = probe_plan(lengths, world)
-    local = shard_batch({"input_ids": ids, "position_ids": pos, "inputs_embeds": embeds}, plan, rank, group)
-    local.pop("input_ids")
-    e_local = local["inputs_embeds"].clone().requires_grad_(True)
-    local["inputs_embeds"] = e_local.clone()
+    local = shard_batch({"input_ids": ids, "position_ids": pos}, plan, rank, group)
     ctx = local["atac_shard"]
     tok = torch.as_tensor(plan.rank_token_indices(rank))
-    logit = _logits(model(**local))
-    (logit[:, :vocab] * weight.index_select(0, tok)[:, : logit.shape[1]]).sum().backward()
+    with EmbeddingTap(model) as tap:
+        if not via_ids:
+            local["inputs_embeds"] = tap.embed(local.pop("input_ids"))
+        logit = logits_2d(model(**local))
+        (logit[:, :vocab] * weight.index_select(0, tok)[:, : logit.shape[1]]).sum().backward()
     reached = ctx.reached_modules()
     full_logits = unshard(logit[None], plan, rank, group)[0]
-    full_grads = unshard(e_local.grad, plan, rank, group)[0]
-    err = max(_rel_err(full_logits, ref_logits), _rel_err(full_grads, ref_grads))
+    full_grads = unshard(tap.grad(), plan, rank, group)[0]
+    params = param_grads(model)
+    if world > 1:  # each rank holds its share of every parameter's gradient
+        flat = torch.cat([p.reshape(-1) for p in params]) if params else torch.zeros(0, dtype=torch.float64)
+        torch.distributed.all_reduce(flat, group=group)
+        params = [f.view_as(p) for f, p in zip(flat.split([p.numel() for p in params]), params)]
+    err = max(rel_err(full_logits, ref_logits), rel_err(full_grads, ref_grads), param_err(params, ref_params))
     return ProbeResult(max_error=err, layers=int(getattr(_text_config(tiny), "num_hidden_layers", 0) or 0),
                        attention_classes=tuple(sorted({type(m).__name__ for m in reached})),
                        reached=len(reached), stock_attention=stock)
-
-
-def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    if a.shape != b.shape:
-        return float("inf")
-    scale = b.abs().max().item() if b.numel() else 0.0
-    diff = (a - b).abs().max().item() if a.numel() else 0.0
-    if diff != diff:  # nan
-        return float("inf")
-    return diff / scale if scale > 0 else diff

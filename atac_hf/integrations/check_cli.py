@@ -248,10 +248,12 @@ def write_markdown(rows: list[dict], path: str, command: str) -> None:
         "Each family's default config is shrunk to a tiny fp64 copy (same class; see "
         "`atac_hf/attention/model_probe.py`) and run through the `atac_cp` path at 2 gloo ranks on CPU, "
         "against each document of the packed row run alone through the stock model; families whose default "
-        "has no sliding window are probed with one as well. `max error` is the largest relative error of "
-        "logits and input-embedding gradients. `atac_hf.check_model(model)` (run by `ATACTrainer` and "
-        "`ATACAccelerator`) gives the same verdict for a model built from such a config; every refusal "
-        "raises with the reason shown here.",
+        "has no sliding window are probed with one as well. The probe feeds token ids (embeddings to a class "
+        "that takes only those); `max error` is the largest relative error of logits, input-embedding "
+        "gradients and each parameter's gradient. `atac_hf.check_model(model)` (run by `ATACTrainer` and "
+        "`ATACAccelerator`, which at cp_size > 1 also run the probe sharded over the run's CP ranks) gives "
+        "the same verdict for a model built from such a config; every refusal raises with the reason shown "
+        "here.",
         "",
         f"{len(exact)} of {len(rows)} families exact; {len(rows) - len(exact)} refused.",
         "",
