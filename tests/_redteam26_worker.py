@@ -107,6 +107,42 @@ def outcome(fn, model) -> dict:
     return {"error": error, "attention": model.config._attn_implementation}
 
 
+def twin_and_subset_groups(acc) -> dict:
+    """The paths a CPU run does not take by itself: an NCCL CP group (the probe on gloo twins of the CP groups) and
+    more CP ranks than the probe uses (the others take rank 0's verdict)."""
+    from unittest import mock
+
+    import torch.distributed as dist
+
+    from atac_hf.integrations import sharded_check
+
+    def check(cls, **patches):
+        sharded_check._VERDICTS.clear()
+        with mock.patch.multiple(sharded_check, **patches) if patches else mock.patch.object(dist, "get_backend",
+                                                                                            lambda g=None: "nccl"):
+            try:
+                sharded_check.check_model_sharded(custom(cls), acc.cp_rank, acc.cp_group, 2)
+                return None
+            except NotImplementedError as e:
+                return str(e)
+
+    made = []
+    new_group = dist.new_group
+
+    def counting(*args, **kwargs):
+        made.append(kwargs.get("backend"))
+        return new_group(*args, **kwargs)
+
+    with mock.patch.object(dist, "new_group", counting):
+        out = {"twin_rope": check(LocalRopeLlama), "twin_stock": check(LlamaForCausalLM)}
+    out["twins_made"] = made
+    out["subset_zero_gate"] = check(ZeroGateShiftLlama, PROBE_RANKS=1)  # rank 0 probes alone and refuses
+    if acc.cp_rank == 1:  # (rank 0 writes the results: rank 1 checks its own here)
+        assert "refused on CP rank 0" in out["subset_zero_gate"], out["subset_zero_gate"]
+    out["subset_rope"] = check(LocalRopeLlama, PROBE_RANKS=1)  # one rank holds every document whole: exact
+    return out
+
+
 def main(out_path: str, mode: str) -> None:
     from accelerate.state import AcceleratorState
     from transformers import TrainingArguments
@@ -124,6 +160,7 @@ def main(out_path: str, mode: str) -> None:
         for cls in (LocalRopeLlama, ResetShiftLlama):
             res[cls.__name__] = outcome(acc.prepare, custom(cls))
         res["stock"] = outcome(acc.prepare, stock_llama().double())
+        res["twin"] = twin_and_subset_groups(acc)
     else:
         def build(model):
             AcceleratorState._reset_state(True)  # (a new trainer per model: new arguments, a new state)

@@ -89,3 +89,12 @@ def test_a_class_wrong_only_under_cp_is_refused_before_training_and_left_as_it_c
         assert "Set cp_size=1" in got["error"]
         assert got["attention"] == "sdpa", got  # the attention prepare had selected is put back
     assert res["stock"] == {"error": None, "attention": "atac_cp"}
+
+
+@pytest.mark.slow
+def test_an_nccl_cp_group_probes_on_gloo_twins_and_ranks_past_the_probes_take_its_verdict(runs):
+    twin = runs["accelerate"]["twin"]
+    assert "not with its packed row sharded over 2 CP ranks" in twin["twin_rope"] and twin["twin_stock"] is None
+    assert twin["twins_made"] == ["gloo", "gloo"]  # one twin of the one CP group, per architecture probed
+    # rank 0 (which writes the result) probed alone; rank 1 asserts its "refused on CP rank 0" in the worker
+    assert "sharded over 1 CP ranks" in twin["subset_zero_gate"] and twin["subset_rope"] is None

@@ -9,8 +9,8 @@ convolution that restarts at ``position_ids == 0``, is exact at cp_size 1 and wr
 group, as ``atac-hf check-model`` does at 2 ranks, before training starts.
 
 The probe's tensors are on the CPU, so it runs on a gloo group of the same ranks: the CP group
-itself where it is gloo, else a gloo twin of each CP group, made once (every process of the job takes
-part in making them, as ``torch.distributed.new_group`` requires). The probe's row has 64 tokens, so
+itself where it is gloo, else a gloo twin of each CP group, made once per architecture probed (every
+process of the job takes part in making them, as ``torch.distributed.new_group`` requires). The probe's row has 64 tokens, so
 it runs on the first ``min(cp_size, 4)`` CP ranks; the others take its verdict.
 """
 
@@ -24,27 +24,28 @@ import torch
 __all__ = ["check_model_sharded"]
 
 _VERDICTS: dict[tuple, Any] = {}  # (class, config, cp_size) -> ModelVerdict: one entry per model architecture
-_GROUPS: dict[tuple, tuple[Any, Any]] = {}  # (the CP group's ranks, probe ranks) -> gloo groups (made once per job)
 PROBE_RANKS = 4  # the probe runs on the first min(cp_size, 4) CP ranks (its row has 64 tokens)
 
 
 def _gloo_groups(cp_group: Any, k: int, timeout_s: float | None) -> tuple[Any, Any]:
-    """Gloo groups of the CP group's ranks and of its first ``k`` ranks (this process's; made once)."""
+    """Gloo groups of this process's CP group's ranks and of its first ``k`` ranks. Nothing holds them after
+    the probe: a process group kept alive past ``destroy_process_group`` aborts the interpreter at exit
+    (``_hf_compat`` item 6); groups made here are freed with the default group."""
     import torch.distributed as dist
 
     mine = tuple(dist.get_process_group_ranks(cp_group))
-    if (mine, k) not in _GROUPS:
-        groups: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(groups, mine)  # every process: each CP group's ranks, in one order
-        timeout = datetime.timedelta(seconds=float(timeout_s)) if timeout_s is not None else None
-        gloo = dist.get_backend(cp_group) == "gloo"  # (the same on every process: one mesh)
-        for ranks in sorted(set(groups)):  # new_group: called by every process, for every group, in one order
-            full = (cp_group if ranks == mine else None) if gloo else dist.new_group(list(ranks), backend="gloo",
-                                                                                    timeout=timeout)
-            probe = full if k >= len(ranks) else dist.new_group(list(ranks[:k]), backend="gloo", timeout=timeout)
-            if ranks == mine:
-                _GROUPS[(mine, k)] = (full, probe)
-    return _GROUPS[(mine, k)]
+    groups: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(groups, mine)  # every process: each CP group's ranks, in one order
+    timeout = datetime.timedelta(seconds=float(timeout_s)) if timeout_s is not None else None
+    gloo = dist.get_backend(cp_group) == "gloo"  # (the same on every process: one mesh)
+    out: tuple[Any, Any] = (None, None)
+    for ranks in sorted(set(groups)):  # new_group: called by every process, for every group, in one order
+        full = (cp_group if ranks == mine else None) if gloo else dist.new_group(list(ranks), backend="gloo",
+                                                                                timeout=timeout)
+        probe = full if k >= len(ranks) else dist.new_group(list(ranks[:k]), backend="gloo", timeout=timeout)
+        if ranks == mine:
+            out = (full, probe)
+    return out
 
 
 def check_model_sharded(model: torch.nn.Module, cp_rank: int, cp_group: Any, cp_size: int, *,
