@@ -446,3 +446,16 @@ def test_an_input_embedding_without_a_gradient_compares_as_zeros():
     # kills: the tap's grad() returning None (the stock runs then fail: "could not be probed")
     verdict = _verdict(_tiny_llama(DetachedEmbedsLlama))
     assert verdict.exact and verdict.max_error < 1e-12, verdict
+
+
+def test_the_tap_records_the_input_gradient_on_its_own_leaf():
+    # kills P31 (left by the pass): the embedding's output recorded without detach(), so its .grad stays None and
+    # the input gradients compare as zeros on both sides
+    from atac_hf.attention.probe_compare import EmbeddingTap, logits_2d
+
+    model = _tiny_llama()
+    with EmbeddingTap(model) as tap:
+        logits_2d(model(input_ids=torch.arange(3, 10)[None])).sum().backward()
+    grad = tap.grad()
+    assert grad.shape == (1, 7, 16) and float(grad.abs().sum()) > 0
+    assert model.get_input_embeddings().weight.grad is None  # the tap's leaf stands in for the embedding's output
