@@ -1,10 +1,10 @@
 """Thirty-eighth mutation pass: survivors of mutants planted by hand in red-team 26/27's changes.
 
 Killed here, in process: :func:`check_model_sharded` under a fake ``torch.distributed`` (the first
-``min(cp_size, 4)`` CP ranks probe, on gloo groups made per architecture probed, with the timeout; a rank outside the probe
-takes the others' verdict through a MIN all-reduce; the refusing rank keeps its measured error and exception
-class; the verdict cached per class, config and cp_size; nothing at cp_size 1 even with a group; the attention
-put back), the trainer's and the accelerator's call of it (its timeout and the attention from before
+``min(cp_size, 4)`` CP ranks probe, on gloo groups made per architecture probed, with the timeout; a rank
+outside the probe takes the others' verdict through a MIN all-reduce; the refusing rank keeps its measured error
+and exception class; the verdict cached per class, config and cp_size; nothing at cp_size 1 even with a group;
+the attention put back), the trainer's and the accelerator's call of it (its timeout and the attention from before
 ``prepare_model``); the probe's fallbacks (an embeddings-only class that calls its embedding itself, an ids-only
 class with an in-place scale or that refuses a special id, a class that embeds twice when fed ids), its input
 gradient comparison (a backward-only token shift), ``param_err``'s edge cases and ``plain_ids``' config walk;

@@ -77,8 +77,8 @@ class EmbeddingTap:
         return torch.zeros_like(self.outputs[0]) if g is None else g
 
 
-def reference_runs(model: torch.nn.Module, ids: torch.Tensor, lengths: list[int], weight: torch.Tensor, vocab: int, *,
-               via_ids: bool) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+def reference_runs(model: torch.nn.Module, ids: torch.Tensor, lengths: list[int], weight: torch.Tensor, vocab: int,
+                   *, via_ids: bool) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """Logits, input gradients and parameter gradients of each document run alone through the stock model."""
     logits, grads, start = [], [], 0
     for length in lengths:
@@ -94,6 +94,7 @@ def reference_runs(model: torch.nn.Module, ids: torch.Tensor, lengths: list[int]
 
 
 def param_grads(model: torch.nn.Module) -> list[torch.Tensor]:
+    """A copy of every parameter's gradient, zeros where it has none (in ``model.parameters()`` order)."""
     return [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
 
 

@@ -10,8 +10,9 @@ group, as ``atac-hf check-model`` does at 2 ranks, before training starts.
 
 The probe's tensors are on the CPU, so it runs on a gloo group of the same ranks: the CP group
 itself where it is gloo, else a gloo twin of each CP group, made once per architecture probed (every
-process of the job takes part in making them, as ``torch.distributed.new_group`` requires). The probe's row has 64 tokens, so
-it runs on the first ``min(cp_size, 4)`` CP ranks; the others take its verdict.
+process of the job takes part in making them, as ``torch.distributed.new_group`` requires). The
+probe's row has 64 tokens, so it runs on the first ``min(cp_size, 4)`` CP ranks; the others take its
+verdict.
 """
 
 from __future__ import annotations
@@ -91,8 +92,8 @@ def check_model_sharded(model: torch.nn.Module, cp_rank: int, cp_group: Any, cp_
                     if verdict.max_error is not None else f"probe refused: {verdict.reason}")
         raise (verdict.error or NotImplementedError)(
             f"{verdict.model_class} (model_type {verdict.model_type!r}) is exact at cp_size=1 but not with its packed "
-            f"row sharded over {min(cp_size, PROBE_RANKS)} CP ranks ({measured}): it computes something from each rank's local "
-            "row, which holds a split document in chunks beside other documents (e.g. positions from the row's "
-            "length instead of position_ids, or a token shift or convolution that restarts where position_ids is "
-            "0). Set cp_size=1 (its packed rows are exact there), or compute positions and token mixing from "
-            "position_ids and the attention alone")
+            f"row sharded over {min(cp_size, PROBE_RANKS)} CP ranks ({measured}): it computes something from each "
+            "rank's local row, which holds a split document in chunks beside other documents (e.g. positions from "
+            "the row's length instead of position_ids, or a token shift or convolution that restarts where "
+            "position_ids is 0). Set cp_size=1 (its packed rows are exact there), or compute positions and token "
+            "mixing from position_ids and the attention alone")
