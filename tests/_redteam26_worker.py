@@ -133,9 +133,13 @@ def twin_and_subset_groups(acc) -> dict:
         made.append(kwargs.get("backend"))
         return new_group(*args, **kwargs)
 
+    from torch.distributed.distributed_c10d import _world
+
+    groups_before = len(_world.pg_map)
     with mock.patch.object(dist, "new_group", counting):
         out = {"twin_rope": check(LocalRopeLlama), "twin_stock": check(LlamaForCausalLM)}
     out["twins_made"] = made
+    out["groups_left"] = len(_world.pg_map) - groups_before  # each twin destroyed after its probe
     out["subset_zero_gate"] = check(ZeroGateShiftLlama, PROBE_RANKS=1)  # rank 0 probes alone and refuses
     if acc.cp_rank == 1:  # (rank 0 writes the results: rank 1 checks its own here)
         assert "refused on CP rank 0" in out["subset_zero_gate"], out["subset_zero_gate"]
@@ -161,6 +165,7 @@ def main(out_path: str, mode: str) -> None:
             res[cls.__name__] = outcome(acc.prepare, custom(cls))
         res["stock"] = outcome(acc.prepare, stock_llama().double())
         res["twin"] = twin_and_subset_groups(acc)
+        acc.end_training()
     else:
         def build(model):
             AcceleratorState._reset_state(True)  # (a new trainer per model: new arguments, a new state)

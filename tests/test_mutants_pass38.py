@@ -57,11 +57,11 @@ class _FakeDist:
         self.cp_groups, self.world = [tuple(g) for g in cp_groups], sum(len(g) for g in cp_groups)
         self.cp_group = _Group(self.cp_groups[mine])
         self.backend, self.others = backend, list(others)
-        self.new_groups, self.reduces, self.probes = [], [], []
+        self.new_groups, self.reduces, self.probes, self.destroyed = [], [], [], []
         self.verdict = verdict or ModelVerdict("LlamaForCausalLM", "llama", True, "exact", max_error=1e-9)
         monkeypatch.setattr(sc, "_VERDICTS", {})
         for name in ("get_process_group_ranks", "get_world_size", "all_gather_object", "get_backend", "new_group",
-                     "all_reduce"):
+                     "all_reduce", "destroy_process_group"):
             monkeypatch.setattr(dist, name, getattr(self, name))
         monkeypatch.setattr(mc, "check_architecture", self.check_architecture)
 
@@ -82,6 +82,9 @@ class _FakeDist:
     def new_group(self, ranks, backend=None, timeout=None):
         self.new_groups.append((tuple(ranks), backend, timeout))
         return _Group(ranks)
+
+    def destroy_process_group(self, group=None):
+        self.destroyed.append(group)
 
     def all_reduce(self, t, op=None, group=None):
         import torch.distributed as dist
@@ -107,6 +110,7 @@ def test_at_cp_size_8_the_first_four_ranks_probe_on_a_gloo_group_of_their_own(mo
     t = datetime.timedelta(seconds=45)
     assert fake.new_groups == [(tuple(range(8)), "gloo", t), ((0, 1, 2, 3), "gloo", t)]
     assert [(v, g.ranks) for v, _, g in fake.reduces] == [(1, tuple(range(8)))]  # agreement: over all 8
+    assert [g.ranks for g in fake.destroyed] == [tuple(range(8)), (0, 1, 2, 3)]  # both twins destroyed after it
     fake = _FakeDist(monkeypatch, cp_groups=[range(8)], mine=0, others=(0,),
                      verdict=ModelVerdict("LlamaForCausalLM", "llama", False, "x", max_error=0.25))
     with pytest.raises(NotImplementedError, match=r"sharded over 4 CP ranks \(probe max relative error 2\.5e-01"):
@@ -174,6 +178,7 @@ def test_gloo_twins_of_every_cp_group_are_made_in_one_order_and_this_process_tak
     fake = _FakeDist(monkeypatch, cp_groups=[(0, 1), (2, 3)], mine=0, backend="gloo")
     check_model_sharded(_tiny_llama(), 0, fake.cp_group, 2)
     assert fake.new_groups == [] and fake.probes[0][3] is fake.cp_group and fake.reduces[0][2] is fake.cp_group
+    assert fake.destroyed == []  # the run's own CP group is not the probe's to destroy
 
 
 def test_nothing_is_probed_at_cp_size_1_even_with_a_group(monkeypatch):

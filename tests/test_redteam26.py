@@ -96,5 +96,6 @@ def test_an_nccl_cp_group_probes_on_gloo_twins_and_ranks_past_the_probes_take_it
     twin = runs["accelerate"]["twin"]
     assert "not with its packed row sharded over 2 CP ranks" in twin["twin_rope"] and twin["twin_stock"] is None
     assert twin["twins_made"] == ["gloo", "gloo"]  # one twin of the one CP group, per architecture probed
+    assert twin["groups_left"] == 0  # each destroyed after its probe (one left to exit can abort the interpreter)
     # rank 0 (which writes the result) probed alone; rank 1 asserts its "refused on CP rank 0" in the worker
     assert "sharded over 1 CP ranks" in twin["subset_zero_gate"] and twin["subset_rope"] is None

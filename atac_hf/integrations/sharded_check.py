@@ -9,10 +9,10 @@ convolution that restarts at ``position_ids == 0``, is exact at cp_size 1 and wr
 group, as ``atac-hf check-model`` does at 2 ranks, before training starts.
 
 The probe's tensors are on the CPU, so it runs on a gloo group of the same ranks: the CP group
-itself where it is gloo, else a gloo twin of each CP group, made once per architecture probed (every
-process of the job takes part in making them, as ``torch.distributed.new_group`` requires). The
-probe's row has 64 tokens, so it runs on the first ``min(cp_size, 4)`` CP ranks; the others take its
-verdict.
+itself where it is gloo, else a gloo twin of each CP group, made for the probe of each architecture and
+destroyed after it (every process of the job takes part in making them, as
+``torch.distributed.new_group`` requires). The probe's row has 64 tokens, so it runs on the first
+``min(cp_size, 4)`` CP ranks; the others take its verdict.
 """
 
 from __future__ import annotations
@@ -28,10 +28,9 @@ _VERDICTS: dict[tuple, Any] = {}  # (class, config, cp_size) -> ModelVerdict: on
 PROBE_RANKS = 4  # the probe runs on the first min(cp_size, 4) CP ranks (its row has 64 tokens)
 
 
-def _gloo_groups(cp_group: Any, k: int, timeout_s: float | None) -> tuple[Any, Any]:
-    """Gloo groups of this process's CP group's ranks and of its first ``k`` ranks. Nothing holds them after
-    the probe: a process group kept alive past ``destroy_process_group`` aborts the interpreter at exit
-    (``_hf_compat`` item 6); groups made here are freed with the default group."""
+def _gloo_groups(cp_group: Any, k: int, timeout_s: float | None) -> tuple[Any, Any, list[Any]]:
+    """Gloo groups of this process's CP group's ranks and of its first ``k`` ranks, and those of them made here
+    (for :func:`_free`)."""
     import torch.distributed as dist
 
     mine = tuple(dist.get_process_group_ranks(cp_group))
@@ -40,13 +39,28 @@ def _gloo_groups(cp_group: Any, k: int, timeout_s: float | None) -> tuple[Any, A
     timeout = datetime.timedelta(seconds=float(timeout_s)) if timeout_s is not None else None
     gloo = dist.get_backend(cp_group) == "gloo"  # (the same on every process: one mesh)
     out: tuple[Any, Any] = (None, None)
+    made: list[Any] = []
     for ranks in sorted(set(groups)):  # new_group: called by every process, for every group, in one order
         full = (cp_group if ranks == mine else None) if gloo else dist.new_group(list(ranks), backend="gloo",
                                                                                 timeout=timeout)
         probe = full if k >= len(ranks) else dist.new_group(list(ranks[:k]), backend="gloo", timeout=timeout)
+        made += [g for g in {id(full): full, id(probe): probe}.values() if g is not cp_group and g is not None]
         if ranks == mine:
             out = (full, probe)
-    return out
+    return out[0], out[1], made
+
+
+def _free(groups: list[Any]) -> None:
+    """Destroy the groups :func:`_gloo_groups` made: one left to interpreter exit can abort it there (gloo's
+    worker threads; ``_hf_compat`` items 6 and 8), and each probed architecture would add more."""
+    import torch.distributed as dist
+
+    from ._hf_compat import drain_gloo_workers
+
+    if groups:
+        drain_gloo_workers()  # (the probe's collectives freed first: _hf_compat 8)
+    for group in groups:
+        dist.destroy_process_group(group)  # (a process outside the group: NON_GROUP_MEMBER, a no-op)
 
 
 def check_model_sharded(model: torch.nn.Module, cp_rank: int, cp_group: Any, cp_size: int, *,
@@ -74,13 +88,16 @@ def check_model_sharded(model: torch.nn.Module, cp_rank: int, cp_group: Any, cp_
     verdict = _VERDICTS.get(key)
     if verdict is None:
         k = min(cp_size, PROBE_RANKS)
-        group, probe_group = _gloo_groups(cp_group, k, timeout_s)
-        if cp_rank < k:
-            verdict = check_architecture(type(base), base.config, rank=cp_rank, world=k, group=probe_group)
-        else:  # no part in the probe: the verdict comes with the all-reduce below
-            verdict = ModelVerdict(type(base).__name__, str(getattr(base.config, "model_type", "?")), True, "")
-        agreed = torch.tensor([1 if verdict.exact else 0])
-        dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=group)  # refused on one rank: refused on all
+        group, probe_group, made = _gloo_groups(cp_group, k, timeout_s)
+        try:
+            if cp_rank < k:
+                verdict = check_architecture(type(base), base.config, rank=cp_rank, world=k, group=probe_group)
+            else:  # no part in the probe: the verdict comes with the all-reduce below
+                verdict = ModelVerdict(type(base).__name__, str(getattr(base.config, "model_type", "?")), True, "")
+            agreed = torch.tensor([1 if verdict.exact else 0])
+            dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=group)  # refused on one rank: refused on all
+        finally:
+            _free(made)
         if verdict.exact and not agreed.item():
             verdict = ModelVerdict(verdict.model_class, verdict.model_type, False,
                                    "refused on CP rank 0 (see its error)", error=NotImplementedError)
