@@ -27,7 +27,7 @@ from itertools import product
 from typing import Any
 
 from ..packing.validate import InputTypeError
-from .config_files import check_count, short_repr
+from .config_files import check_count
 
 __all__ = ["AXES", "mesh_groups", "placement_warnings", "warn_placement"]
 

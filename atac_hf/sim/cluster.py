@@ -30,7 +30,7 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -184,7 +184,7 @@ def wfap_held(items: list[Item], ctx: WindowContext) -> tuple[int, int]:
 
 def plan_wfap(items: list[Item], ctx: WindowContext) -> tuple[list[list[Item]], list[Item], list[tuple[int, int]]]:
     """Pack one window with WFAP. Returns ``(packs, carry, newly_split)``; see the module doc."""
-    P, C = ctx.num_packs, ctx.max_tokens
+    P = ctx.num_packs
     packs: list[list[Item]] = [[] for _ in range(P)]
     if not items:
         return packs, [], []
