@@ -235,7 +235,7 @@ def _bare_accelerator(monkeypatch, cp: int):
     from accelerate import Accelerator
 
     from atac_hf.integrations.accelerate import ATACAccelerator
-    from atac_hf.integrations.forward_check import PreparedForwardCheck
+    from atac_hf.integrations.forward_check import PreparedForwardCheck, UnusedParameterCheck
 
     calls = []
 
@@ -245,14 +245,19 @@ def _bare_accelerator(monkeypatch, cp: int):
 
     monkeypatch.setattr(Accelerator, "prepare", prepare)
     monkeypatch.setattr(Accelerator, "backward", lambda self, loss, **kw: calls.append("backward"))
+    # TinyLM has no transformers config: the static rules (run again by the mocked _setup_model's check_model)
+    # would refuse it before the loss checks these tests are about
+    monkeypatch.setattr("atac_hf.integrations.accelerate.check_static", lambda model: None)
 
     class Bare(ATACAccelerator):
         num_processes = cp
         gradient_accumulation_steps = 1
+        sync_gradients = True
 
     acc = Bare.__new__(Bare)
     acc.atac_config, acc.tp_size, acc._models = SimpleNamespace(cp_size=cp), 1, []
     acc._forward_check = PreparedForwardCheck()
+    acc._unused_check = UnusedParameterCheck()
     acc._setup_model = lambda m: calls.append(("setup", m.mode))
     acc.sharder = lambda batch, num_items_in_batch=None: {**batch, "num_items_in_batch": num_items_in_batch}
     return acc, calls
@@ -306,6 +311,7 @@ def _bare_trainer(cp: int):
     t.atac_sharder = lambda inputs, record: dict(inputs)
     t.label_smoother, t.model = None, TinyLM()
     t._atac_base = t.model  # (the model the steps must run: check_step_model)
+    t.accelerator = SimpleNamespace(sync_gradients=True)  # (training_step notes the gradients of a syncing step)
     return t
 
 

@@ -87,6 +87,7 @@ def _bare_trainer(cp: int = 1):
     t = ATACTrainer.__new__(ATACTrainer)
     t.atac_config, t.atac_tp_size = SimpleNamespace(cp_size=cp), 1
     t.atac_sharder = sharder
+    t.accelerator = SimpleNamespace(sync_gradients=True)  # (training_step notes the gradients of a syncing step)
     return t
 
 
@@ -195,7 +196,8 @@ def test_each_training_step_watches_its_wrapper_before_trainers_step_runs(monkey
     t = ATACTrainer.__new__(ATACTrainer)
     t.atac_config, t.atac_tp_size, t.label_smoother = SimpleNamespace(cp_size=2), 1, None
     t.model, t._atac_base, t.args = inner, inner, SimpleNamespace(world_size=2)
-    t.accelerator = SimpleNamespace(backward=lambda loss, **kwargs: ran.append(loss), _models=[wrapper])
+    t.accelerator = SimpleNamespace(backward=lambda loss, **kwargs: ran.append(loss), _models=[wrapper],
+                                    sync_gradients=True)
     with pytest.raises(ValueError, match=BYPASS):
         t.training_step(wrapper, {})
     assert ran == [] and not t._atac_training_step

@@ -5,8 +5,8 @@ Two layers:
 
 - static rules (fast, read off the class and config): encoder-decoder, no ``**kwargs`` in forward, non-attention token mixing (conv, state-space,
   linear-attention, recurrent layers), chunked attention, attention dropout (named by the model's own
-  field), position-dependent RoPE, prompt-learning PEFT adapters (virtual tokens
-  or key/value prefixes); and where ``cp_size > 1`` (:func:`router_loss_refusal`, checked by
+  field), position-dependent RoPE, task heads other than a causal LM and PEFT adapters not known to act
+  on each token alone (:mod:`.kind_rules`); and where ``cp_size > 1`` (:func:`router_loss_refusal`, checked by
   :func:`~atac_hf.integrations.prepare_model` and the attention's first call) MoE router losses;
 - an empirical probe (:mod:`.model_probe`): a tiny fp64 copy of the architecture (same class, the
   config shrunk) run through ``atac_cp`` at cp_size 1 and compared with each document run alone
@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from .kind_rules import _INSTEAD, head_refusal, peft_refusal
 from .model_probe import (PROBE_TOLERANCE, ProbeResult, StockModelError, run_probe, sequence_convolutions,
                           shrink_config)
 from .relay import _remove_relay, install_relay
@@ -38,14 +39,12 @@ from .runtime import (_WARNED, ATTENTION_DROPOUT_FIELDS, ATTN_IMPLEMENTATION, SH
                       _refuse_position_dependent_rope, mark_checked)
 from .shard import ShardContext
 
-__all__ = ["ModelVerdict", "check_architecture", "check_model", "config_refusal", "remove_guard",
+__all__ = ["ModelVerdict", "check_architecture", "check_model", "check_static", "config_refusal", "remove_guard",
            "peft_refusal", "router_loss_refusal", "static_refusal"]
 
 _NON_ATTENTION = ("conv", "mamba", "linear", "recurrent", "ssm", "rwkv", "deltanet", "mlstm", "hyena", "lightning",
                   "retention")
 _LAYER_TYPE_KEYS = ("layer_types", "layers_block_type", "block_types", "layer_block_types")
-_INSTEAD = ("train it without atac-hf: its stock attention on unpacked rows (atac-hf packs several documents "
-            "into each row, so ATACTrainer and ATACAccelerator refuse it at cp_size=1 too)")
 _GUARD_ATTR = "_atac_cp_guard"
 _CACHE: dict[tuple, "ModelVerdict"] = {}
 
@@ -95,6 +94,9 @@ def static_refusal(model_cls: type, config: Any) -> tuple[type, str] | None:
                             "passes a module of torch's per-token layers, e.g. an nn.Linear value head, as it is; a "
                             "module class of your own that computes each token on its own can be prepared with "
                             "accelerator.prepare_model(module), which skips the atac checks)")
+    refused = head_refusal(model_cls)
+    if refused is not None:
+        return refused
     if getattr(config, "is_encoder_decoder", False):
         return ValueError, ("is an encoder-decoder model: ATP-CP shards the packed rows of decoder-only causal LMs "
                             "(AutoModelForCausalLM) only")
@@ -115,30 +117,6 @@ def static_refusal(model_cls: type, config: Any) -> tuple[type, str] | None:
             if isinstance(value, (int, float)) and float(value) > 0:
                 return ValueError, (f"has attention dropout: {field_name}={value} is not implemented by the "
                                     f"'atac_cp' attention; set config.{field_name} = 0.0")
-    return None
-
-
-def peft_refusal(model: torch.nn.Module) -> tuple[type, str] | None:
-    """A refusal for a PEFT adapter that adds tokens or changes the attention itself: prompt
-    learning (prompt tuning, p-tuning, prefix tuning: virtual tokens or key/value prefixes every
-    query attends to) and adaption prompts (their own attention code). Adapters of the weights
-    (LoRA and its kin, IA3, ...) change no token mixing and pass."""
-    seen = 0
-    while model is not None and seen < 8:  # the wrappers unwrap_base_model looks through, down to PEFT's
-        seen += 1
-        configs = getattr(model, "peft_config", None)
-        if isinstance(configs, dict):
-            for name, cfg in configs.items():
-                kind = str(getattr(getattr(cfg, "peft_type", None), "value", getattr(cfg, "peft_type", "?")))
-                if getattr(cfg, "is_prompt_learning", False) or kind == "ADAPTION_PROMPT":
-                    return NotImplementedError, (
-                        f"is wrapped by a PEFT {kind} adapter ({name!r}): its virtual tokens or key/value prefixes "
-                        "are attended to by every query, outside the documents of the packed row, which the "
-                        "'atac_cp' attention does not shard; use a weight adapter (LoRA, IA3, ...) or " + _INSTEAD)
-            return None
-        inner = getattr(model, "module", None) if isinstance(getattr(model, "module", None), torch.nn.Module) \
-            else getattr(model, "_orig_mod", None)
-        model = inner
     return None
 
 
@@ -196,24 +174,27 @@ def config_refusal(config: Any) -> tuple[type, str] | None:
 _ROUTER_LOSS_COEFS = ("router_aux_loss_coef", "aux_loss_coef", "router_z_loss_coef", "z_loss_coefficient")
 
 
-def router_loss_refusal(config: Any) -> tuple[type, str] | None:
+def router_loss_refusal(config: Any, per_call: bool = False) -> tuple[type, str] | None:
     """A refusal for an MoE config that adds a router loss to the loss (``output_router_logits``
     on, with a non-zero coefficient): the loss averages routing statistics over every token of the
     batch and multiplies them, so the sum of the CP ranks' losses, each over its own tokens, is not
-    the one-device loss (checked where ``cp_size > 1``; one rank sees the whole packed row)."""
+    the one-device loss (checked where ``cp_size > 1``; one rank sees the whole packed row).
+    ``per_call``: ``output_router_logits=True`` was passed to a forward (the runtime guard's check;
+    red-team 30: router gradients 50% off at CP 2 with the config's flag off)."""
     for cfg in _configs(config):
-        if getattr(cfg, "output_router_logits", False) is not True:
+        if not per_call and getattr(cfg, "output_router_logits", False) is not True:
             continue
         coefs = {k: getattr(cfg, k) for k in _ROUTER_LOSS_COEFS if isinstance(getattr(cfg, k, None), (int, float))}
         if coefs and not any(float(v) for v in coefs.values()):
             continue  # every router loss weighted 0: the loss and its gradients are the language-model loss's
         named = ", ".join(f"{k}={v}" for k, v in coefs.items()) or "no coefficient field"
+        flag, unset = (("output_router_logits=True passed to the forward", "do not pass output_router_logits=True")
+                       if per_call else ("config.output_router_logits=True", "set config.output_router_logits = False"))
         return NotImplementedError, (
-            f"adds a router load-balancing loss (config.output_router_logits=True, {named}): it averages routing "
-            "statistics over every token of the batch and multiplies them, and under context parallelism each rank "
-            "sees only its own tokens, so the loss and its gradients would differ from one device; set "
-            "config.output_router_logits = False (or its coefficient to 0) to train without it, or train with "
-            "cp_size=1")
+            f"adds a router load-balancing loss ({flag}, {named}): it averages routing statistics over every token "
+            "of the batch and multiplies them, and under context parallelism each rank sees only its own tokens, so "
+            f"the loss and its gradients would differ from one device; {unset} (or set its coefficient to 0) to "
+            "train without it, or train with cp_size=1")
     return None
 
 
@@ -393,10 +374,7 @@ def check_model(model: torch.nn.Module, *, guard: bool = True) -> ModelVerdict:
         raise TypeError(f"guard must be True or False, got {guard!r}")
     base = unwrap_base_model(model)
     config = getattr(base, "config", None)
-    refused = peft_refusal(model) or static_refusal(type(base), config)
-    if refused is not None:  # fast path: no probe
-        ModelVerdict(type(base).__name__, str(getattr(config, "model_type", "?")), False, refused[1],
-                     error=refused[0]).raise_if_refused()
+    check_static(model)  # fast path: no probe
     key = _cache_key(type(base), config)
     verdict = _CACHE.get(key)
     if verdict is None:
@@ -407,6 +385,20 @@ def check_model(model: torch.nn.Module, *, guard: bool = True) -> ModelVerdict:
         _install_guard(base, verdict)
         install_relay(base)  # the shard context to attention layers called without the forward's **kwargs
     return verdict
+
+
+def check_static(model: torch.nn.Module) -> None:
+    """Raise, as :func:`check_model` does, where a static rule refuses ``model`` (its PEFT adapters, its class
+    and config; no probe): the integrations run it before the checks of the model's loss, whose verdict on
+    a model refused here would name the wrong reason."""
+    from ..integrations.sharder import unwrap_base_model
+
+    base = unwrap_base_model(model)
+    config = getattr(base, "config", None)
+    refused = peft_refusal(model) or static_refusal(type(base), config)
+    if refused is not None:
+        ModelVerdict(type(base).__name__, str(getattr(config, "model_type", "?")), False, refused[1],
+                     error=refused[0]).raise_if_refused()
 
 
 # ---------------------------------------------------------------------------- runtime guard
@@ -422,6 +414,10 @@ class _Guard:
     def before(self, module, args, kwargs):
         ctx = kwargs.get(SHARD_KWARG)
         if isinstance(ctx, ShardContext):
+            if kwargs.get("output_router_logits") is True and ctx.plan.cp_size > 1:
+                refused = router_loss_refusal(getattr(module, "config", None), per_call=True)
+                if refused is not None:
+                    raise refused[0](f"{self.name}: {refused[1]}")
             ctx.begin_forward()
 
     def after(self, module, args, kwargs, output):

@@ -46,10 +46,11 @@ from accelerate.scheduler import AcceleratedScheduler
 from accelerate.utils import DistributedType, InitProcessGroupKwargs
 
 from ._hf_compat import bypass_torch_cp_hooks, drain_gloo_workers, track_group_holder, validate_parallelism_on_cpu
+from ..attention.model_check import check_static
 from ..packing.validate import InputTypeError, _short
 from .config import ATACConfig
 from .config_files import check_count
-from .forward_check import PreparedForwardCheck
+from .forward_check import PreparedForwardCheck, UnusedParameterCheck
 from .layout import warn_placement
 from .kv_bytes import HALF_AUTOCAST, kv_element_bytes, model_kv_bytes_per_token
 from .plain_modules import runs_no_attention
@@ -57,14 +58,8 @@ from .sharded_check import check_model_sharded
 from .sharder import BatchSharder, count_targets, learned_position_limit, prepare_model, unwrap_base_model
 from .tensor_parallel import apply_tensor_parallel, dp_cp_group, remap_optimizer_params, sync_tp_gradients
 
-__all__ = [
-    "ATACAccelerator",
-    "ATACParallelismConfig",
-    "build_parallelism_config",
-    "bypass_torch_cp_hooks",
-    "check_tp_layout",
-    "cp_coordinates",
-]
+__all__ = ["ATACAccelerator", "ATACParallelismConfig", "build_parallelism_config", "bypass_torch_cp_hooks",
+           "check_tp_layout", "cp_coordinates"]
 
 
 class ATACParallelismConfig(ParallelismConfig):
@@ -301,6 +296,7 @@ class ATACAccelerator(Accelerator):
         self.sharder: BatchSharder | None = None
         self._atac_counted = True  # the last shard() was given the step's count (how reduce_loss undoes the scale)
         self._forward_check = PreparedForwardCheck()  # CP > 1: a loss from the unprepared module is refused
+        self._unused_check = UnusedParameterCheck()  # CP > 1, at gradient-sync steps
 
     def end_training(self) -> None:
         """Accelerate's ``end_training`` (trackers finished, the process group destroyed), with gloo's
@@ -325,11 +321,13 @@ class ATACAccelerator(Accelerator):
         """
         optimizers = [o for o in args if isinstance(o, torch.optim.Optimizer)]
         models = [a for a in args if isinstance(a, torch.nn.Module) and not runs_no_attention(a)]  # (heads: as they are)
-        if self.atac_config.cp_size > 1:  # every model checked before any is changed
+        for obj in models:  # every model checked before any is changed, its kind first
+            check_static(obj)
+        if self.atac_config.cp_size > 1:
             from .trainer_guards import loss_scale_refusal  # (imports Trainer)
 
             for obj in models:
-                if why := loss_scale_refusal(obj, False, self.atac_config.cp_size):
+                if why := loss_scale_refusal(obj, False, self.atac_config.cp_size, parameter_terms=True):
                     raise ValueError(f"{type(unwrap_base_model(obj)).__name__}: {why}")
         for obj in models:
             old = dict(obj.named_parameters())
@@ -388,14 +386,17 @@ class ATACAccelerator(Accelerator):
         Raises:
             ValueError: (``cp_size > 1``) no model returned by :meth:`prepare` ran a forward with autograd on
                 since the last backward (the loss came from the unprepared module, or is a second backward of one
-                forward), or a wrapped module ran one only outside its wrapper: DDP would not sum these gradients.
+                forward), or a wrapped module ran one only outside its wrapper: DDP would not sum these gradients;
+                after a syncing backward, a trainable parameter got no gradient (:class:`.UnusedParameterCheck`).
         """
         if self.tp_size > 1 and not self._models:  # refused before any gradient is accumulated
             raise RuntimeError("accelerator.backward with tp_size > 1 needs the model prepared first: call "
                                "accelerator.prepare(model, optimizer)")
         if self.atac_config.cp_size > 1:
-            self._forward_check.before_backward()
+            self._unused_check.before(self._forward_check.forwarded() if self.sync_gradients else ())
+            self._forward_check.before_backward()  # (after forwarded(): it resets the counts)
         super().backward(loss, **kwargs)
+        self._unused_check.after()  # (nothing noted: nothing checked)
         if self.tp_size > 1 and self.sync_gradients:
             group = dp_cp_group(self.torch_device_mesh)
             for model in self._models:

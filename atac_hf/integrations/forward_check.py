@@ -30,7 +30,7 @@ from typing import Any, Iterable
 
 import torch
 
-__all__ = ["PreparedForwardCheck", "is_wrapper"]
+__all__ = ["PreparedForwardCheck", "UnusedParameterCheck", "is_wrapper"]
 
 _STACK_FRAMES = 32  # frames searched for a wrapper's forward called directly (DDP: 5 above the module's hook)
 
@@ -134,6 +134,11 @@ class PreparedForwardCheck:
             frame = frame.f_back
         return False
 
+    def forwarded(self) -> list:
+        """The watched wrappers that ran a forward with autograd on since the last backward (read before
+        :meth:`before_backward`, which resets the counts): those whose DDP reducer expects this backward."""
+        return [w for w in self._watched if self._since.get(w.module, (0, 0))[1]]
+
     def on_shard(self) -> None:
         self._at_shard = self.num_forwards
 
@@ -169,3 +174,58 @@ class PreparedForwardCheck:
                 ".loss) and run one backward per forward: accelerator.backward(loss1 + loss2) (this backward was "
                 "not run)")
         self._at_backward = self.num_forwards
+
+
+class UnusedParameterCheck:
+    """Refuse a gradient-sync backward in which a trainable parameter of a DDP wrapper got no gradient.
+
+    DDP with ``find_unused_parameters=False`` (Accelerate's and Trainer's default) all-reduces a bucket of
+    gradients once every parameter in it got one in the backward; a parameter the loss does not reach (a loss
+    on an intermediate layer's hidden states, a head or an adapter branch left out) keeps its bucket from being
+    reduced, so its bucket-mates step on each rank's own gradient: under CP a shard's share, the ranks' weights
+    then drift apart (red-teams 29-30: 117-230% off), and DDP's own error comes only at the next forward. Use:
+    ``before(wrappers)`` ahead of the backward, ``after()`` behind it where the step syncs the gradients. A
+    parameter "got a gradient" where its ``.grad`` was created or changed (its version) in the backward.
+    """
+
+    def __init__(self, fix: str | None = None) -> None:
+        self._fix = fix or ("ATACAccelerator(..., kwargs_handlers=[DistributedDataParallelKwargs("
+                            "find_unused_parameters=True)])")
+        self._seen: list[tuple[str, torch.nn.Parameter, Any]] = []
+
+    @staticmethod
+    def _watched(wrapper: Any) -> bool:
+        return (isinstance(wrapper, torch.nn.parallel.DistributedDataParallel)
+                and not getattr(wrapper, "find_unused_parameters", True)
+                and not getattr(wrapper, "static_graph", False))
+
+    def before(self, wrappers: Iterable[Any]) -> None:
+        """Note the trainable parameters' gradients of each DDP wrapper among ``wrappers`` (cheap: no copy)."""
+        self._seen = []
+        for w in wrappers:
+            if self._watched(w):
+                ignored = getattr(w, "parameters_to_ignore", ()) or ()
+                self._seen += [(n, p, _grad_stamp(p)) for n, p in w.module.named_parameters()
+                               if p.requires_grad and n not in ignored]
+
+    def after(self) -> None:
+        """Raise where a noted parameter's gradient did not change in the backward.
+
+        Raises:
+            ValueError: naming the parameters and the settings to change.
+        """
+        seen, self._seen = self._seen, []
+        unused = [n for n, p, stamp in seen if _grad_stamp(p) == stamp]
+        if unused:
+            more = f" and {len(unused) - 4} more" if len(unused) > 4 else ""
+            raise ValueError(
+                f"{len(unused)} trainable parameter(s) got no gradient in this backward "
+                f"({', '.join(unused[:4])}{more}) "
+                "while DDP runs with find_unused_parameters=False: DDP then leaves their gradient bucket unreduced, "
+                "so each rank would step on its own gradient (under CP a shard's share) and the ranks' weights drift "
+                f"apart. Fix: {self._fix}, or freeze the parameters the loss does not use (requires_grad_(False))")
+
+
+def _grad_stamp(p: torch.nn.Parameter) -> Any:
+    g = p.grad
+    return None if g is None else (id(g), g._version)

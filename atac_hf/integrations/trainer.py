@@ -54,9 +54,11 @@ from .accelerate import as_atac_parallelism_config, build_parallelism_config, by
 from ._hf_compat import drain_gloo_workers, release_loader, track_group_holder
 from .accelerate import cp_coordinates
 from .config import ATACConfig
+from .forward_check import UnusedParameterCheck
 from .data import build_packed_dataloader, check_collator, check_dataset_columns, is_streaming_dataset
 from .layout import warn_placement
 from .kv_bytes import HALF_AUTOCAST, kv_element_bytes, model_kv_bytes_per_token
+from ..attention.model_check import check_static
 from .sharded_check import check_model_sharded
 from .sharder import BatchSharder, check_position_limit, prepare_model, unwrap_base_model
 from .stream_state import STREAM_STATE_NAME, StreamResumeMixin, stream_dispatch
@@ -145,6 +147,8 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
         if model is None:
             raise ValueError("ATACTrainer needs model= (model_init is not supported: the model is switched to the "
                              "atac_cp attention before training)")
+        if isinstance(model, torch.nn.Module):  # its kind first: a check below would refuse it for another reason
+            check_static(model)
         if train_dataset is not None:
             check_dataset_columns(train_dataset, name="train_dataset", streaming=True)
         evals = eval_dataset if isinstance(eval_dataset, dict) else {"": eval_dataset}
@@ -366,10 +370,13 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
         install_loss_override_check(self, self.atac_config.cp_size)  # also one set on the instance after __init__
         check_late_loss_settings(self, self.atac_config.cp_size)
         self._atac_training_step = True
+        unused = UnusedParameterCheck("TrainingArguments(ddp_find_unused_parameters=True)")
+        unused.before((model,) if self.atac_config.cp_size > 1 and self.accelerator.sync_gradients else ())
         try:
             loss = super().training_step(model, inputs, *args, **kwargs)
         finally:
             self._atac_training_step = False
+        unused.after()
         if self.atac_tp_size > 1 and self.accelerator.sync_gradients:
             sync_tp_gradients(model, dp_cp_group(self.accelerator.torch_device_mesh))
         return loss

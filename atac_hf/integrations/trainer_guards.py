@@ -239,12 +239,15 @@ def record_wrap_trainable(trainer: Any) -> None:
     acc._atac_wrap_recorder = trainer
 
 
-def loss_scale_refusal(model: Any, stale: bool, cp_size: int) -> str | None:
+def loss_scale_refusal(model: Any, stale: bool, cp_size: int, parameter_terms: bool = False) -> str | None:
     """Why the model's loss cannot be sharded, or None. ``stale`` (``accepts_loss_kwargs=False``): the
     loss must be shown to honour ``num_items_in_batch``; otherwise, under CP, a loss shown to ignore it
     is refused (a check that cannot run is not: the model may need inputs the check does not give).
     Under CP, a loss shown not to train the targets of ``shift_labels`` is refused too
-    (:func:`loss_shift_refusal`)."""
+    (:func:`loss_shift_refusal`). ``parameter_terms``: the loop keeps a loss term of
+    :data:`PARAMETER_ONLY_LOSS_WEIGHTS` exact (``ATACAccelerator``: each rank adds it once and the ranks'
+    gradient mean keeps it), so the checks run with it at 0; Trainer scales each rank's whole loss by the
+    number of processes, that term too, so it is refused there, by name."""
     from ..attention.model_check import router_loss_refusal
     from .sharder import unwrap_base_model
 
@@ -252,16 +255,57 @@ def loss_scale_refusal(model: Any, stale: bool, cp_size: int) -> str | None:
     routed = cp_size > 1 and config is not None and router_loss_refusal(config) is not None
     if not stale and (cp_size <= 1 or routed):
         return None  # (an MoE router loss is refused, in its own words, where the model is prepared)
-    with stock_attention(model):  # a model loaded with atac_cp runs the checks (its attention needs a shard)
+    with stock_attention(model), parameter_terms_off(model if parameter_terms else None):  # (atac_cp: a shard only)
         if stale:
             why = loss_num_items_refusal(model)
         else:  # only a verdict refuses (not a failed or non-finite check)
             why = loss_num_items_refusal(model, rtol=1e-2)
             why = why if why is not None and why.startswith("its loss ignores") else None
         if why is not None:
+            extra = "".join(f"; its PEFT adapter {a!r} adds a loss term of its own ({k}={v}: set it to 0)"
+                            for a, k, v in _peft_loss_weights(model))
             return (f"{why}; ATP-CP needs the loss as the target sum over num_items_in_batch (a per-rank mean is "
-                    f"cp_size={cp_size} times the loss and gradients)")
+                    f"cp_size={cp_size} times the loss and gradients){extra}")
         return loss_shift_refusal(model) if cp_size > 1 and not routed else None
+
+
+#: PEFT config fields of loss terms computed from the adapter's parameters alone (AdaLoRA's orthogonal
+#: regulariser): every rank adds the same term and the ranks' gradient mean keeps it, so it is exact under
+#: CP, but it is no target sum; the loss checks run with it at 0 (red-team 29: refused though exact).
+PARAMETER_ONLY_LOSS_WEIGHTS = ("orth_reg_weight",)
+
+
+def _peft_configs(model: Any) -> list:
+    """``(adapter name, config)`` of every PEFT adapter on ``model`` (looked through DDP / compile wrappers)."""
+    for _ in range(8):
+        configs = getattr(model, "peft_config", None)
+        if isinstance(configs, dict):
+            return list(configs.items())
+        model = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+    return []
+
+
+def _peft_loss_weights(model: Any) -> list[tuple[str, str, Any]]:
+    """``(adapter, field, value)`` of the non-zero loss-term weights (``*loss_weight``,
+    :data:`PARAMETER_ONLY_LOSS_WEIGHTS`) of the model's PEFT configs."""
+    return [(name, k, v) for name, cfg in _peft_configs(model) for k, v in sorted(vars(cfg).items())
+            if ("loss_weight" in k or k in PARAMETER_ONLY_LOSS_WEIGHTS) and isinstance(v, (int, float))
+            and not isinstance(v, bool) and v != 0]
+
+
+@contextlib.contextmanager
+def parameter_terms_off(model: Any):
+    """``model`` with the loss terms of :data:`PARAMETER_ONLY_LOSS_WEIGHTS` at 0 in its PEFT configs, put back
+    after."""
+    saved = [(cfg, k, getattr(cfg, k)) for _, cfg in _peft_configs(model) for k in PARAMETER_ONLY_LOSS_WEIGHTS
+             if isinstance(getattr(cfg, k, None), (int, float))]
+    try:
+        for cfg, k, _ in saved:
+            setattr(cfg, k, 0.0)
+        yield
+    finally:
+        for cfg, k, v in saved:
+            setattr(cfg, k, v)
 
 
 @contextlib.contextmanager
