@@ -133,6 +133,17 @@ def accelerate_cases() -> dict:
     hidden = pbase(**local, output_hidden_states=True).hidden_states[1]
     res["unused"] = _error(lambda: acc.backward(phead(hidden).square().mean()))
 
+    # the same loss in a micro-step under no_sync (DDP reduces nothing there), then one reaching every parameter
+    base = LlamaModel(stock_llama().config)
+    pbase, phead = acc.prepare(base, torch.nn.Linear(base.config.hidden_size, 1))
+
+    def accumulate():
+        with acc.no_sync(pbase):
+            acc.backward(phead(pbase(**local, output_hidden_states=True).hidden_states[1]).square().mean())
+        acc.backward(phead(pbase(**local).last_hidden_state).square().mean())
+
+    res["unused_in_no_sync"] = _error(accumulate)
+
     from transformers import MixtralConfig, MixtralForCausalLM
 
     cfg = MixtralConfig(vocab_size=128, hidden_size=32, intermediate_size=48, num_hidden_layers=2,

@@ -44,6 +44,7 @@ def test_a_parameter_the_loss_does_not_reach_is_refused_at_the_syncing_backward(
     assert got.startswith("ValueError: 10 trainable parameter(s) got no gradient in this backward "
                           "(layers.1.self_attn.q_proj.weight, ")  # (the AdaLoRA model ran no forward: not counted)
     assert "DistributedDataParallelKwargs(find_unused_parameters=True)" in got
+    assert runs["accelerate"]["unused_in_no_sync"] is None  # a micro-step under no_sync: DDP reduces nothing there
     got = runs["trainer"]["unused"]
     assert got.startswith("ValueError: 2 trainable parameter(s) got no gradient in this backward (unused.weight, "
                           "unused.bias)") and "TrainingArguments(ddp_find_unused_parameters=True)" in got

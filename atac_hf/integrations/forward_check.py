@@ -197,7 +197,8 @@ class UnusedParameterCheck:
     def _watched(wrapper: Any) -> bool:
         return (isinstance(wrapper, torch.nn.parallel.DistributedDataParallel)
                 and not getattr(wrapper, "find_unused_parameters", True)
-                and not getattr(wrapper, "static_graph", False))
+                and not getattr(wrapper, "static_graph", False)
+                and getattr(wrapper, "require_backward_grad_sync", True))  # False under no_sync(): no reduction
 
     def before(self, wrappers: Iterable[Any]) -> None:
         """Note the trainable parameters' gradients of each DDP wrapper among ``wrappers`` (cheap: no copy)."""
