@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 from torch.utils.data import DataLoader, IterableDataset
 
+from ..packing.data.arrow_source import refuse_transform
 from .columns import _check_token_columns, _list_chunks, checked_stream, prepare_stream_sample  # noqa: F401
 from .config import ATACConfig
 from .config_files import check_count, short_repr
@@ -75,6 +76,7 @@ def check_dataset_columns(dataset: Any, *, name: str = "dataset", streaming: boo
             return
         raise ValueError(f"{name} is an iterable dataset: the WFAP sampler needs a map-style dataset whose sample "
                          "lengths are known up front (datasets.Dataset, or a list of dicts with 'input_ids')")
+    refuse_transform(dataset, name)
     names = getattr(dataset, "column_names", None)
     if names is None:
         if isinstance(dataset, Mapping) or not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):

@@ -20,6 +20,26 @@ def _is_hf_dataset(dataset: Any) -> bool:
     return isinstance(dataset, datasets.Dataset)
 
 
+def refuse_transform(dataset: Any, where: str = "the dataset") -> None:
+    """Refuse a ``datasets.Dataset`` with a transform (``with_transform`` / ``set_transform``): it runs only
+    when a row is read, but packing plans from the stored Arrow columns (their lengths; ``pack_dataset``'s
+    rows too), so the packs would not hold what the transform makes (a transform adding a BOS token made
+    packs of other lengths than planned; one tokenizing text found no ``input_ids``).
+
+    Raises:
+        ValueError: naming the transform and what to do instead.
+    """
+    if not _is_hf_dataset(dataset) or (dataset.format or {}).get("type") != "custom":
+        return
+    fn = (dataset.format.get("format_kwargs") or {}).get("transform")
+    raise ValueError(
+        f"{where} has a transform set with with_transform() / set_transform() "
+        f"({getattr(fn, '__name__', type(fn).__name__)}): it runs only when a row is read, but packing plans from "
+        "the stored columns (their token counts), so the packs would not hold what it makes; apply it once with "
+        "dataset.map(fn, batched=True) (a transform of token ids) or tokenize with map, or drop it with "
+        "dataset.reset_format()")
+
+
 def _arrow_source(dataset: Any) -> tuple[Any, np.ndarray | None]:
     """The dataset's underlying ``pyarrow.Table`` (whatever its format) and the table row of
     each dataset row (``None``: row i is table row i; set after ``select``/``shuffle``)."""

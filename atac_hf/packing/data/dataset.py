@@ -56,7 +56,7 @@ from ..config import PackingConfig
 from ..metrics import pack_costs
 from ..validate import one_row
 from .arrow_source import (_arrow_source, _check_token_values, _first_bad_row, _is_hf_dataset, _is_list,
-                           _list_lengths, _refuse_packed_source, _token_columns, _token_lengths)
+                           _list_lengths, _refuse_packed_source, _token_columns, _token_lengths, refuse_transform)
 from .collator import LOSS_MASK_COLUMNS
 from .cache_files import cache_path, code_digest, load_cache, plan_from_rows, split_cache_names, write_cache
 from .window_planner import plan_packs
@@ -84,6 +84,7 @@ def dataset_lengths(dataset: Any, *, column: str = "input_ids", batch_size: int 
         InputTypeError: (a ``TypeError`` and ``ValueError``) an Arrow column that is not a list of
             int token ids (text, say), or a sample of several rows.
     """
+    refuse_transform(dataset)
     names = getattr(dataset, "column_names", None)
     if names is not None and column not in names:
         raise ValueError(_missing_column(column, names))
@@ -226,6 +227,7 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
     if isinstance(cache_file_name, Mapping):
         raise ValueError("pack_dataset: cache_file_name is a mapping (one path per split, for a DatasetDict); give "
                          "a datasets.Dataset one path, or None")
+    refuse_transform(dataset)
     if "input_ids" not in dataset.column_names:
         raise ValueError(_missing_column("input_ids", dataset.column_names))
     if len(dataset) == 0:
