@@ -292,6 +292,9 @@ def test_a_router_loss_passed_to_a_sharded_forward_is_refused_under_cp():
                 guard.before(model, (), call)
         else:
             guard.before(model, (), call)
+    from atac_hf.attention.model_check import router_loss_refusal
+
+    assert router_loss_refusal(_llama_config(), per_call=True) is None  # a dense model given the flag: no router
     model.config.router_aux_loss_coef = 0.0  # weighted 0: the loss is the language model's
     plan = plan_shards(np.array([9, 7]), 2, "atp")
     guard.before(model, (), {SHARD_KWARG: ShardContext(plan=plan, rank=0, layout=plan.local_layout(0)),
