@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["PER_TOKEN_PEFT_TYPES", "head_refusal", "peft_refusal"]
+__all__ = ["PER_TOKEN_PEFT_TYPES", "head_refusal", "peft_configs", "peft_refusal"]
 
 _INSTEAD = ("train it without atac-hf: its stock attention on unpacked rows (atac-hf packs several documents "
             "into each row, so ATACTrainer and ATACAccelerator refuse it at cp_size=1 too)")
@@ -115,20 +115,25 @@ def _adapter_refusal(name: str, cfg: Any) -> str | None:
     return None
 
 
-def peft_refusal(model: torch.nn.Module) -> tuple[type, str] | None:
-    """``(NotImplementedError, reason)`` for a PEFT adapter that is not known to act on each token alone
-    (see the module docstring), else None. Looks through DDP / compile wrappers down to PEFT's model."""
+def peft_configs(model: Any) -> list[tuple[str, Any]]:
+    """``(adapter name, config)`` of every PEFT adapter on ``model``, looked for through DDP / compile
+    wrappers down to PEFT's model (``[]``: none)."""
     seen = 0
     while model is not None and seen < 8:  # the wrappers unwrap_base_model looks through, down to PEFT's
         seen += 1
         configs = getattr(model, "peft_config", None)
         if isinstance(configs, dict):
-            for name, cfg in configs.items():
-                why = _adapter_refusal(name, cfg)
-                if why is not None:
-                    return NotImplementedError, why
-            return None
-        inner = getattr(model, "module", None) if isinstance(getattr(model, "module", None), torch.nn.Module) \
-            else getattr(model, "_orig_mod", None)
-        model = inner
+            return list(configs.items())
+        inner = getattr(model, "module", None)
+        model = inner if isinstance(inner, torch.nn.Module) else getattr(model, "_orig_mod", None)
+    return []
+
+
+def peft_refusal(model: torch.nn.Module) -> tuple[type, str] | None:
+    """``(NotImplementedError, reason)`` for a PEFT adapter that is not known to act on each token alone
+    (see the module docstring), else None."""
+    for name, cfg in peft_configs(model):
+        why = _adapter_refusal(name, cfg)
+        if why is not None:
+            return NotImplementedError, why
     return None

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainingArguments
 
+from ..attention.kind_rules import peft_configs
 from ..attention.shard import IGNORE_INDEX as IGNORE
 from ._hf_compat import loss_num_items_refusal
 
@@ -275,20 +276,10 @@ def loss_scale_refusal(model: Any, stale: bool, cp_size: int, parameter_terms: b
 PARAMETER_ONLY_LOSS_WEIGHTS = ("orth_reg_weight",)
 
 
-def _peft_configs(model: Any) -> list:
-    """``(adapter name, config)`` of every PEFT adapter on ``model`` (looked through DDP / compile wrappers)."""
-    for _ in range(8):
-        configs = getattr(model, "peft_config", None)
-        if isinstance(configs, dict):
-            return list(configs.items())
-        model = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-    return []
-
-
 def _peft_loss_weights(model: Any) -> list[tuple[str, str, Any]]:
     """``(adapter, field, value)`` of the non-zero loss-term weights (``*loss_weight``,
     :data:`PARAMETER_ONLY_LOSS_WEIGHTS`) of the model's PEFT configs."""
-    return [(name, k, v) for name, cfg in _peft_configs(model) for k, v in sorted(vars(cfg).items())
+    return [(name, k, v) for name, cfg in peft_configs(model) for k, v in sorted(vars(cfg).items())
             if ("loss_weight" in k or k in PARAMETER_ONLY_LOSS_WEIGHTS) and isinstance(v, (int, float))
             and not isinstance(v, bool) and v != 0]
 
@@ -297,7 +288,7 @@ def _peft_loss_weights(model: Any) -> list[tuple[str, str, Any]]:
 def parameter_terms_off(model: Any):
     """``model`` with the loss terms of :data:`PARAMETER_ONLY_LOSS_WEIGHTS` at 0 in its PEFT configs, put back
     after."""
-    saved = [(cfg, k, getattr(cfg, k)) for _, cfg in _peft_configs(model) for k in PARAMETER_ONLY_LOSS_WEIGHTS
+    saved = [(cfg, k, getattr(cfg, k)) for _, cfg in peft_configs(model) for k in PARAMETER_ONLY_LOSS_WEIGHTS
              if isinstance(getattr(cfg, k, None), (int, float))]
     try:
         for cfg, k, _ in saved:
