@@ -50,6 +50,18 @@ def torchrun_json(nproc: int, worker: str, out_dir, timeout: float = 600) -> dic
     return json.loads(out.read_text())
 
 
+def torchrun_modes(tmp_path_factory, worker: str, modes=("accelerate", "trainer"), timeout: float = 600) -> dict:
+    """``{mode: JSON}``: ``tests/<worker> OUT MODE`` under torchrun (2 processes) once per mode."""
+    import json
+
+    out = {}
+    for mode in modes:
+        path = tmp_path_factory.mktemp(f"{Path(worker).stem}_{mode}") / "out.json"
+        torchrun(2, f"tests/{worker}", path, mode, timeout=timeout)
+        out[mode] = json.loads(path.read_text())
+    return out
+
+
 def accelerate_launch(config: str, script, *args, timeout: float = 300) -> subprocess.CompletedProcess:
     return run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", ROOT / config, "--main_process_port", free_port(),
                 script, *args], timeout=timeout)

@@ -10,12 +10,11 @@ over the CP ranks before training (:mod:`atac_hf.integrations.sharded_check`).
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
 
-from _launch import torchrun
+from _launch import torchrun_modes
 from _redteam26_worker import BigramLlama, IdsOnlyLlama, LocalRopeLlama, ResetShiftLlama, ZeroGateShiftLlama, custom
 
 
@@ -69,12 +68,7 @@ def test_special_token_ids_are_not_drawn():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    out = {}
-    for mode in ("accelerate", "trainer"):
-        path = tmp_path_factory.mktemp(f"rt26_{mode}") / "out.json"
-        torchrun(2, "tests/_redteam26_worker.py", path, mode, timeout=600)
-        out[mode] = json.loads(path.read_text())
-    return out
+    return torchrun_modes(tmp_path_factory, "_redteam26_worker.py")
 
 
 @pytest.mark.slow

@@ -3,21 +3,15 @@ what the helpers found: ``tests/test_redteam29_30.py``)."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
-from _launch import torchrun
+from _launch import torchrun_modes
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    out = {}
-    for mode in ("accelerate", "trainer"):
-        path = tmp_path_factory.mktemp(f"rt29_{mode}") / "out.json"
-        torchrun(2, "tests/_redteam29_worker.py", path, mode, timeout=600)
-        out[mode] = json.loads(path.read_text())
-    return out
+    return torchrun_modes(tmp_path_factory, "_redteam29_worker.py")
 
 
 @pytest.mark.slow
