@@ -10,7 +10,6 @@ over the CP ranks before training (:mod:`atac_hf.integrations.sharded_check`).
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 

@@ -3,7 +3,6 @@ what the helpers found: ``tests/test_redteam29_30.py``)."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from _launch import torchrun_modes
