@@ -51,9 +51,9 @@ PER_TOKEN_PEFT_TYPES = frozenset({
     "PEANUT", "SHADOW", "SUPERTUNING", "DEFT",
 })
 
-#: PEFT types refused with a reason of their own (prompt learning is recognised by its config's flag).
+#: PEFT types refused with a reason of their own (prompt learning, by its config's flag, and adaption
+#: prompts are refused before these, for their virtual tokens).
 _CROSS_TOKEN = {
-    "ADAPTION_PROMPT": "adds adaption prompts that every query attends to, in attention code of its own",
     "LILY": ("averages its router's probabilities over every token of the row (a packed row's documents "
              "together, and under CP a rank's shard only)"),
     "POLY": "routes every token of a row by the row's task_ids, one task per row, not per document",

@@ -174,6 +174,15 @@ def config_refusal(config: Any) -> tuple[type, str] | None:
 _ROUTER_LOSS_COEFS = ("router_aux_loss_coef", "aux_loss_coef", "router_z_loss_coef", "z_loss_coefficient")
 
 
+def _on(flag: Any) -> bool:
+    """Whether a model reads ``flag`` as on (``if output_router_logits:``): any truthy value (1, a numpy or
+    torch bool; red-team 30's pass 39: ``is True`` let them through); a value with no truth value counts as on."""
+    try:
+        return bool(flag)
+    except (TypeError, ValueError, RuntimeError):
+        return True
+
+
 def router_loss_refusal(config: Any, per_call: bool = False) -> tuple[type, str] | None:
     """A refusal for an MoE config that adds a router loss to the loss (``output_router_logits``
     on, with a non-zero coefficient): the loss averages routing statistics over every token of the
@@ -182,7 +191,7 @@ def router_loss_refusal(config: Any, per_call: bool = False) -> tuple[type, str]
     ``per_call``: ``output_router_logits=True`` was passed to a forward (the runtime guard's check;
     red-team 30: router gradients 50% off at CP 2 with the config's flag off)."""
     for cfg in _configs(config):
-        if not per_call and getattr(cfg, "output_router_logits", False) is not True:
+        if not per_call and not _on(getattr(cfg, "output_router_logits", False)):
             continue
         coefs = {k: getattr(cfg, k) for k in _ROUTER_LOSS_COEFS if isinstance(getattr(cfg, k, None), (int, float))}
         if coefs and not any(float(v) for v in coefs.values()):
@@ -416,7 +425,7 @@ class _Guard:
     def before(self, module, args, kwargs):
         ctx = kwargs.get(SHARD_KWARG)
         if isinstance(ctx, ShardContext):
-            if kwargs.get("output_router_logits") is True and ctx.plan.cp_size > 1:
+            if _on(kwargs.get("output_router_logits")) and ctx.plan.cp_size > 1:
                 refused = router_loss_refusal(getattr(module, "config", None), per_call=True)
                 if refused is not None:
                     raise refused[0](f"{self.name}: {refused[1]}")

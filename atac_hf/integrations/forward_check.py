@@ -191,7 +191,7 @@ class UnusedParameterCheck:
     def __init__(self, fix: str | None = None) -> None:
         self._fix = fix or ("ATACAccelerator(..., kwargs_handlers=[DistributedDataParallelKwargs("
                             "find_unused_parameters=True)])")
-        self._seen: list[tuple[str, torch.nn.Parameter, Any]] = []
+        self._seen: list[tuple[str, torch.nn.Parameter, _Stamp]] = []
 
     @staticmethod
     def _watched(wrapper: Any) -> bool:
@@ -206,7 +206,7 @@ class UnusedParameterCheck:
         for w in wrappers:
             if self._watched(w):
                 ignored = getattr(w, "parameters_to_ignore", ()) or ()
-                self._seen += [(n, p, _grad_stamp(p)) for n, p in w.module.named_parameters()
+                self._seen += [(n, p, _Stamp(p.grad)) for n, p in w.module.named_parameters()
                                if p.requires_grad and n not in ignored]
 
     def after(self) -> None:
@@ -216,7 +216,7 @@ class UnusedParameterCheck:
             ValueError: naming the parameters and the settings to change.
         """
         seen, self._seen = self._seen, []
-        unused = [n for n, p, stamp in seen if _grad_stamp(p) == stamp]
+        unused = [n for n, p, stamp in seen if stamp.unchanged(p)]
         if unused:
             more = f" and {len(unused) - 4} more" if len(unused) > 4 else ""
             raise ValueError(
@@ -227,6 +227,14 @@ class UnusedParameterCheck:
                 f"apart. Fix: {self._fix}, or freeze the parameters the loss does not use (requires_grad_(False))")
 
 
-def _grad_stamp(p: torch.nn.Parameter) -> Any:
-    g = p.grad
-    return None if g is None else (id(g), g._version)
+class _Stamp:
+    """A parameter's gradient before a backward: the tensor itself (not its ``id``: a gradient replaced by a new
+    tensor, as ``create_graph=True`` accumulates, may land at the freed one's address) and its version."""
+
+    __slots__ = ("grad", "version")
+
+    def __init__(self, grad: torch.Tensor | None) -> None:
+        self.grad, self.version = grad, None if grad is None else grad._version
+
+    def unchanged(self, p: torch.nn.Parameter) -> bool:
+        return p.grad is self.grad and (self.grad is None or self.grad._version == self.version)

@@ -277,8 +277,8 @@ PARAMETER_ONLY_LOSS_WEIGHTS = ("orth_reg_weight",)
 
 
 def _peft_loss_weights(model: Any) -> list[tuple[str, str, Any]]:
-    """``(adapter, field, value)`` of the non-zero loss-term weights (``*loss_weight``,
-    :data:`PARAMETER_ONLY_LOSS_WEIGHTS`) of the model's PEFT configs."""
+    """``(adapter, field, value)`` of the non-zero loss-term weights (fields whose name holds ``loss_weight``,
+    and :data:`PARAMETER_ONLY_LOSS_WEIGHTS`) of the model's PEFT configs."""
     return [(name, k, v) for name, cfg in peft_configs(model) for k, v in sorted(vars(cfg).items())
             if ("loss_weight" in k or k in PARAMETER_ONLY_LOSS_WEIGHTS) and isinstance(v, (int, float))
             and not isinstance(v, bool) and v != 0]
