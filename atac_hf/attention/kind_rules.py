@@ -8,7 +8,7 @@
   cp_size 1, 177% at cp_size 2): :func:`head_refusal` refuses it, by the class name of the model's
   class or any class it derives from (``*ForTokenClassification``, ...).
 - **PEFT adapters.** An adapter that only changes weights acts on each token alone and is exact
-  (red-team 29 measured 45 types at cp_size 1 and 2). Prompt learning adds virtual tokens or key/value
+  (red-team 29 measured every type of :data:`PER_TOKEN_PEFT_TYPES` at cp_size 1 and 2). Prompt learning adds virtual tokens or key/value
   prefixes; some others look across the tokens of a row (Lily's router averages over them, aLoRA's
   activation point is the row's last invocation, Poly routes by a per-row task id, VeLoRA's projection
   is a batch mean); and LoRA's ``layer_replication`` copies layers with a config of their own, where
