@@ -196,7 +196,8 @@ def router_loss_refusal(config: Any, per_call: bool = False) -> tuple[type, str]
         coefs = {k: getattr(cfg, k) for k in _ROUTER_LOSS_COEFS if isinstance(getattr(cfg, k, None), (int, float))}
         if coefs and not any(float(v) for v in coefs.values()):
             continue  # every router loss weighted 0: the loss and its gradients are the language-model loss's
-        if per_call and not coefs and not any("expert" in k and not k.startswith("_") for k in vars(cfg)):
+        fields = getattr(cfg, "__dict__", {})
+        if per_call and not coefs and not any("expert" in k and not k.startswith("_") for k in fields):
             continue  # the flag passed to a model with no router (no experts, no coefficient): nothing is added
         named = ", ".join(f"{k}={v}" for k, v in coefs.items()) or "no coefficient field"
         flag, unset = (("output_router_logits=True passed to the forward", "do not pass output_router_logits=True")
