@@ -230,24 +230,23 @@ def test_before_any_shard_a_backward_without_a_wrapper_forward_is_refused_too():
 
 
 # ---------------------------------------------------------------------------- ATACAccelerator wiring
-def _bare_accelerator(monkeypatch, cp: int):
-    """An ATACAccelerator with no process group: Accelerate's prepare wraps each module, its backward records."""
+def make_bare_accelerator(monkeypatch, cp: int, *, wrap, backward, setup, kind_check: bool = True):
+    """An ATACAccelerator with no process group: Accelerate's ``prepare`` wraps each module in ``wrap``, its
+    ``backward`` is ``backward(self, loss, **kw)``, ``_setup_model`` is ``setup``; ``kind_check=False``: the static
+    rules patched out."""
     from accelerate import Accelerator
 
     from atac_hf.integrations.accelerate import ATACAccelerator
     from atac_hf.integrations.forward_check import PreparedForwardCheck, UnusedParameterCheck
 
-    calls = []
-
     def prepare(self, *args, **kwargs):
-        out = tuple(Wrapper(a) if isinstance(a, torch.nn.Module) else a for a in args)
+        out = tuple(wrap(a) if isinstance(a, torch.nn.Module) else a for a in args)
         return out if len(out) > 1 else out[0]
 
     monkeypatch.setattr(Accelerator, "prepare", prepare)
-    monkeypatch.setattr(Accelerator, "backward", lambda self, loss, **kw: calls.append("backward"))
-    # TinyLM has no transformers config: the static rules (run again by the mocked _setup_model's check_model)
-    # would refuse it before the loss checks these tests are about
-    monkeypatch.setattr("atac_hf.integrations.accelerate.check_static", lambda model: None)
+    monkeypatch.setattr(Accelerator, "backward", backward)
+    if not kind_check:
+        monkeypatch.setattr("atac_hf.integrations.accelerate.check_static", lambda model: None)
 
     class Bare(ATACAccelerator):
         num_processes = cp
@@ -258,7 +257,18 @@ def _bare_accelerator(monkeypatch, cp: int):
     acc.atac_config, acc.tp_size, acc._models = SimpleNamespace(cp_size=cp), 1, []
     acc._forward_check = PreparedForwardCheck()
     acc._unused_check = UnusedParameterCheck()
-    acc._setup_model = lambda m: calls.append(("setup", m.mode))
+    acc._setup_model = setup
+    return acc
+
+
+def _bare_accelerator(monkeypatch, cp: int):
+    """An ATACAccelerator with no process group: Accelerate's prepare wraps each module, its backward records."""
+    calls = []
+    # TinyLM has no transformers config: the static rules (run again by the mocked _setup_model's check_model)
+    # would refuse it before the loss checks these tests are about
+    acc = make_bare_accelerator(monkeypatch, cp, wrap=Wrapper,
+                                backward=lambda self, loss, **kw: calls.append("backward"),
+                                setup=lambda m: calls.append(("setup", m.mode)), kind_check=False)
     acc.sharder = lambda batch, num_items_in_batch=None: {**batch, "num_items_in_batch": num_items_in_batch}
     return acc, calls
 

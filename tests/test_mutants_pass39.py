@@ -375,31 +375,11 @@ def test_forwarded_lists_the_wrappers_that_ran_a_forward_with_autograd_through_t
 def _bare_accelerator(monkeypatch, cp, *, kind_check=True):
     """An ATACAccelerator with no process group: Accelerate's prepare wraps each module in FakeDDP, its backward
     runs autograd's."""
-    from accelerate import Accelerator
-
-    from atac_hf.integrations.accelerate import ATACAccelerator
+    from test_mutants_pass30 import make_bare_accelerator
 
     setups = []
-
-    def prepare(self, *args, **kwargs):
-        out = tuple(FakeDDP(a) if isinstance(a, nn.Module) else a for a in args)
-        return out if len(out) > 1 else out[0]
-
-    monkeypatch.setattr(Accelerator, "prepare", prepare)
-    monkeypatch.setattr(Accelerator, "backward", lambda self, loss, **kw: loss.backward(**kw))
-    if not kind_check:
-        monkeypatch.setattr("atac_hf.integrations.accelerate.check_static", lambda model: None)
-
-    class Bare(ATACAccelerator):
-        num_processes = cp
-        gradient_accumulation_steps = 1
-        sync_gradients = True
-
-    acc = Bare.__new__(Bare)
-    acc.atac_config, acc.tp_size, acc._models = SimpleNamespace(cp_size=cp), 1, []
-    acc._forward_check = PreparedForwardCheck()
-    acc._unused_check = UnusedParameterCheck()
-    acc._setup_model = lambda m: setups.append(type(m).__name__)
+    acc = make_bare_accelerator(monkeypatch, cp, wrap=FakeDDP, backward=lambda self, loss, **kw: loss.backward(**kw),
+                                setup=lambda m: setups.append(type(m).__name__), kind_check=kind_check)
     return acc, setups
 
 
