@@ -18,8 +18,8 @@ from atac_hf.packing.planners.window import (WindowContext, _make_room, balance_
 LINEAR = CostModel(linear_s_per_token=1.0, attn_s_per_pair=0.0, tile=1)
 
 
-def _ctx(packs: int, *, min_fragment: int = 1, split_overdue: bool = True) -> WindowContext:
-    cfg = PackingConfig(max_tokens=10, packs_per_window=packs, max_defer=1, min_fragment=min_fragment,
+def _ctx(packs: int, *, min_fragment: int = 1, split_overdue: bool = True, max_defer: int = 1) -> WindowContext:
+    cfg = PackingConfig(max_tokens=10, packs_per_window=packs, max_defer=max_defer, min_fragment=min_fragment,
                         split_overdue=split_overdue)
     return WindowContext(config=cfg, cost_model=LINEAR, window=1, final=False,
                          ref_cost_per_token=ref_cost_per_token(cfg, LINEAR))
@@ -114,7 +114,7 @@ def test_place_overdue_does_not_overfill_a_pack():
 def test_place_overdue_splits_a_sample_of_twice_min_fragment():
     a, b, o = _overdue(0, 8), _overdue(1, 8), _overdue(2, 4)
     packs = [[a], [b]]
-    rest, split = place_overdue(packs, [o], _ctx(2, min_fragment=2))
+    rest, split = place_overdue(packs, [o], _ctx(2, min_fragment=2, max_defer=0))  # deferral off: cut
     assert packs == [[a, (2, 0, 2, 0, 2, 1)], [b, (2, 2, 4, 0, 2, 1)]]
     assert rest == [] and split == [(2, 4)]
 

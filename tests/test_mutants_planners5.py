@@ -214,7 +214,7 @@ def test_place_overdue_costs_the_pieces_of_a_split_sample():
 
     from atac_hf.packing.planners.window import place_overdue
 
-    ctx = _wctx(3, 1, 1)
+    ctx = _wctx(3, 0, 0)  # max_defer 0: a whole sample that fits may be cut (deferral off)
     x, y, z = _witem(0, 6, 0, 0), _witem(1, 5, 0, 1), _witem(2, 4, 0, 2)
     o1, o2 = _witem(3, 9, 0, 3), _witem(4, 2, 0, 4)
     packs = [[x], [y], [z]]
@@ -324,7 +324,7 @@ def test_place_overdue_cuts_down_to_the_last_token():
 
     from atac_hf.packing.planners.window import place_overdue
 
-    ctx = _wctx(3, 1, 1)
+    ctx = _wctx(3, 0, 0)  # max_defer 0: a whole sample that fits may be cut (deferral off)
     x, y, z = _witem(0, 6, 0, 0), _witem(1, 6, 0, 1), _witem(2, 9, 0, 2)
     o = _witem(3, 9, 0, 3)
     packs = [[x], [y], [z]]

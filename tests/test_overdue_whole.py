@@ -7,6 +7,7 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +16,34 @@ from atac_hf.packing import PackingConfig, pack_lengths
 from atac_hf.packing.planners.window import WindowContext, place_overdue
 
 LINEAR = CostModel(linear_s_per_token=1.0, attn_s_per_pair=0.0, tile=1)
+
+
+def _random_stream(seed: int) -> tuple[np.ndarray, int, CostModel]:
+    """Samples that all fit a cap of 16-199 tokens, and a linear cost with a random pair price."""
+    rng = np.random.default_rng(seed)
+    cap = int(rng.integers(16, 200))
+    lengths = rng.integers(1, cap + 1, size=int(rng.integers(20, 200)))  # every sample fits
+    cost = CostModel(linear_s_per_token=1.0, attn_s_per_pair=float(rng.choice([0.0, 0.01, 1.0])), tile=1)
+    return lengths, cap, cost
+
+
+def _pack(lengths, cap, cost, strategy, max_defer, packs_per_window):
+    config = PackingConfig(max_tokens=cap, packs_per_window=packs_per_window, strategy=strategy,
+                           max_defer=max_defer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return pack_lengths(lengths, config, cost)
+
+
+def _assert_whole_once(res, lengths, cap):
+    pieces = {}
+    for pack in res.packs:
+        assert sum(e - s for _, s, e in pack) <= cap
+        for sid, s, e in pack:
+            pieces.setdefault(sid, []).append((s, e))
+    assert sorted(pieces) == list(range(len(lengths)))
+    for sid, spans in pieces.items():
+        assert spans == [(0, int(lengths[sid]))], (sid, spans)  # whole, exactly once
 
 
 def _ctx(window: int, **kw) -> WindowContext:
@@ -44,12 +73,38 @@ def test_displacement_takes_the_pack_where_fewest_tokens_leave():
 
 
 def test_overdue_samples_are_never_displaced():
-    # every sample in the packs is overdue too: nothing may leave, so the 5 is split (as before)
-    packs = [[(1, 0, 8, 0, 1, 0)], [(2, 0, 8, 0, 2, 0)]]
+    # every sample in the packs is overdue too: nothing may leave. With deferral on the 4 waits
+    # whole for the next window (late rather than cut); with max_defer=0 it is split (as before)
+    full = [[(1, 0, 8, 0, 1, 0)], [(2, 0, 8, 0, 2, 0)]]
     overdue = (0, 0, 4, 0, 0, 0)
+    packs = [list(p) for p in full]
     carry, newly = place_overdue(packs, [overdue], _ctx(1, min_fragment=1))
+    assert newly == [] and carry == [overdue] and packs == full
+    packs = [list(p) for p in full]
+    carry, newly = place_overdue(packs, [overdue], _ctx(1, min_fragment=1, max_defer=0))
     assert newly == [(0, 4)] and carry == []
     assert sorted(e - s for p in packs for sid, s, e, *_ in p if sid == 0) == [2, 2]
+
+
+def test_overdue_fragment_of_an_overlength_sample_is_still_placed_in_pieces():
+    # a fragment is cut already: with deferral on it still goes over the packs' ends on time
+    packs = [[(1, 0, 8, 0, 1, 0)], [(2, 0, 8, 0, 2, 0)]]
+    frag = (0, 10, 14, 0, 0, 1)
+    carry, newly = place_overdue(packs, [frag], _ctx(1, min_fragment=1))
+    assert carry == [] and newly == []
+    assert sorted(e - s for p in packs for sid, s, e, *_ in p if sid == 0) == [2, 2]
+
+
+# Streams where the overdue samples of a window fit its packs only if one is cut (found by the
+# randomised run of the property test below): no two of the overdue samples share a pack (101 + 98
+# > 198; 101 + 84, 97 + 84 > 180) and the window has two packs. They used to be cut to meet
+# max_defer; they now wait a window whole.
+@pytest.mark.parametrize("seed, max_defer", [(3939341245, 1), (226, 2)])
+def test_overdue_samples_that_fit_no_pack_together_wait_whole(seed, max_defer):
+    lengths, cap, cost = _random_stream(seed)
+    res = _pack(lengths, cap, cost, "wfap", max_defer, 2)
+    _assert_whole_once(res, lengths, cap)
+    assert res.metrics["delay_max"] == max_defer + 1  # one sample a window late, not cut
 
 
 def test_split_overdue_false_still_keeps_it_whole_when_room_can_be_made():
@@ -60,26 +115,11 @@ def test_split_overdue_false_still_keeps_it_whole_when_room_can_be_made():
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.integers(0, 2**32 - 1), st.sampled_from(["bfd", "wfap", "sequential"]), st.integers(1, 4),
+@given(st.integers(0, 2**32 - 1), st.sampled_from(["bfd", "wfap", "sequential", "wlb"]), st.integers(1, 4),
        st.integers(2, 6))
 def test_no_sample_that_fits_is_cut_when_deferral_is_on(seed, strategy, max_defer, packs_per_window):
-    # even at small max_defer (1-4; the default is 16). Not "wlb": the WLB-LLM baseline holds
-    # samples in its queues until they are all overdue, so no younger sample can make room and
-    # split_overdue cuts (as WLB-LLM does); with split_overdue=False it keeps them whole too.
-    rng = np.random.default_rng(seed)
-    cap = int(rng.integers(16, 200))
-    lengths = rng.integers(1, cap + 1, size=int(rng.integers(20, 200)))  # every sample fits
-    cost = CostModel(linear_s_per_token=1.0, attn_s_per_pair=float(rng.choice([0.0, 0.01, 1.0])), tile=1)
-    config = PackingConfig(max_tokens=cap, packs_per_window=packs_per_window, strategy=strategy,
-                           max_defer=max_defer)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        res = pack_lengths(lengths, config, cost)
-    pieces = {}
-    for pack in res.packs:
-        assert sum(e - s for _, s, e in pack) <= cap
-        for sid, s, e in pack:
-            pieces.setdefault(sid, []).append((s, e))
-    assert sorted(pieces) == list(range(len(lengths)))
-    for sid, spans in pieces.items():
-        assert spans == [(0, int(lengths[sid]))], (sid, spans)  # whole, exactly once
+    # even at small max_defer (1-4; the default is 16), and where the overdue samples of a window
+    # fit its packs only if one is cut (they then wait a window whole); "wlb" too, whose queues
+    # hold samples until they are all overdue, so no younger sample can make room
+    lengths, cap, cost = _random_stream(seed)
+    _assert_whole_once(_pack(lengths, cap, cost, strategy, max_defer, packs_per_window), lengths, cap)

@@ -57,18 +57,19 @@ class PackingConfig:
             mode"). Must be at most ``max_tokens // 2`` so that an overlength split can
             always respect it.
         max_defer: windows a sample may be held back (>= 0): in the window where it has
-            waited this many windows it is *overdue* and placed before everything else (with
-            ``split_overdue``, over pack ends if it fits nowhere whole), so no sample is
-            emitted more than ``max_defer`` windows after it arrived as long as a window's
-            overdue samples fit in its packs. ``0`` disables deferral. Mostly ``wfap``'s heavy
-            samples wait long; others rarely wait more than one window.
-        split_overdue: split a sample that has waited ``max_defer`` windows and fits in no
-            pack whole over pack ends (fragments >= ``min_fragment``) rather than let it
-            wait longer, where the packs' room holds all of it (a sample that fits the cap
-            is never cut for a part that would still finish late). Rare: overdue samples are placed before everything else, and a
-            whole one first displaces samples that are not overdue to the next window; only
-            when every sample of the window is overdue (e.g. ``max_defer=0``) is a sample
-            that fits the cap cut.
+            waited this many windows it is *overdue* and placed before everything else
+            (a whole one displaces samples that may still wait), so no sample is emitted
+            more than ``max_defer`` windows after it arrived as long as a window's overdue
+            samples fit in its packs whole. Where they do not (no two of them share a pack,
+            say), a sample that fits the cap waits a window more, whole: a late sample keeps
+            what is learned, a cut one does not. ``0`` disables deferral. Mostly ``wfap``'s
+            heavy samples wait long; others rarely wait more than one window.
+        split_overdue: split an overdue fragment of a sample over the cap, or with
+            ``max_defer=0`` an overdue sample that fits the cap, that fits in no pack whole
+            over pack ends (fragments >= ``min_fragment``) rather than let it wait longer;
+            a sample that fits the cap only where the packs' room holds all of it (it is never
+            cut for a part that would still finish late). With ``max_defer >= 1`` no sample
+            that fits the cap is cut.
         balance_tolerance: ``wfap``: target max/mean pack cost of a window (> 1). A sample
             is *heavy* (held back as an anchor) when it alone costs more than
             ``balance_tolerance`` x a full pack of short documents; held samples are

@@ -183,9 +183,10 @@ def fill_empty_packs(packs: list[list[Item]], carry: list[Item], ctx: WindowCont
 def place_overdue(packs: list[list[Item]], carry: list[Item], ctx: WindowContext) -> tuple[list[Item], list[tuple[int, int]]]:
     """Place overdue items that the strategy left over: whole into the cheapest pack with room;
     else a whole sample (it fits the cap) displaces items that are not overdue to the next
-    window (:func:`_make_room`), so it is not cut; else (``split_overdue``) over the ends of
-    the packs with the most room, in fragments >= ``min_fragment`` (a whole sample only where
-    all of it goes). A fragment of an over-cap sample that cannot go all that way displaces
+    window (:func:`_make_room`), so it is not cut, and where no pack can make room it waits a
+    window more, whole (``max_defer >= 1``: late rather than cut); else (``split_overdue``)
+    over the ends of the packs with the most room, in fragments >= ``min_fragment`` (a whole
+    sample, with ``max_defer=0`` only, only where all of it goes). A fragment of an over-cap sample that cannot go all that way displaces
     items too; only where no pack can make room do its pieces go as far as they do. Returns the
     new carry and ``(sample_id, tokens)`` of every item that was whole before and is split now."""
     if not carry or not any(ctx.is_overdue(it) for it in carry):
@@ -212,7 +213,9 @@ def place_overdue(packs: list[list[Item]], carry: list[Item], ctx: WindowContext
             continue  # a whole sample that fits the cap stays whole: room made for it
         pieces: list[tuple[int, int]] = []  # (pack, size)
         left = L
-        can_cut = cfg.split_overdue and L >= 2 * m  # into two fragments of at least min_fragment
+        # into two fragments of at least min_fragment; a whole sample (it fits the cap) only
+        # where deferral is off: with max_defer >= 1 it waits whole rather than be cut (fidelity)
+        can_cut = cfg.split_overdue and L >= 2 * m and (it[FRAG] == 1 or cfg.max_defer == 0)
         for j in sorted(range(len(packs)), key=lambda j: (-room[j], j)) if can_cut else []:
             if left == 0:
                 break
