@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # 10-20 s on 2 cores: run with -m slow (CI runs it after the default suite)
 def test_bench_cp_quick_runs_every_strategy(tmp_path):
     """Every strategy, and with ``--preset-plan`` the cost-model-driven ones planned with a GPU preset
     too, timed in the same run, with the calibrated-vs-preset table."""
@@ -40,6 +43,7 @@ def test_bench_cp_refuses_a_bad_preset_before_any_work():
     assert "--preset-plan: '8b': expected MODEL@GPU" in proc.stderr and "'H100'" in proc.stderr and "'7b'" in proc.stderr
 
 
+@pytest.mark.slow  # 10-20 s on 2 cores: run with -m slow (CI runs it after the default suite)
 def test_bench_atp_split_quick_runs_both_parts():
     """`scripts/bench_atp_split.py --quick`: the estimate table and the measured A/B run."""
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_atp_split.py"), "--quick",

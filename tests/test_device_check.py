@@ -10,10 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("a_exactness", "b_per_rank_time", "c_cp1_overhead", "d_calibration")
 
 
+@pytest.mark.slow  # 10-20 s on 2 cores: run with -m slow (CI runs it after the default suite)
 def test_device_check_cpu_smoke(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
@@ -59,6 +62,7 @@ def test_device_check_gpu_settings_include_varlen_and_quick_halves_the_work():
     assert quick["exact_cp"] == [2, 8] and quick["budget_s"] < full["budget_s"] and quick["quick"]
 
 
+@pytest.mark.slow  # 10-20 s on 2 cores: run with -m slow (CI runs it after the default suite)
 def test_device_cp_check_cpu_smoke(tmp_path):
     """scripts/device_cp_check.py (multi-rank CP training of a small model against the single-device
     model, the GPU check's part that runs whole HF models) in its CPU smoke mode: world 4, fp32."""

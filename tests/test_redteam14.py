@@ -67,6 +67,7 @@ print("optimizer updates", len(steps))
 """
 
 
+@pytest.mark.slow  # 10-20 s on 2 cores: run with -m slow (CI runs it after the default suite)
 def test_the_example_loop_makes_one_update_per_step_and_trains_an_epochs_leftover_pack():
     """10 samples at 512 tokens are 3 packs an epoch: with GA 2 a step of 2 packs and one of 1 (the loop
     used to drop that one), one optimizer update a step (it used to make two in a step that ended an

@@ -53,6 +53,7 @@ def _check_cover(spans: np.ndarray, lengths: np.ndarray) -> None:
     assert np.array_equal(np.unique(s[:, 0]), np.flatnonzero(lengths > 0)), "an item is missing"
 
 
+@pytest.mark.slow  # 10-20 s on 2 cores: run with -m slow (CI runs it after the default suite)
 def test_packer_one_million_samples_never_exceeds_the_cap():
     lengths = make_workload("sft", 1_000_000, seed=0)
     lengths[::97] = 40_000  # samples over the cap: split into fragments
@@ -102,6 +103,7 @@ class _CountingCostModel(CostModel):
 _WORK = {"segments": 0}
 
 
+@pytest.mark.slow  # 10-20 s on 2 cores: run with -m slow (CI runs it after the default suite)
 def test_one_million_token_packs_at_cp64_respect_the_rank_cap():
     """Caps and exact cover; planner work asserted as a count, not in seconds (a loaded machine
     makes any time limit flaky): the segments priced stay within a small multiple of the
