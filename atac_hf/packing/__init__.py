@@ -30,6 +30,7 @@ __all__ = [
     # lazy (torch / datasets)
     "PackedDataCollator",
     "PackedIterableDataset",
+    "SampleCutWarning",
     "SpanDataset",
     "WFAPBatchSampler",
     "pack_dataset",
@@ -40,6 +41,7 @@ _LAZY = {
     "PackedDataCollator": "atac_hf.packing.data.collator",
     "WFAPBatchSampler": "atac_hf.packing.data.sampler",
     "PackedIterableDataset": "atac_hf.packing.data.iterable",
+    "SampleCutWarning": "atac_hf.packing.data.even_out",
     "SpanDataset": "atac_hf.packing.data.sampler",
     "pack_dataset": "atac_hf.packing.data.dataset",
 }

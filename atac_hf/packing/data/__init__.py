@@ -16,12 +16,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["PackedDataCollator", "PackedIterableDataset", "SpanDataset", "WFAPBatchSampler", "WindowPlanner",
-           "pack_dataset", "plan_packs"]
+__all__ = ["PackedDataCollator", "PackedIterableDataset", "SampleCutWarning", "SpanDataset", "WFAPBatchSampler",
+           "WindowPlanner", "pack_dataset", "plan_packs"]
 
 _LAZY = {
     "PackedDataCollator": "collator",
     "PackedIterableDataset": "iterable",
+    "SampleCutWarning": "even_out",
     "SpanDataset": "sampler",
     "WFAPBatchSampler": "sampler",
     "WindowPlanner": "window_planner",

@@ -130,10 +130,10 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
             fragments, then the rest) | ``truncate`` | ``error``.
         window_size: new samples per window (``None``: by token budget).
         num_replicas: order packs for a round-robin deal to this many DP replicas. The pass's
-            pack count is a multiple of it; a pass too small for that (fewer documents than
-            replicas' packs, e.g. one sample and 4 replicas) has its last packs re-cut, samples
-            that fit included (4 fragments), rather than a replica repeat a sample
-            (``window_planner``'s module docstring).
+            pack count is a multiple of it: its last packs are split at document boundaries,
+            merged or repacked, and only where their documents fill no such count whole (one
+            sample and 4 replicas, say) is a sample that fits cut (a ``SampleCutWarning``
+            names it), rather than a replica repeat a sample (:mod:`.even_out`).
         shuffle, seed: shuffle the sample order before packing.
         cost_model: the cost model (default: the package default).
         num_proc: unused (kept for compatibility): rows are built by Arrow kernels in this

@@ -63,8 +63,9 @@ class WFAPBatchSampler(Sampler[list[Span]]):
         seed: shuffle seed; must be the same on every rank.
         cost_model: costs packs for the packer and for DP ordering (default: the package default).
         even_batches: make the epoch's batch count a multiple of ``num_replicas``
-            (:mod:`atac_hf.packing.data.window_planner`), so that Accelerate never repeats
-            a batch.
+            (:mod:`atac_hf.packing.data.even_out`), so that Accelerate never repeats a batch;
+            a sample that fits is cut only where no count keeps the last documents whole
+            (a ``SampleCutWarning`` names it).
         progress: a progress bar while an epoch is planned: ``True`` always, ``False``
             never, ``None`` (default) where the epoch has at least
             :data:`PROGRESS_MIN_SAMPLES` samples (about 2 s of planning), on the main

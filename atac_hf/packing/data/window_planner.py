@@ -11,11 +11,11 @@ way with ``batch_size=1``) and gives every CP rank of a replica the same batches
 :func:`replica_order` therefore orders each window's packs so that this deal hands each
 replica a share of the window with a balanced sum of pack costs (LPT), each replica's packs
 heaviest first (so any run of consecutive rounds is balanced too). With ``even_batches``
-the pass's last packs are re-cut (split at document boundaries, else a long document into
-two fragments, else the smallest packs merged, else a document cut even below
-``min_fragment``, else the last packs re-cut into runs that fit the cap) until the pass's
-pack count is a multiple of ``num_replicas``, so Accelerate need not repeat batches (which
-would train samples twice) to even out the last round. A *reserve* of the last planned
+the pass's last packs are re-cut until the pass's pack count is a multiple of
+``num_replicas`` (:mod:`.even_out`: split at document boundaries, merged, or repacked, and
+only where no count keeps every sample that fits the cap whole, a document cut, with a
+warning), so Accelerate need not repeat batches (which would train samples twice) to even
+out the last round. A *reserve* of the last planned
 packs (at least ``2 x num_replicas`` tokens) is held back until the next window so that a
 tiny last window can be evened out too: every pass of ``T >= num_replicas`` tokens is
 dealt exactly once (with ``max_tokens=1``: when ``T`` is a multiple of ``num_replicas``),
@@ -46,8 +46,13 @@ from ..planners.window import checked_ref_cost_per_token
 from ..split_fill import plan_split_fill
 from ..stream import StreamPacker
 from ..validate import _is_int, _short, check_dealable, check_lengths, check_overlength, check_planner_state
+from .even_out import even_out
 
 __all__ = ["Span", "WindowPlanner", "plan_packs", "replica_order"]
+
+# the reserve also holds packs (up to this many per replica) until it has num_replicas - 1 documents
+# more than packs: the pass's end can then reach the next multiple by splits at document boundaries
+RESERVE_PACKS = 4
 
 Span = tuple[int, int, int]
 
@@ -111,8 +116,10 @@ class WindowPlanner:
     fixed ``window_size`` counts them, so the windows differ).
 
     **Reserve.** With ``even_batches`` and several replicas, the last packs planned (the
-    shortest run of them that holds at least ``2 x num_replicas`` tokens, usually one
-    pack) are held back until the next window. The end of the pass re-cuts them together
+    shortest run of them that holds at least ``2 x num_replicas`` tokens and, within
+    :data:`RESERVE_PACKS` packs per replica, ``num_replicas - 1`` documents more than packs,
+    so that splits at document boundaries can reach the next multiple without a cut) are
+    held back until the next window; the order in which packs are dealt is unchanged. The end of the pass re-cuts them together
     with the last window's packs (:meth:`_even_out`), so that however small the last
     window is, the pass's pack count can be made a multiple of ``num_replicas``: a pass of
     ``T >= num_replicas`` tokens always can (with ``max_tokens=1`` only when ``T`` is a
@@ -195,10 +202,13 @@ class WindowPlanner:
             self.reserve = []
             return self._release(self._order(packs))
         held = self.reserve + self._order(packs)
-        keep, tokens = len(held), 0
-        while keep > 0 and tokens < self.reserve_tokens:
+        keep, tokens, spare = len(held), 0, 0  # spare: documents over packs (a boundary split each)
+        want = self.num_replicas - 1 if self.reserve_tokens else 0
+        while keep > 0 and (tokens < self.reserve_tokens or (
+                spare < want and len(held) - keep < RESERVE_PACKS * self.num_replicas)):
             keep -= 1
             tokens += _tokens(held[keep])
+            spare += len(held[keep]) - 1
         self.reserve = held[keep:]
         return self._release(held[:keep])
 
@@ -228,112 +238,14 @@ class WindowPlanner:
 
     def _even_out(self, packs: list[list[Span]]) -> list[list[Span]]:
         """Re-cut the pass's last packs (reserve + last window) so that the pass's pack
-        count is a multiple of ``num_replicas``; no token is added or lost.
-
-        In order of preference: split packs up to the next multiple (a pack with several
-        documents at a document boundary, costliest first; under ``overlength="split"`` the
-        longest document into two fragments >= ``min_fragment``), which never raises a
-        pack's tokens or cost; else merge the packs with the fewest tokens down to the
-        multiple below while they fit the cap (re-joining adjacent fragments of one
-        sample); else split up below ``min_fragment`` (in any overlength mode: a short
-        fragment costs one next-token target, a repeated batch trains its samples twice);
-        else re-cut the packs' spans into the multiple below, in near-equal runs that fit
-        the cap. With ``T`` tokens left and ``q`` packs released, a count in
-        ``[ceil(T / max_tokens), T]`` is reachable, which holds a multiple whenever
-        ``T >= 2 x num_replicas - 2`` and ``max_tokens >= 2`` (the reserve sees to it).
+        count is a multiple of ``num_replicas``; no token is added or lost; a sample that
+        fits the cap stays whole wherever some count allows it (:func:`.even_out.even_out`).
 
         Raises:
-            ValueError: no count in that range makes the pass a multiple of ``num_replicas``.
+            ValueError: no count of packs makes the pass a multiple of ``num_replicas``.
         """
-        R, cap = self.num_replicas, int(self.config.max_tokens)
-        c = len(packs)
-        up = c + (-(self.num_batches + c) % R)
-        if up == c:
-            return packs
-        total = sum(_tokens(p) for p in packs)
-        down = up - R
-        out = self._split_to(packs, up, clean=True)
-        if out is None and down >= 1:
-            out = self._merge_to(packs, down)
-        if out is None and up <= total:
-            out = self._split_to(packs, up, clean=False)
-        if out is None and down >= max(1, -(-total // cap)):
-            out = _recut(packs, down)
-        if out is None:
-            raise ValueError(
-                f"even_batches: the pass cannot be dealt to num_replicas={R} in equal batch counts without "
-                f"repeating a batch (which trains samples twice): after {self.num_batches} packs, {total} tokens "
-                f"are left, and every pack holds 1 to max_tokens={cap} tokens, so no count of packs makes the "
-                f"pass a multiple of {R} (a pass needs at least num_replicas tokens, and with max_tokens=1 a "
-                "multiple of num_replicas); use fewer replicas, more data or a larger max_tokens, or set "
-                "even_batches=False to let Accelerate repeat batches"
-            )
-        assert len(out) % R == -self.num_batches % R and sum(_tokens(p) for p in out) == total
-        return out
-
-    def _split_to(self, packs: list[list[Span]], n: int, *, clean: bool) -> list[list[Span]] | None:
-        """Split packs until there are ``n``; ``None`` when that needs a cut ``clean`` forbids.
-
-        The costliest pack with several documents is halved at a document boundary (its
-        documents dealt largest first to the lighter half); when none is left, the longest
-        single document is cut in two (``clean``: only under ``overlength="split"`` and into
-        fragments >= ``min_fragment``). Heaps keep it O((packs + n) log packs)."""
-        packs = list(packs)
-        least = 2 * max(1, int(self.config.min_fragment or 1)) if clean else 2
-        cut_docs = not clean or self.config.overlength == "split"
-        multi = [(-c, i) for i, (c, p) in enumerate(zip(self.pack_costs(packs), packs)) if len(p) >= 2]
-        long = [(-(p[0][2] - p[0][1]), i) for i, p in enumerate(packs) if len(p) == 1]
-        heapq.heapify(multi)
-        heapq.heapify(long)
-
-        def push(i: int) -> None:
-            p = packs[i]
-            if len(p) >= 2:
-                heapq.heappush(multi, (-self.pack_cost(p), i))
-            else:
-                heapq.heappush(long, (-(p[0][2] - p[0][1]), i))
-
-        while len(packs) < n:
-            if multi:
-                _c, i = heapq.heappop(multi)
-                halves: list[list[Span]] = [[], []]
-                load = [0.0, 0.0]
-                for span in sorted(packs[i], key=lambda s: (s[1] - s[2], s)):
-                    h = 0 if load[0] <= load[1] else 1
-                    halves[h].append(span)
-                    load[h] += self.pack_cost([span])
-            else:  # every pack holds one document here
-                if not cut_docs or not long or -long[0][0] < least:
-                    return None
-                _c, i = heapq.heappop(long)
-                sid, start, end = packs[i][0]
-                mid = start + (end - start) // 2
-                halves = [[(sid, start, mid)], [(sid, mid, end)]]
-            packs[i] = halves[0]
-            packs.append(halves[1])
-            push(i)
-            push(len(packs) - 1)
-        return packs
-
-    def _merge_to(self, packs: list[list[Span]], n: int) -> list[list[Span]] | None:
-        """Merge the two packs with the fewest tokens while they fit the cap, until there are
-        ``n`` (the merged pack takes the first one's place); ``None`` if that cannot finish."""
-        packs = list(packs)
-        alive = len(packs)
-        heap = [(_tokens(p), i) for i, p in enumerate(packs)]
-        heapq.heapify(heap)
-        while alive > n:
-            if len(heap) < 2:
-                return None
-            (ta, a), (tb, b) = heapq.heappop(heap), heapq.heappop(heap)
-            if ta + tb > self.config.max_tokens:
-                return None
-            a, b = min(a, b), max(a, b)
-            packs[a] = _coalesce(packs[a] + packs[b])
-            packs[b] = []
-            heapq.heappush(heap, (ta + tb, a))
-            alive -= 1
-        return [p for p in packs if p]
+        return even_out(packs, num_batches=self.num_batches, num_replicas=self.num_replicas, config=self.config,
+                        pack_cost=self.pack_cost, pack_costs=self.pack_costs)
 
     def state_dict(self) -> dict[str, Any]:
         return {"packer": self.packer.state_dict(), "prev_empty": self.prev_empty, "num_batches": self.num_batches,
@@ -352,40 +264,6 @@ class WindowPlanner:
 
 def _tokens(pack: Sequence[Span]) -> int:
     return sum(e - s for _, s, e in pack)
-
-
-def _recut(packs: list[list[Span]], n: int) -> list[list[Span]]:
-    """The packs' spans, in order, re-cut into ``n`` runs of near-equal tokens (a span
-    crossing a run's end becomes two fragments)."""
-    spans = [s for p in packs for s in p]
-    total = sum(e - s for _, s, e in spans)
-    base, extra = divmod(total, n)
-    out: list[list[Span]] = []
-    run: list[Span] = []
-    room = base + (0 < extra)
-    for sid, s, e in spans:
-        while s < e:
-            take = min(e - s, room)
-            run.append((sid, s, s + take))
-            s += take
-            room -= take
-            if room == 0:
-                out.append(_coalesce(run))
-                run = []
-                room = base + (len(out) < extra)
-    assert not run and len(out) == n
-    return out
-
-
-def _coalesce(pack: list[Span]) -> list[Span]:
-    """Join spans of one sample that meet end to start (fragments back into one document)."""
-    out: list[Span] = []
-    for sid, start, end in sorted(pack):
-        if out and out[-1][0] == sid and out[-1][2] == start:
-            out[-1] = (sid, out[-1][1], end)
-        else:
-            out.append((sid, start, end))
-    return out
 
 
 def plan_packs(lengths: Sequence[int], config: PackingConfig, *, order: Sequence[int] | None = None,
