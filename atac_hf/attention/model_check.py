@@ -78,12 +78,19 @@ class ModelVerdict:
                 f"{self.model_class} (model_type {self.model_type!r}) {self.reason}")
 
 
-def _configs(config: Any) -> list[Any]:
+def _configs(config: Any, nested: bool = False) -> list[Any]:
+    """The config, its text config; ``nested`` (or several text configs): every config-valued field too."""
     out = [config]
     if hasattr(config, "get_text_config"):
-        text = config.get_text_config()
+        try:
+            text = config.get_text_config()
+        except ValueError:  # several text configs (musicgen)
+            text, nested = None, True
         if text is not None and text is not config:
             out.append(text)
+    if nested:
+        out += [v for c in list(out) for k, v in getattr(c, "__dict__", {}).items()
+                if not k.startswith("_") and hasattr(v, "to_dict") and hasattr(v, "model_type") and v not in out]
     return out
 
 
@@ -171,7 +178,7 @@ def config_refusal(config: Any) -> tuple[type, str] | None:
 
 #: Config fields that weight the router losses MoE models add to the language-model loss when
 #: ``output_router_logits`` is on (transformers' load-balancing and z-losses).
-_ROUTER_LOSS_COEFS = ("router_aux_loss_coef", "aux_loss_coef", "router_z_loss_coef", "z_loss_coefficient")
+_ROUTER_LOSS_COEFS = ("router_aux_loss_coef", "aux_loss_coef", "router_z_loss_coef", "z_loss_coefficient", "moe_loss_weight")
 
 
 def _on(flag: Any) -> bool:
@@ -193,10 +200,12 @@ def router_loss_refusal(config: Any, per_call: bool = False) -> tuple[type, str]
     for cfg in _configs(config):
         if not per_call and not _on(getattr(cfg, "output_router_logits", False)):
             continue
-        coefs = {k: getattr(cfg, k) for k in _ROUTER_LOSS_COEFS if isinstance(getattr(cfg, k, None), (int, float))}
+        parts = _configs(cfg, nested=True)  # DBRX: its coefficient and experts in ffn_config
+        coefs = {k: getattr(c, k) for c in parts for k in _ROUTER_LOSS_COEFS
+                 if isinstance(getattr(c, k, None), (int, float))}
         if coefs and not any(float(v) for v in coefs.values()):
             continue  # every router loss weighted 0: the loss and its gradients are the language-model loss's
-        fields = getattr(cfg, "__dict__", {})
+        fields = [k for c in parts for k in getattr(c, "__dict__", {})]
         if per_call and not coefs and not any("expert" in k and not k.startswith("_") for k in fields):
             continue  # the flag passed to a model with no router (no experts, no coefficient): nothing is added
         named = ", ".join(f"{k}={v}" for k, v in coefs.items()) or "no coefficient field"
