@@ -251,6 +251,19 @@ def test_rest_fits_window():
     assert StreamPacker(wf, COST).rest_fits_window([3, 4])
     with pytest.raises(ValueError):
         StreamPacker(wf, COST).rest_fits_window([-1])
+    # samples over half the cap need a pack each: 9 of them do not fit 8 packs, though 81 < 128 tokens
+    eight = PackingConfig(max_tokens=16, packs_per_window=8)
+    assert rest_fits_window(eight, np.full(8, 9)) and not rest_fits_window(eight, np.full(9, 9))
+    assert rest_fits_window(eight, np.full(15, 8))  # exactly half: two share a pack
+
+
+def test_the_lookahead_keeps_the_deadline_of_samples_over_half_the_cap():
+    # red-team 32: 28 samples of 9 tokens at cap 16, 8 packs a window: the rest (14 samples, 126
+    # tokens) joined the first window by tokens, 28 packs of arrivals in window 0 with max_defer=2
+    # giving 3 windows (24 packs): one sample was emitted 3 windows late
+    res = pack_lengths([9] * 28, PackingConfig(max_tokens=16, packs_per_window=8, max_defer=2), COST)
+    assert res.metrics["delay_max"] <= 2
+    _covers_once(res.packs, np.full(28, 9), 16)
 
 
 def test_lookahead_merges_a_small_rest_into_the_last_window():

@@ -72,7 +72,7 @@ def rest_fits_window(config: PackingConfig, lengths: np.ndarray) -> bool:
     """One-window lookahead at the end of a stream of known length: whether the samples that
     would follow the window being fed (``lengths``: all of them, checked ints) hold fewer
     tokens than one window (``packs_per_window * max_tokens``, after ``overlength``
-    handling). Feeders then feed them with that window and pass ``last=True``, so the end is
+    handling) and at most ``packs_per_window`` samples over half the cap (a pack each). Feeders then feed them with that window and pass ``last=True``, so the end is
     planned with more samples (no tiny last window of arrivals). ``wfap`` only, which plans
     the end over several windows together (the others plan one window at a time: a double
     window would only carry its overflow into flush windows where all of it is overdue),
@@ -81,12 +81,17 @@ def rest_fits_window(config: PackingConfig, lengths: np.ndarray) -> bool:
     if not LOOKAHEAD or lengths.size == 0 or config.strategy != "wfap" or config.max_defer < LOOKAHEAD_MIN_DEFER:
         return False
     # summed a block at a time up to the window's tokens: a feeder asks once per window, so a
-    # whole-rest sum would make a pass quadratic in its samples
-    cap, total = (int(config.max_tokens) if config.overlength == "truncate" else None), 0
+    # whole-rest sum would make a pass quadratic in its samples. Samples over half the cap need
+    # a pack each: more of them than one window's packs do not fit it, whatever their tokens
+    # (red-team 32: 14 samples of 9 tokens at cap 16 joined a window of 8 packs, and the merged
+    # arrivals needed more windows than max_defer=2 gives)
+    C, P = int(config.max_tokens), int(config.packs_per_window)
+    cap, total, big = (C if config.overlength == "truncate" else None), 0, 0
     for i in range(0, lengths.size, _REST_BLOCK):
         block = lengths[i:i + _REST_BLOCK]
         total += int((block if cap is None else np.minimum(block, cap)).sum())
-        if total >= config.window_tokens:
+        big += int(np.count_nonzero(2 * block > C))
+        if total >= config.window_tokens or big > P:
             return False
     return True
 
