@@ -25,19 +25,10 @@ import torch
 
 from atac_hf.attention.kind_rules import head_refusal, peft_configs, peft_refusal
 from atac_hf.attention.model_check import router_loss_refusal
-from atac_hf.cost import CostModel
-from atac_hf.packing import PackingConfig
-from atac_hf.packing.planners.window import WindowContext, place_overdue
+from atac_hf.packing.planners.window import place_overdue
+from test_overdue_whole import _ctx  # noqa: E402
 
 nn = torch.nn
-LINEAR = CostModel(linear_s_per_token=1.0, attn_s_per_pair=0.0, tile=1)
-
-
-def _ctx(window: int = 1, **kw) -> WindowContext:
-    kw.setdefault("max_tokens", 10)
-    kw.setdefault("packs_per_window", 2)
-    kw.setdefault("max_defer", 1)
-    return WindowContext(PackingConfig(**kw), LINEAR, window, False, 1.0)
 
 
 # ---------------------------------------------------------------------------- place_overdue / _make_room

@@ -46,7 +46,7 @@ def _assert_whole_once(res, lengths, cap):
         assert spans == [(0, int(lengths[sid]))], (sid, spans)  # whole, exactly once
 
 
-def _ctx(window: int, **kw) -> WindowContext:
+def _ctx(window: int = 1, **kw) -> WindowContext:
     kw.setdefault("max_tokens", 10)
     kw.setdefault("packs_per_window", 2)
     kw.setdefault("max_defer", 1)
