@@ -119,12 +119,12 @@ class WindowPlanner:
     shortest run of them that holds at least ``2 x num_replicas`` tokens and, within
     :data:`RESERVE_PACKS` packs per replica, ``num_replicas - 1`` documents more than packs,
     so that splits at document boundaries can reach the next multiple without a cut) are
-    held back until the next window; the order in which packs are dealt is unchanged. The end of the pass re-cuts them together
-    with the last window's packs (:meth:`_even_out`), so that however small the last
-    window is, the pass's pack count can be made a multiple of ``num_replicas``: a pass of
-    ``T >= num_replicas`` tokens always can (with ``max_tokens=1`` only when ``T`` is a
-    multiple of it); one that cannot raises ``ValueError`` rather than let Accelerate
-    repeat batches.
+    held back until the next window; the order in which packs are dealt is unchanged. The
+    end of the pass re-cuts them together with the last window's packs (:meth:`_even_out`),
+    so that however small the last window is, the pass's pack count can be made a multiple
+    of ``num_replicas``: a pass of ``T >= num_replicas`` tokens always can (with
+    ``max_tokens=1`` only when ``T`` is a multiple of it); one that cannot raises
+    ``ValueError`` rather than let Accelerate repeat batches.
 
     Attributes:
         num_batches: packs released so far (the global batch index of the next one).
