@@ -74,6 +74,18 @@ def test_first_fit_decreasing_finds_a_count_the_greedy_merge_misses():
     assert len(out) == 3 and _cut(out) == [] and max(sum(e - s for _, s, e in p) for p in out) <= 10
 
 
+def test_an_exact_search_finds_a_whole_count_below_first_fit_decreasing():
+    # [7] [5] [3] [3] [2] [2] at cap 11 after 3 batches on 5 replicas: 2 packs hold them whole
+    # ([7, 2, 2] [5, 3, 3]); first-fit decreasing needs 3 ([7, 3] [5, 3, 2] [2]) and the merge
+    # fails, so the 7 was cut (a helper's repro in the forty-first pass)
+    packs = [[(i, 0, n)] for i, n in enumerate([7, 5, 3, 3, 2, 2])]
+    assert _ffd([7, 5, 3, 3, 2, 2], 11) == 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SampleCutWarning)
+        out = _even_out(packs, 11, 5, num_batches=3)
+    assert sorted(map(sorted, out)) == [[(0, 0, 7), (4, 0, 2), (5, 0, 2)], [(1, 0, 5), (2, 0, 3), (3, 0, 3)]]
+
+
 def test_a_fragment_is_cut_again_before_a_whole_sample():
     # sample 1 is over the cap (its fragment 8..16 here); 3 single packs, 2 replicas: the fragment
     # is halved, samples 0 and 2 stay whole, and nothing is warned
@@ -107,7 +119,7 @@ def test_the_cut_sample_is_cut_again_before_another():
     assert len(out) == 8 and len(_cut(out)) == 2
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(1, 12), min_size=1, max_size=9), st.integers(2, 4), st.integers(0, 3),
        st.integers(8, 12))
 def test_no_sample_is_cut_where_a_whole_count_exists(lengths, R, num_batches, cap):
@@ -129,9 +141,10 @@ def test_no_sample_is_cut_where_a_whole_count_exists(lengths, R, num_batches, ca
     assert max(sum(e - s for _, s, e in p) for p in out) <= cap
     assert Counter((s, t) for p in out for s, a, e in p for t in range(a, e)) == Counter(
         (s, t) for p in packs for s, a, e in p for t in range(a, e))
-    # a whole count exists: from the best packing (brute force over few documents) to one per document
+    # a whole count exists: from the best packing (brute force over few documents) to one per document;
+    # the exact search finds it where first-fit decreasing needs more packs (fortieth-first pass)
     fewest = _fewest_packs(lengths, cap)
-    if any((num_batches + n) % R == 0 for n in range(fewest, len(lengths) + 1)) and fewest == _ffd(lengths, cap):
+    if any((num_batches + n) % R == 0 for n in range(fewest, len(lengths) + 1)):
         assert _cut(out) == [] and not [w for w in caught if issubclass(w.category, SampleCutWarning)]
     else:
         assert bool(_cut(out)) == bool([w for w in caught if issubclass(w.category, SampleCutWarning)])

@@ -5,13 +5,15 @@ Numpy only, deterministic: a pure function of the packs, the batches released be
 and the configuration (every rank computes the same packs without talking).
 
 In order of preference (fidelity first: a sample that fits the cap stays whole wherever
-some count of packs allows it):
+some count of packs allows it that step 3's search finds):
 
 1. split packs with several documents at a document boundary, costliest first, up to the
    next multiple (never raises a pack's tokens or cost);
 2. merge the packs with the fewest tokens down to the multiple below while they fit;
 3. repack the documents first-fit decreasing and split at boundaries to the allowed count
-   nearest the planned one (any count from the repacked one to one pack per document);
+   nearest the planned one (any count from the repacked one to one pack per document), or
+   below the first-fit count, into an allowed count an exact search finds (a bounded one:
+   bin packing is NP-hard, so a whole count that only a longer search would find is missed);
 4. (``overlength="split"``) cut the longest fragment of a sample split before, into
    fragments >= ``min_fragment``, and only where none is left a whole sample (fragments of
    the sample cut first are cut again before another is): the documents fill no allowed
@@ -182,12 +184,14 @@ def _repack(packs: list[list[Span]], cap: int, planned: int, allowed: Callable[[
             cut: _Cutter) -> list[list[Span]] | None:
     """The packs' documents (adjacent fragments of one sample joined where they fit) first-fit
     decreasing into packs of ``cap`` tokens, then split at document boundaries to the
-    ``allowed`` count nearest ``planned`` (the smaller on a tie); ``None`` where no allowed
-    count lies between the repacked count and one pack per document."""
-    docs = _coalesce_fitting([s for p in packs for s in p], cap)
+    ``allowed`` count nearest ``planned`` (the smaller on a tie); below the first-fit count,
+    down to a lower bound (tokens, and documents over half the cap), an exact search of at most
+    :data:`SEARCH_NODES` steps per count (up to :data:`SEARCH_DOCS` documents). ``None`` where
+    neither finds an allowed count."""
+    docs = sorted(_coalesce_fitting([s for p in packs for s in p], cap), key=lambda s: (s[1] - s[2], s))
     bins: list[list[Span]] = []
     room: list[int] = []
-    for span in sorted(docs, key=lambda s: (s[1] - s[2], s)):
+    for span in docs:
         size = span[2] - span[1]
         j = next((j for j, r in enumerate(room) if r >= size), len(bins))
         if j == len(bins):
@@ -195,11 +199,53 @@ def _repack(packs: list[list[Span]], cap: int, planned: int, allowed: Callable[[
             room.append(cap)
         bins[j].append(span)
         room[j] -= size
-    counts = [n for n in range(len(bins), len(docs) + 1) if allowed(n)]
-    if not counts:
+    sizes = [e - s for _, s, e in docs]
+    least = max(-(-sum(sizes) // cap), sum(2 * n > cap for n in sizes))
+    for n in sorted((n for n in range(least, len(docs) + 1) if allowed(n)), key=lambda n: (abs(n - planned), n)):
+        if n >= len(bins):
+            return cut.split_to([sorted(b) for b in bins], n, NONE)
+        found = _fit(docs, cap, n) if len(docs) <= SEARCH_DOCS else None
+        if found is not None:
+            return found
+    return None
+
+
+SEARCH_NODES = 20_000  # _fit: placements tried per pack count before giving up
+SEARCH_DOCS = 256  # _repack: documents above which no exact search is tried (first-fit only)
+
+
+def _fit(docs: list[Span], cap: int, n: int) -> list[list[Span]] | None:
+    """``docs`` (largest first) in exactly ``n`` packs of at most ``cap`` tokens, each pack
+    non-empty (depth-first, a document into each distinct load in turn); ``None`` where none
+    is found within :data:`SEARCH_NODES` placements."""
+    loads = [0] * n
+    where = [0] * len(docs)
+    budget = [SEARCH_NODES]
+
+    def place(k: int) -> bool:
+        if k == len(docs):
+            return all(loads)
+        if len(docs) - k < loads.count(0):  # too few documents left to fill the empty packs
+            return False
+        size, tried = docs[k][2] - docs[k][1], set()
+        for j in range(n):
+            if loads[j] + size > cap or loads[j] in tried or budget[0] <= 0:
+                continue
+            tried.add(loads[j])
+            budget[0] -= 1
+            loads[j] += size
+            where[k] = j
+            if place(k + 1):
+                return True
+            loads[j] -= size
+        return False
+
+    if not place(0):
         return None
-    n = min(counts, key=lambda n: (abs(n - planned), n))
-    return cut.split_to([sorted(b) for b in bins], n, NONE)
+    out: list[list[Span]] = [[] for _ in range(n)]
+    for span, j in zip(docs, where):
+        out[j].append(span)
+    return [sorted(p) for p in out]
 
 
 def _coalesce_fitting(spans: list[Span], cap: int) -> list[Span]:

@@ -239,7 +239,7 @@ class WindowPlanner:
     def _even_out(self, packs: list[list[Span]]) -> list[list[Span]]:
         """Re-cut the pass's last packs (reserve + last window) so that the pass's pack
         count is a multiple of ``num_replicas``; no token is added or lost; a sample that
-        fits the cap stays whole wherever some count allows it (:func:`.even_out.even_out`).
+        fits the cap stays whole wherever a count found allows it (:func:`.even_out.even_out`).
 
         Raises:
             ValueError: no count of packs makes the pass a multiple of ``num_replicas``.
