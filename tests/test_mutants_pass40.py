@@ -218,3 +218,13 @@ def test_a_router_in_a_nested_sub_config_is_refused_per_call_dbrx():
     cfg.ffn_config.moe_loss_weight = 0.0  # weighted 0: nothing is added to the loss
     assert router_loss_refusal(cfg, per_call=True) is None
     assert router_loss_refusal(MusicgenConfig(), per_call=True) is None  # several text configs: read, no crash
+
+
+def test_a_config_with_several_text_configs_is_not_refused_as_position_dependent_rope():
+    # the forty-first pass: get_text_config() raises on musicgen, and config_refusal read that as a RoPE refusal
+    from transformers import MusicgenConfig
+
+    from atac_hf.attention.model_check import config_refusal
+
+    refused = config_refusal(MusicgenConfig())
+    assert refused is None or "RoPE" not in refused[1]

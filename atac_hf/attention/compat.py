@@ -15,13 +15,30 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-__all__ = ["VarlenAttn", "all_gather_single", "reduce_scatter_single", "rope_types", "torch_varlen_attn"]
+__all__ = ["VarlenAttn", "all_gather_single", "reduce_scatter_single", "rope_types", "sub_configs", "torch_varlen_attn"]
 
 # torch 2.13 renamed the single-tensor collectives and deprecated the old names
 # (``all_gather_into_tensor``/``reduce_scatter_tensor`` warn on every call).
 # Can go when pyproject requires torch >= 2.13.
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def sub_configs(config: Any, nested: bool = False) -> list[Any]:
+    """The config and its text config; ``nested`` (or where ``get_text_config`` finds several,
+    as for musicgen): every config-valued field too (DBRX's ``ffn_config``, a composite's parts)."""
+    out = [config]
+    if hasattr(config, "get_text_config"):
+        try:
+            text = config.get_text_config()
+        except ValueError:  # several text configs
+            text, nested = None, True
+        if text is not None and text is not config:
+            out.append(text)
+    if nested:
+        out += [v for c in list(out) for k, v in getattr(c, "__dict__", {}).items()
+                if not k.startswith("_") and hasattr(v, "to_dict") and hasattr(v, "model_type") and v not in out]
+    return out
 
 
 def rope_types(config: Any) -> list[str]:

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from .compat import sub_configs
 from .kind_rules import _INSTEAD, head_refusal, peft_refusal
 from .model_probe import (PROBE_TOLERANCE, ProbeResult, StockModelError, run_probe, sequence_convolutions,
                           shrink_config)
@@ -78,22 +79,6 @@ class ModelVerdict:
                 f"{self.model_class} (model_type {self.model_type!r}) {self.reason}")
 
 
-def _configs(config: Any, nested: bool = False) -> list[Any]:
-    """The config, its text config; ``nested`` (or several text configs): every config-valued field too."""
-    out = [config]
-    if hasattr(config, "get_text_config"):
-        try:
-            text = config.get_text_config()
-        except ValueError:  # several text configs (musicgen)
-            text, nested = None, True
-        if text is not None and text is not config:
-            out.append(text)
-    if nested:
-        out += [v for c in list(out) for k, v in getattr(c, "__dict__", {}).items()
-                if not k.startswith("_") and hasattr(v, "to_dict") and hasattr(v, "model_type") and v not in out]
-    return out
-
-
 def static_refusal(model_cls: type, config: Any) -> tuple[type, str] | None:
     """``(exception class, reason)`` when a rule on the class or config refuses it, else None."""
     if config is None:
@@ -118,7 +103,7 @@ def static_refusal(model_cls: type, config: Any) -> tuple[type, str] | None:
                 f"cannot be trained with ATP-CP: {model_cls.__name__}.forward takes no **kwargs: the per-batch shard "
                 "context and num_items_in_batch cannot reach its attention and loss; give its forward **kwargs and "
                 "pass them on to the base model")
-    for cfg in _configs(config):
+    for cfg in sub_configs(config):
         for field_name in ATTENTION_DROPOUT_FIELDS:
             value = getattr(cfg, field_name, None)
             if isinstance(value, (int, float)) and float(value) > 0:
@@ -132,7 +117,7 @@ def config_refusal(config: Any) -> tuple[type, str] | None:
     non-attention layer types, Mamba patterns, chunked attention, position-dependent RoPE (logit
     soft-capping is applied by the ``sdpa`` backend; a model that soft-caps without passing
     ``softcap=`` to its attention fails the probe)."""
-    for cfg in _configs(config):
+    for cfg in sub_configs(config):
         for key in _LAYER_TYPE_KEYS:
             types = getattr(cfg, key, None)
             if isinstance(types, (list, tuple)):
@@ -168,7 +153,7 @@ def config_refusal(config: Any) -> tuple[type, str] | None:
             return NotImplementedError, (
                 f"uses chunked attention (config.attention_chunk_size={chunk}), applied only through the attention "
                 "mask, which 'atac_cp' does not implement: its results would be silently wrong; " + _INSTEAD)
-    for cfg in _configs(config):
+    for cfg in sub_configs(config):
         try:
             _refuse_position_dependent_rope(cfg)
         except ValueError as e:
@@ -197,10 +182,10 @@ def router_loss_refusal(config: Any, per_call: bool = False) -> tuple[type, str]
     the one-device loss (checked where ``cp_size > 1``; one rank sees the whole packed row).
     ``per_call``: ``output_router_logits=True`` was passed to a forward (the runtime guard's check;
     red-team 30: router gradients 50% off at CP 2 with the config's flag off)."""
-    for cfg in _configs(config):
+    for cfg in sub_configs(config):
         if not per_call and not _on(getattr(cfg, "output_router_logits", False)):
             continue
-        parts = _configs(cfg, nested=True)  # DBRX: its coefficient and experts in ffn_config
+        parts = sub_configs(cfg, nested=True)  # DBRX: its coefficient and experts in ffn_config
         coefs = {k: getattr(c, k) for c in parts for k in _ROUTER_LOSS_COEFS
                  if isinstance(getattr(c, k, None), (int, float))}
         if coefs and not any(float(v) for v in coefs.values()):
@@ -239,7 +224,7 @@ def _diagnose(model_cls: type, tiny: Any, result: ProbeResult, rank: int, world:
     convolving = _convolution_refusal(model_cls, tiny, err)
     if convolving is not None:
         return convolving
-    window = next((getattr(c, "sliding_window", None) for c in _configs(tiny)
+    window = next((getattr(c, "sliding_window", None) for c in sub_configs(tiny)
                    if isinstance(getattr(c, "sliding_window", None), int)), None)
     if window is not None:
         unwindowed = _without_window(tiny)
@@ -279,7 +264,7 @@ def _without_window(tiny: Any) -> Any:
     import copy
 
     cfg = copy.deepcopy(tiny)
-    for c in _configs(cfg):
+    for c in sub_configs(cfg):
         if hasattr(c, "sliding_window"):
             c.sliding_window = None
     return cfg

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .compat import rope_types
+from .compat import rope_types, sub_configs
 from ..packing.validate import InputTypeError, _short
 from ..sharding.plan import ShardPlan
 from .backends import BACKENDS, run_backend
@@ -80,12 +80,7 @@ def check_model_supported(model_or_config: Any) -> None:
 
 def _refuse_position_dependent_rope(config: Any) -> None:
     """:func:`check_model_supported` on a config already known to be one (the per-batch check)."""
-    configs = [config]
-    if hasattr(config, "get_text_config"):
-        text = config.get_text_config()
-        if text is not config:
-            configs.append(text)
-    for cfg in configs:
+    for cfg in sub_configs(config):
         for t in rope_types(cfg):
             if any(p in t for p in _POSITION_DEPENDENT_ROPE):
                 raise ValueError(
