@@ -43,7 +43,6 @@ PackCost = Callable[[Sequence[Span]], float]
 PackCosts = Callable[[Sequence[Sequence[Span]]], list[float]]
 
 
-
 class SampleCutWarning(UserWarning):
     """``even_batches`` cut a sample that fits ``max_tokens``: the pass's last documents fill no
     count of packs that divides evenly among the DP replicas whole."""
