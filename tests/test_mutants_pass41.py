@@ -94,7 +94,7 @@ def test_a_merged_pack_can_merge_again():
     assert out == [[(0, 0, 1), (1, 0, 1), (2, 0, 1)], [(3, 0, 5)]] and not cut
 
 
-# ---------------------------------------------------------------------------- _repack / _coalesce_fitting
+# ---------------------------------------------------------------------------- _repack / _coalesce(cap)
 def test_fragments_that_fill_the_cap_exactly_are_rejoined_into_one_pack_per_document():
     # kills E34 (one pack per document left out of the counts: the only allowed count, so the samples were cut
     # into fragments), E37 (`end - start <= cap` -> `<`: the 8 + 4 of sample 0 at cap 12 not rejoined) and E39
@@ -113,10 +113,14 @@ def test_first_fit_takes_a_pack_the_document_fills_exactly():
 
 
 def test_fragments_are_not_rejoined_over_the_cap():
-    # kills E38: the cap clause dropped from `_coalesce_fitting`: sample 0's fragments (12 tokens at cap 6) joined
-    # into one document and a pack of 12 tokens
+    # kills E38: the cap clause dropped from `_coalesce_fitting` (now `_coalesce(spans, cap)`): sample 0's
+    # fragments (12 tokens at cap 6) joined into one document and a pack of 12 tokens
     out, cut = _even_out([[(0, 0, 6)], [(0, 6, 12)], [(1, 0, 5)], [(2, 0, 5)]], 6, 3)
     assert max(sum(e - s for _, s, e in p) for p in out) <= 6 and len(out) == 6 and not cut
+    # since the repack's lower bound (the exact search), that case no longer reaches the repack with a count;
+    # this one does (after 1 batch, 2 replicas): the mutant deals sample 0 whole, 7 tokens at cap 4
+    out, cut = _even_out([[(0, 0, 4)], [(0, 4, 7)], [(1, 0, 3)], [(2, 0, 3)], [(3, 0, 4)], [(4, 0, 3)]], 4, 2, 1)
+    assert max(sum(e - s for _, s, e in p) for p in out) <= 4
 
 
 # ---------------------------------------------------------------------------- _Cutter.split_to

@@ -153,11 +153,10 @@ def config_refusal(config: Any) -> tuple[type, str] | None:
             return NotImplementedError, (
                 f"uses chunked attention (config.attention_chunk_size={chunk}), applied only through the attention "
                 "mask, which 'atac_cp' does not implement: its results would be silently wrong; " + _INSTEAD)
-    for cfg in sub_configs(config):
-        try:
-            _refuse_position_dependent_rope(cfg)
-        except ValueError as e:
-            return ValueError, f"has a position-dependent RoPE: {e}"
+    try:
+        _refuse_position_dependent_rope(config)  # the config and its sub-configs
+    except ValueError as e:
+        return ValueError, f"has a position-dependent RoPE: {e}"
     return None
 
 

@@ -187,7 +187,7 @@ def _repack(packs: list[list[Span]], cap: int, planned: int, allowed: Callable[[
     down to a lower bound (tokens, and documents over half the cap), an exact search of at most
     :data:`SEARCH_NODES` steps per count (up to :data:`SEARCH_DOCS` documents). ``None`` where
     neither finds an allowed count."""
-    docs = sorted(_coalesce_fitting([s for p in packs for s in p], cap), key=lambda s: (s[1] - s[2], s))
+    docs = sorted(_coalesce([s for p in packs for s in p], cap), key=lambda s: (s[1] - s[2], s))
     bins: list[list[Span]] = []
     room: list[int] = []
     for span in docs:
@@ -247,17 +247,6 @@ def _fit(docs: list[Span], cap: int, n: int) -> list[list[Span]] | None:
     return [sorted(p) for p in out]
 
 
-def _coalesce_fitting(spans: list[Span], cap: int) -> list[Span]:
-    """Join spans of one sample that meet end to start while the joined span fits the cap."""
-    out: list[Span] = []
-    for sid, start, end in sorted(spans):
-        if out and out[-1][0] == sid and out[-1][2] == start and end - out[-1][1] <= cap:
-            out[-1] = (sid, out[-1][1], end)
-        else:
-            out.append((sid, start, end))
-    return out
-
-
 def _warn_cut(before: list[list[Span]], after: list[list[Span]], R: int) -> None:
     """Name the samples that were whole in ``before`` (one span, from token 0) and are cut in ``after``."""
     split = _split_before(before)
@@ -301,11 +290,12 @@ def _recut(packs: list[list[Span]], n: int) -> list[list[Span]]:
     return out
 
 
-def _coalesce(pack: list[Span]) -> list[Span]:
-    """Join spans of one sample that meet end to start (fragments back into one document)."""
+def _coalesce(spans: list[Span], cap: int | None = None) -> list[Span]:
+    """Join spans of one sample that meet end to start (fragments back into one document),
+    while the joined span holds at most ``cap`` tokens."""
     out: list[Span] = []
-    for sid, start, end in sorted(pack):
-        if out and out[-1][0] == sid and out[-1][2] == start:
+    for sid, start, end in sorted(spans):
+        if out and out[-1][0] == sid and out[-1][2] == start and (cap is None or end - out[-1][1] <= cap):
             out[-1] = (sid, out[-1][1], end)
         else:
             out.append((sid, start, end))

@@ -46,7 +46,7 @@ from ..planners.window import checked_ref_cost_per_token
 from ..split_fill import plan_split_fill
 from ..stream import StreamPacker
 from ..validate import _is_int, _short, check_dealable, check_lengths, check_overlength, check_planner_state
-from .even_out import even_out
+from .even_out import _tokens, even_out
 
 __all__ = ["Span", "WindowPlanner", "plan_packs", "replica_order"]
 
@@ -260,10 +260,6 @@ class WindowPlanner:
         parsed = check_planner_state(state, self.num_replicas, int(self.config.max_tokens))
         self.packer.load_state_dict(state["packer"])  # validates fully before changing the packer
         self.prev_empty, self.num_batches, self.loads, self.reserve = parsed
-
-
-def _tokens(pack: Sequence[Span]) -> int:
-    return sum(e - s for _, s, e in pack)
 
 
 def plan_packs(lengths: Sequence[int], config: PackingConfig, *, order: Sequence[int] | None = None,

@@ -72,8 +72,9 @@ def rest_fits_window(config: PackingConfig, lengths: np.ndarray) -> bool:
     """One-window lookahead at the end of a stream of known length: whether the samples that
     would follow the window being fed (``lengths``: all of them, checked ints) hold fewer
     tokens than one window (``packs_per_window * max_tokens``, after ``overlength``
-    handling) and at most ``packs_per_window`` samples over half the cap (a pack each). Feeders then feed them with that window and pass ``last=True``, so the end is
-    planned with more samples (no tiny last window of arrivals). ``wfap`` only, which plans
+    handling) and at most ``packs_per_window`` samples over half the cap (a pack each).
+    Feeders then feed them with that window and pass ``last=True``, so the end is planned
+    with more samples (no tiny last window of arrivals). ``wfap`` only, which plans
     the end over several windows together (the others plan one window at a time: a double
     window would only carry its overflow into flush windows where all of it is overdue),
     and with ``max_defer >= 2`` (the merged arrivals plus the carry take about three
