@@ -58,10 +58,15 @@ Each says why and when it can go. Checked against accelerate 1.15 and transforme
    takes the GIL. A group destroyed from Python meanwhile (``del trainer`` drops the DDP reducer's
    group, end of ``main()``, ``gc``) waits for that mutex while it holds the GIL: both wait forever
    (gdb: ``~ProcessGroupGloo`` in the main thread, ``~AsyncAllgatherWork`` -> ``take_gil`` in
-   ``pt_gloo_runloop``; about 1 run in 9 of the README's Trainer snippet under load). Releasing the
-   GIL for a moment after the last collective lets the workers finish: at the end of
-   ``ATACTrainer.train``, around ``ATACAccelerator.end_training`` and in
-   :func:`release_groups_after_shutdown`. Can go when gloo frees work outside its mutex.
+   ``pt_gloo_runloop``; about 1 run in 9 of the README's Trainer snippet under load). A script
+   that ends with the process group alive meets the same worker at interpreter finalization:
+   ``take_gil`` ends the thread, and unwinding its C++ frames aborts the process (``terminate
+   called without an active exception``; gdb: ``~AsyncAllreduceWork`` -> ``take_gil`` ->
+   ``PyThread_exit_thread``; about 1 run in 14 of a 2-rank ``ATACTrainer`` built and not
+   trained, under load). Releasing the GIL for a moment after the last collective lets the
+   workers finish: at the end of ``ATACTrainer.train``, around ``ATACAccelerator.end_training``
+   and in :func:`release_groups_after_shutdown` (at exit, with or without the process group).
+   Can go when gloo frees work outside its mutex.
 9. :func:`release_loader` - ``Accelerator.prepare`` keeps every prepared DataLoader in
    ``_dataloaders`` for good, and Trainer reuses an eval loader only with persistent workers. A
    WFAP eval loader holds its packing plan (about 0.8 MB per 100K samples), and one with persistent
@@ -117,9 +122,9 @@ def release_groups_after_shutdown() -> bool:
     Accelerate's shared state (its ``device_mesh`` and ``parallelism_config``; the process
     index, device etc. stay) and the group attributes of the add-on's objects that
     :func:`track_group_holder` registered. The groups' backends are then freed now, while the
-    interpreter is fully alive. Does nothing while the default process group is still
-    initialized (tearing it down here could hang a rank whose partners failed). Safe to call
-    more than once.
+    interpreter is fully alive. First it drains gloo's workers (item 8), also while the default
+    process group is still initialized; then it drops nothing (tearing the group down here could
+    hang a rank whose partners failed). Safe to call more than once.
 
     Returns:
         True when a reference was dropped.
@@ -127,9 +132,9 @@ def release_groups_after_shutdown() -> bool:
     import torch.distributed as dist
     from accelerate.state import AcceleratorState, PartialState
 
+    drain_gloo_workers()  # the last collectives freed before finalization, and before any group here: item 8
     if dist.is_available() and dist.is_initialized():
         return False
-    drain_gloo_workers()  # before any group can be freed here: item 8
     released = False
     for state in (AcceleratorState, PartialState):
         for key in ("device_mesh", "parallelism_config"):
