@@ -150,8 +150,11 @@ def end_processes() -> None:
     """Destroy the process group before exit (gloo can abort at interpreter shutdown without it)."""
     from accelerate import PartialState
 
+    from atac_hf.integrations._hf_compat import drain_gloo_workers
+
     state = PartialState()
     state.wait_for_everyone()
+    drain_gloo_workers()  # the last collectives' tensors freed first (_hf_compat 8)
     state.destroy_process_group()
 
 
