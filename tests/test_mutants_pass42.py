@@ -15,39 +15,20 @@ clock: no wall-clock assertion); ``track_group_holder`` registering the exit hoo
 from __future__ import annotations
 
 import gc
-import warnings
 import weakref
-from collections import Counter
 from types import SimpleNamespace
 
 import accelerate.state as acc_state
 import pytest
+from test_mutants_pass41 import _even_out
 
 from atac_hf.attention import model_check
 from atac_hf.attention.model_check import config_refusal, static_refusal
 from atac_hf.attention.model_probe import ProbeResult
 from atac_hf.attention.runtime import check_model_supported
-from atac_hf.cost import CostModel
 from atac_hf.integrations import _hf_compat
-from atac_hf.packing import PackingConfig, SampleCutWarning
 from atac_hf.packing.data import even_out as even_out_mod
-from atac_hf.packing.data.even_out import _fit, even_out
-from atac_hf.packing.metrics import pack_costs
-
-LINEAR = CostModel(linear_s_per_token=1.0, attn_s_per_pair=0.0, tile=1)
-
-
-def _even_out(packs, cap, R, num_batches=0, **kw):
-    config = PackingConfig(max_tokens=cap, packs_per_window=R, **kw)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        out = even_out(packs, num_batches=num_batches, num_replicas=R, config=config,
-                       pack_cost=lambda p: float(pack_costs([p], LINEAR)[0]),
-                       pack_costs=lambda ps: pack_costs(ps, LINEAR).tolist())
-    cut = [w for w in caught if issubclass(w.category, SampleCutWarning)]
-    assert Counter((s, t) for p in out for s, a, e in p for t in range(a, e)) == Counter(
-        (s, t) for p in packs for s, a, e in p for t in range(a, e))  # every token once
-    return out, cut
+from atac_hf.packing.data.even_out import _fit
 
 
 def _docs(sizes):
