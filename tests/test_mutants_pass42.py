@@ -9,7 +9,8 @@ reading a fragment's length as ``end - start`` (in the search and in first-fit d
 taking a pack a document fills exactly; no search above ``SEARCH_DOCS`` documents (256 are searched, 257 are not);
 ``release_groups_after_shutdown`` dropping Accelerate's ``device_mesh`` and ``parallelism_config`` (both states) and
 collecting the cycles they leave; ``drain_gloo_workers`` sleeping in 10 ms steps until its own ``seconds`` (a fake
-clock: no wall-clock assertion); ``track_group_holder`` registering the exit hook once.
+clock: no wall-clock assertion); ``track_group_holder`` registering the exit hook once; the model rules reading the
+config and its text config, where a text row runs, and not a vision tower's or a talker's config.
 """
 
 from __future__ import annotations
@@ -384,3 +385,61 @@ def test_non_attention_layers_in_the_text_config_are_refused():
 
     refused = config_refusal(_HybridComposite())
     assert refused is not None and refused[0] is NotImplementedError and "linear_attention" in refused[1]
+
+
+# ---------------------------------------------------------------------------- what the rules read: the text path only
+class _Part:  # a config-valued field (to_dict, model_type): a vision tower's or a talker's config
+    model_type = "toy_part"
+
+    def __init__(self, **fields):
+        vars(self).update(fields)
+
+    def to_dict(self):
+        return dict(vars(self))
+
+
+class _TextPart(_Part):
+    model_type = "toy_text"
+
+
+class _Composite:
+    """A composite model's config: a text config (the part packed text rows run) and another part."""
+
+    def __init__(self, text=None, other=None, **fields):
+        self.text_config = text or _TextPart()
+        self.vision_config = other or _Part()
+        vars(self).update(fields)
+
+    def get_text_config(self):
+        return self.text_config
+
+
+def test_a_part_that_text_rows_never_run_is_not_refused():
+    """Kills the hand-planted ``sub_configs(config, nested=True)`` in ``static_refusal``'s dropout rule (H23) and in
+    ``config_refusal``'s layer types (H25): ATACTrainer trains text rows, which run the config and its text config
+    only (a vision tower gets no input and no gradient from them; see ``_default_device_args``), so attention
+    dropout or linear-attention layers declared by a vision tower's config are no reason to refuse the model; the
+    same fields in the text config are (the tests above)."""
+    dropout = _Composite(other=_Part(attention_dropout=0.1))
+    assert static_refusal(ToyForCausalLM, dropout) is None
+    layers = _Composite(other=_Part(layer_types=["full_attention", "linear_attention"]))
+    assert config_refusal(layers) is None
+
+
+def test_the_router_rule_reads_the_flag_and_coefficient_of_the_text_path():
+    """Kills the hand-planted ``sub_configs(config, nested=True)`` in ``router_loss_refusal``'s outer loop (H27) and
+    ``parts = sub_configs(config, nested=True)`` (H30): the router loss that reaches the training loss is the text
+    path's. Qwen3-VL-MoE's forward reads both ``output_router_logits`` and ``router_aux_loss_coef`` from
+    ``config.text_config``, so a model whose text config turns router logits on with coefficient 0 adds nothing,
+    whatever another part or the outer config declares; a part text rows never run (a talker's config) does not
+    add its loss either. The text config's coefficient set non-zero is refused (the rule still bites)."""
+    from atac_hf.attention.model_check import router_loss_refusal
+
+    talker = _Composite(other=_Part(output_router_logits=True, router_aux_loss_coef=0.01, num_experts=4))
+    assert router_loss_refusal(talker) is None  # H27
+    zero = _Composite(text=_TextPart(output_router_logits=True, router_aux_loss_coef=0.0, num_experts=4),
+                      other=_Part(aux_loss_coef=0.01, num_experts=4))
+    assert router_loss_refusal(zero) is None  # H30
+    on = _Composite(text=_TextPart(output_router_logits=True, router_aux_loss_coef=0.01, num_experts=4))
+    refused = router_loss_refusal(on)
+    assert refused is not None and "router_aux_loss_coef=0.01" in refused[1]

@@ -254,7 +254,7 @@ def _warn_cut(before: list[list[Span]], after: list[list[Span]], R: int) -> None
     cut = sorted(_split_before(after) & whole)
     if cut:
         warnings.warn(
-            f"even_batches: the pass's last {sum(len(p) for p in before)} documents fill no count of packs "
+            f"even_batches: the pass's last {sum(len(p) for p in before)} document(s) fill no count of packs "
             f"that divides evenly among num_replicas={R} whole (each needs a pack of its own, say), so "
             f"{len(cut)} sample(s) that fit max_tokens (ids {cut[:5]}) were cut rather than let Accelerate "
             "repeat a batch (which trains its samples twice); set even_batches=False to let it repeat "
