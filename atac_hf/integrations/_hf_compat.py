@@ -122,8 +122,8 @@ def release_groups_after_shutdown() -> bool:
     Accelerate's shared state (its ``device_mesh`` and ``parallelism_config``; the process
     index, device etc. stay) and the group attributes of the add-on's objects that
     :func:`track_group_holder` registered. The groups' backends are then freed now, while the
-    interpreter is fully alive. First it drains gloo's workers (item 8), also while the default
-    process group is still initialized; then it drops nothing (tearing the group down here could
+    interpreter is fully alive. It drains gloo's workers first (item 8); while the default process
+    group is still initialized it drops nothing after the drain (tearing the group down here could
     hang a rank whose partners failed). Safe to call more than once.
 
     Returns:
