@@ -245,149 +245,7 @@ def test_the_exit_hook_is_registered_once(monkeypatch, no_holders):
     assert registered == [_hf_compat.release_groups_after_shutdown]
 
 
-# ---------------------------------------------------------------------------- sub_configs in the probe's diagnosis
-class _TextConfig:
-    def __init__(self):
-        self.sliding_window = 4
-
-
-class _CompositeConfig:  # a composite model's config: the sliding window only in its text config
-    def __init__(self):
-        self.text_config = _TextConfig()
-
-    def get_text_config(self):
-        return self.text_config
-
-
-def test_the_probe_diagnosis_reads_and_clears_the_text_configs_sliding_window(monkeypatch):
-    """Kills the hand-planted ``sub_configs(tiny)`` -> ``[tiny]`` in ``_diagnose`` and ``sub_configs(cfg)`` ->
-    ``[cfg]`` in ``_without_window``: a composite model (Gemma 3, Mistral 3 style) keeps ``sliding_window`` in its
-    text config. A probe mismatch that disappears once the window is cleared is named as the mask-only sliding
-    window (what to fix), not as the generic mismatch; the diagnosis must find the window there and clear it there.
-    The re-probe is faked: exact where the text config's window is cleared."""
-    reprobed = []
-
-    def fake_probe(model_cls, cfg, **kw):
-        reprobed.append(cfg.get_text_config().sliding_window)
-        return ProbeResult(max_error=0.0 if cfg.get_text_config().sliding_window is None else 0.5, layers=2,
-                           attention_classes=("A",), reached=2, stock_attention="sdpa")
-
-    monkeypatch.setattr(model_check, "run_probe", fake_probe)
-    monkeypatch.setattr(model_check, "_convolution_refusal", lambda *a: None)
-    tiny = _CompositeConfig()
-    result = ProbeResult(max_error=0.5, layers=2, attention_classes=("A",), reached=2, stock_attention="sdpa")
-    refused = model_check._diagnose(object, tiny, result, 0, 1, None)
-    assert refused is not None and refused[0] is NotImplementedError
-    assert "applies its sliding window (config.sliding_window) only through the attention mask" in refused[1]
-    assert reprobed == [None] and tiny.text_config.sliding_window == 4  # cleared on a copy, not on the model's
-
-
-# ---------------------------------------------------------------------------- sub_configs in the RoPE refusal
-class _RopeText:
-    def __init__(self, rope_type):
-        self.rope_parameters = {"rope_type": rope_type, "rope_theta": 10000.0}
-
-
-class _RopeComposite:  # the RoPE only in the text config, as for a composite model's language part
-    def __init__(self, rope_type):
-        self.text_config = _RopeText(rope_type)
-
-    def get_text_config(self):
-        return self.text_config
-
-
-def test_a_position_dependent_rope_in_the_text_config_is_refused():
-    """Kills the hand-planted ``sub_configs(config)`` -> ``[config]`` in ``runtime._refuse_position_dependent_rope``
-    (the runtime's per-batch check, ``check_model_supported`` and ``config_refusal`` share it): a composite model
-    keeps its RoPE in the text config; a dynamic RoPE there depends on the largest position a rank sees, so it is
-    refused however the config nests it, and a static one is not."""
-
-    with pytest.raises(ValueError, match="rope type 'dynamic'"):
-        check_model_supported(_RopeComposite("dynamic"))
-    refused = config_refusal(_RopeComposite("dynamic"))
-    assert refused is not None and "position-dependent RoPE" in refused[1]
-    check_model_supported(_RopeComposite("linear"))
-    assert config_refusal(_RopeComposite("linear")) is None
-
-
-class _VisionWithRope:  # a config-valued field (to_dict, model_type): a vision tower's config
-    model_type = "toy_vision"
-
-    def __init__(self):
-        self.rope_parameters = {"rope_type": "dynamic", "rope_theta": 10000.0}
-
-    def to_dict(self):
-        return dict(vars(self))
-
-
-class _VisionLanguage(_RopeComposite):
-    def __init__(self):
-        super().__init__("default")
-        self.vision_config = _VisionWithRope()
-
-
-def test_a_vision_towers_rope_is_not_refused():
-    """Kills the hand-planted ``sub_configs(config)`` -> ``sub_configs(config, nested=True)`` in the RoPE refusal:
-    the refusal reads the config and its text config (``sub_configs``' default), whose positions are the packed
-    row's that ATP-CP shards; a vision tower's RoPE runs over its own image patches, so a model is not refused for
-    it (the nested reading is for the router-loss rule, which must find DBRX's ``ffn_config``). Pins the scope the
-    module documents: change both if the RoPE refusal is meant to read every sub-config."""
-
-    check_model_supported(_VisionLanguage())
-    assert config_refusal(_VisionLanguage()) is None
-
-
-class _DropoutText:
-    def __init__(self, p):
-        self.attention_dropout = p
-
-
-class _DropoutComposite:  # attention dropout only in the text config (a composite model's language part)
-    def __init__(self, p):
-        self.text_config = _DropoutText(p)
-
-    def get_text_config(self):
-        return self.text_config
-
-
-class ToyForCausalLM:
-    def forward(self, input_ids=None, **kwargs):
-        return None
-
-
-def test_attention_dropout_in_the_text_config_is_refused():
-    """Kills the hand-planted ``sub_configs(config)`` -> ``[config]`` in ``static_refusal``'s dropout rule: the
-    ``atac_cp`` attention does not implement attention dropout, and a composite model sets it in its text config,
-    so it is refused there (naming the field), and accepted at 0."""
-
-    refused = static_refusal(ToyForCausalLM, _DropoutComposite(0.1))
-    assert refused is not None and refused[0] is ValueError and "attention_dropout=0.1" in refused[1]
-    assert static_refusal(ToyForCausalLM, _DropoutComposite(0.0)) is None
-
-
-class _HybridText:
-    def __init__(self):
-        self.layer_types = ["full_attention", "linear_attention", "full_attention"]
-
-
-class _HybridComposite:  # a composite model whose language part mixes linear-attention layers (Qwen3.5 style)
-    def __init__(self):
-        self.text_config = _HybridText()
-
-    def get_text_config(self):
-        return self.text_config
-
-
-def test_non_attention_layers_in_the_text_config_are_refused():
-    """Kills the hand-planted ``sub_configs(config)`` -> ``[config]`` in ``config_refusal``'s rules: a composite
-    model declares its layer types in its text config; linear-attention layers there mix the documents of a packed
-    row outside attention and must be refused (the rule also runs at the ``atac_cp`` attention's first call)."""
-
-    refused = config_refusal(_HybridComposite())
-    assert refused is not None and refused[0] is NotImplementedError and "linear_attention" in refused[1]
-
-
-# ---------------------------------------------------------------------------- what the rules read: the text path only
+# ---------------------------------------------------------------------------- composite configs
 class _Part:  # a config-valued field (to_dict, model_type): a vision tower's or a talker's config
     model_type = "toy_part"
 
@@ -405,15 +263,100 @@ class _TextPart(_Part):
 class _Composite:
     """A composite model's config: a text config (the part packed text rows run) and another part."""
 
-    def __init__(self, text=None, other=None, **fields):
+    def __init__(self, text=None, other=None):
         self.text_config = text or _TextPart()
-        self.vision_config = other or _Part()
-        vars(self).update(fields)
+        if other is not None:
+            self.vision_config = other
 
     def get_text_config(self):
         return self.text_config
 
 
+def _rope(rope_type, part=None):
+    """A text config (or ``part``) whose RoPE is of ``rope_type``."""
+    return (part or _TextPart)(rope_parameters={"rope_type": rope_type, "rope_theta": 10000.0})
+
+
+def _vision_language():
+    """A static RoPE in the text config, a dynamic one in the vision tower's config."""
+    return _Composite(_rope("default"), other=_rope("dynamic", _Part))
+
+
+# ---------------------------------------------------------------------------- sub_configs in the probe's diagnosis
+def test_the_probe_diagnosis_reads_and_clears_the_text_configs_sliding_window(monkeypatch):
+    """Kills the hand-planted ``sub_configs(tiny)`` -> ``[tiny]`` in ``_diagnose`` and ``sub_configs(cfg)`` ->
+    ``[cfg]`` in ``_without_window``: a composite model (Gemma 3, Mistral 3 style) keeps ``sliding_window`` in its
+    text config. A probe mismatch that disappears once the window is cleared is named as the mask-only sliding
+    window (what to fix), not as the generic mismatch; the diagnosis must find the window there and clear it there.
+    The re-probe is faked: exact where the text config's window is cleared."""
+    reprobed = []
+
+    def fake_probe(model_cls, cfg, **kw):
+        reprobed.append(cfg.get_text_config().sliding_window)
+        return ProbeResult(max_error=0.0 if cfg.get_text_config().sliding_window is None else 0.5, layers=2,
+                           attention_classes=("A",), reached=2, stock_attention="sdpa")
+
+    monkeypatch.setattr(model_check, "run_probe", fake_probe)
+    monkeypatch.setattr(model_check, "_convolution_refusal", lambda *a: None)
+    tiny = _Composite(_TextPart(sliding_window=4))  # the sliding window only in the text config
+    result = ProbeResult(max_error=0.5, layers=2, attention_classes=("A",), reached=2, stock_attention="sdpa")
+    refused = model_check._diagnose(object, tiny, result, 0, 1, None)
+    assert refused is not None and refused[0] is NotImplementedError
+    assert "applies its sliding window (config.sliding_window) only through the attention mask" in refused[1]
+    assert reprobed == [None] and tiny.text_config.sliding_window == 4  # cleared on a copy, not on the model's
+
+
+# ---------------------------------------------------------------------------- sub_configs in the RoPE refusal
+def test_a_position_dependent_rope_in_the_text_config_is_refused():
+    """Kills the hand-planted ``sub_configs(config)`` -> ``[config]`` in ``runtime._refuse_position_dependent_rope``
+    (the runtime's per-batch check, ``check_model_supported`` and ``config_refusal`` share it): a composite model
+    keeps its RoPE in the text config; a dynamic RoPE there depends on the largest position a rank sees, so it is
+    refused however the config nests it, and a static one is not."""
+
+    with pytest.raises(ValueError, match="rope type 'dynamic'"):
+        check_model_supported(_Composite(_rope("dynamic")))
+    refused = config_refusal(_Composite(_rope("dynamic")))
+    assert refused is not None and "position-dependent RoPE" in refused[1]
+    check_model_supported(_Composite(_rope("linear")))
+    assert config_refusal(_Composite(_rope("linear"))) is None
+
+
+def test_a_vision_towers_rope_is_not_refused():
+    """Kills the hand-planted ``sub_configs(config)`` -> ``sub_configs(config, nested=True)`` in the RoPE refusal:
+    the refusal reads the config and its text config (``sub_configs``' default), whose positions are the packed
+    row's that ATP-CP shards; a vision tower's RoPE runs over its own image patches, so a model is not refused for
+    it (the nested reading is for the router-loss rule, which must find DBRX's ``ffn_config``). Pins the scope the
+    module documents: change both if the RoPE refusal is meant to read every sub-config."""
+
+    check_model_supported(_vision_language())
+    assert config_refusal(_vision_language()) is None
+
+
+class ToyForCausalLM:
+    def forward(self, input_ids=None, **kwargs):
+        return None
+
+
+def test_attention_dropout_in_the_text_config_is_refused():
+    """Kills the hand-planted ``sub_configs(config)`` -> ``[config]`` in ``static_refusal``'s dropout rule: the
+    ``atac_cp`` attention does not implement attention dropout, and a composite model sets it in its text config,
+    so it is refused there (naming the field), and accepted at 0."""
+
+    refused = static_refusal(ToyForCausalLM, _Composite(_TextPart(attention_dropout=0.1)))
+    assert refused is not None and refused[0] is ValueError and "attention_dropout=0.1" in refused[1]
+    assert static_refusal(ToyForCausalLM, _Composite(_TextPart(attention_dropout=0.0))) is None
+
+
+def test_non_attention_layers_in_the_text_config_are_refused():
+    """Kills the hand-planted ``sub_configs(config)`` -> ``[config]`` in ``config_refusal``'s rules: a composite
+    model declares its layer types in its text config; linear-attention layers there mix the documents of a packed
+    row outside attention and must be refused (the rule also runs at the ``atac_cp`` attention's first call)."""
+
+    refused = config_refusal(_Composite(_TextPart(layer_types=["full_attention", "linear_attention", "full_attention"])))
+    assert refused is not None and refused[0] is NotImplementedError and "linear_attention" in refused[1]
+
+
+# ---------------------------------------------------------------------------- what the rules read: the text path only
 def test_a_part_that_text_rows_never_run_is_not_refused():
     """Kills the hand-planted ``sub_configs(config, nested=True)`` in ``static_refusal``'s dropout rule (H23) and in
     ``config_refusal``'s layer types (H25): ATACTrainer trains text rows, which run the config and its text config

@@ -187,8 +187,9 @@ def place_overdue(packs: list[list[Item]], carry: list[Item], ctx: WindowContext
     window more, whole (``max_defer >= 1``: late rather than cut); else (``split_overdue``)
     over the ends of the packs with the most room, in fragments >= ``min_fragment`` (a whole
     sample, with ``max_defer=0`` only, only where all of it goes). A fragment of an over-cap
-    sample that cannot go all that way displaces items too; only where no pack can make room do its pieces go as far as they do. Returns the
-    new carry and ``(sample_id, tokens)`` of every item that was whole before and is split now."""
+    sample that cannot go all that way displaces items too; only where no pack can make room
+    do its pieces go as far as they do. Returns the new carry and ``(sample_id, tokens)`` of
+    every item that was whole before and is split now."""
     if not carry or not any(ctx.is_overdue(it) for it in carry):
         return carry, []
     cfg = ctx.config
