@@ -1,4 +1,6 @@
-"""Exact resume of a streaming run in ``ATACTrainer``, from a checkpoint in any pass of the stream.
+"""Exact resume of a streaming run in ``ATACTrainer``, from a checkpoint in any pass of the stream;
+and the WFAP sampler's state of a map-style run (``atac_sampler.json``), checked and loaded the same
+way, before Trainer loads anything.
 
 A streaming train set is packed by a :class:`~atac_hf.packing.data.iterable.PackedIterableDataset`
 on every process (Accelerate deals its rows round-robin to the DP replicas). Trainer numbers
@@ -33,8 +35,9 @@ import os
 import warnings
 from typing import Any
 
-__all__ = ["STREAM_STATE_NAME", "StreamResumeMixin"]
+__all__ = ["SAMPLER_STATE_NAME", "STREAM_STATE_NAME", "StreamResumeMixin"]
 
+SAMPLER_STATE_NAME = "atac_sampler.json"
 STREAM_STATE_NAME = "atac_stream.json"
 _FORMAT = "atac-hf/trainer-stream/v1"
 
@@ -141,24 +144,80 @@ class StreamResumeMixin:
         if not isinstance(saved, dict) or saved.get("format") != _FORMAT or not isinstance(saved.get("stream"), dict):
             raise ValueError(f"{path}: not an ATACTrainer stream state (expected format {_FORMAT!r} with a 'stream' "
                              "mapping); resume from a checkpoint ATACTrainer saved")
-        cfg, cp, tp = self.atac_config, self.atac_config.cp_size, getattr(self, "atac_tp_size", 1)
-        checks = [
-            ("max_tokens", int(cfg.max_tokens),
-             "a packed stream resumes only with the pack size it was packed with: set ATACConfig(max_tokens={v}) "
-             "(or ATAC_MAX_TOKENS={v})"),
-            ("dp_size", int(self.dp_size),
-             "the rows were dealt round-robin to that many data-parallel replicas: launch world_size = dp_size x "
-             f"cp_size x tp_size = {{v}} x {cp} x {tp} processes"),
-            ("gradient_accumulation_steps", int(self.args.gradient_accumulation_steps),
-             "a window holds a multiple of dp_size x gradient_accumulation_steps packs: set "
-             "TrainingArguments(gradient_accumulation_steps={v})"),
-        ]
-        for key, here, fix in checks:
+        self._atac_check_layout(saved, path, "stream state")
+
+    def _atac_layout(self) -> dict[str, int]:
+        """The settings a resume keeps: the pack size and the packs of an optimizer step (Trainer's skip counts
+        steps, not packs: ``global_step x gradient_accumulation_steps`` micro-batches a replica)."""
+        return {"max_tokens": int(self.atac_config.max_tokens), "dp_size": int(self.dp_size),
+                "gradient_accumulation_steps": int(self.args.gradient_accumulation_steps)}
+
+    def _atac_check_layout(self, saved: dict, path: str, what: str, missing_ok: bool = False) -> None:
+        """Refuse a state saved with another :meth:`_atac_layout` (``missing_ok``: a setting the state does not
+        hold, as in a sampler state of an earlier atac-hf, passes)."""
+        cp, tp = self.atac_config.cp_size, getattr(self, "atac_tp_size", 1)
+        why = {
+            "max_tokens": "the packs were planned for that pack size: set ATACConfig(max_tokens={v}) (or "
+                          "ATAC_MAX_TOKENS={v})",
+            "dp_size": "the packs were dealt to that many data-parallel replicas: launch world_size = dp_size x "
+                       f"cp_size x tp_size = {{v}} x {cp} x {tp} processes",
+            "gradient_accumulation_steps": "a window holds a multiple of dp_size x gradient_accumulation_steps packs, "
+                                           "and Trainer skips that many a step: set "
+                                           "TrainingArguments(gradient_accumulation_steps={v})",
+        }
+        for key, here in self._atac_layout().items():
             v = saved.get(key)
-            if v != here:
-                raise ValueError(f"{path}: the stream state was saved with {key}={v!r}, this run has {key}={here}; "
-                                 f"it resumes only with {key}={v!r}: {fix.format(v=v)} to resume from this "
-                                 "checkpoint, or train without resume_from_checkpoint")
+            if v != here and not (missing_ok and key not in saved):
+                raise ValueError(f"{path}: the {what} was saved with {key}={v!r}, this run has {key}={here}; "
+                                 f"it resumes only with {key}={v!r}: {why[key].format(v=v)} to resume from this "
+                                 "checkpoint, or pass TrainingArguments(ignore_data_skip=True) to skip no data (the data "
+                                 "order starts over), or train without resume_from_checkpoint")
+
+    # ------------------------------------------------------------------ map-style datasets: the WFAP sampler
+    def _atac_save_sampler_state(self, output_dir: str) -> None:
+        """``atac_sampler.json``: the sampler's state at the packs of this epoch the loop consumed (all DP
+        replicas together; the loader prefetches), and :meth:`_atac_layout`."""
+        if self.atac_sampler is None or not self.args.should_save or not os.path.isdir(output_dir):
+            return
+        # Trainer rounds up: the last step of an epoch may hold fewer micro-batches
+        per_replica = len(self.atac_sampler) // max(self.dp_size, 1)
+        steps_per_epoch = max(-(-per_replica // self.args.gradient_accumulation_steps), 1)
+        done = (self.state.global_step % steps_per_epoch) * self.args.gradient_accumulation_steps * self.dp_size
+        state = {**self.atac_sampler.state_dict(position=min(done, len(self.atac_sampler))), **self._atac_layout()}
+        with open(os.path.join(output_dir, SAMPLER_STATE_NAME), "w", encoding="utf-8") as f:
+            json.dump(state, f, indent=1)
+
+    def _atac_sampler_check_resume(self, checkpoint: str) -> None:
+        """Read and check the checkpoint's sampler state and load it into this run's sampler before Trainer loads
+        anything (a refusal changes nothing); the loader is kept for ``get_train_dataloader``. The epoch and seed
+        come from the state; Trainer itself skips the batches of the epoch already trained, so the sampler starts
+        at 0. ``ignore_data_skip``: nothing is loaded (the epoch Trainer starts at is planned afresh)."""
+        if self.args.ignore_data_skip:
+            return
+        path = os.path.join(checkpoint, SAMPLER_STATE_NAME)
+        state = None
+        if os.path.isfile(path):
+            try:
+                with open(path, encoding="utf-8") as f:
+                    state = json.load(f)
+            except (OSError, ValueError) as e:
+                raise ValueError(f"{path}: not a readable sampler state ({e}); resume from an intact checkpoint") from None
+            if not isinstance(state, dict):
+                raise ValueError(f"{path}: not a WFAPBatchSampler state (a JSON object); resume from a checkpoint "
+                                 "ATACTrainer saved")
+            self._atac_check_layout(state, path, "sampler state", missing_ok=True)
+            state = {**state, "position": 0}
+        loader, sampler = self._atac_train_loader(prepare=False)
+        if state is None:
+            warnings.warn(f"{path} not found: resuming with a fresh WFAP sampler (epoch {sampler.epoch})", stacklevel=3)
+        else:
+            try:
+                sampler.load_state_dict(state)
+            except ValueError as e:
+                raise ValueError(f"{path}: {e}. Resume with the train_dataset, ATACConfig and model (its cost model) "
+                                 "of the checkpoint's run, or pass TrainingArguments(ignore_data_skip=True) to start "
+                                 "the checkpoint's epoch over with this run's packs") from None
+        self._atac_sampler_restored, self._atac_sampler_saved = (loader, sampler), state
 
     def _atac_stream_warn(self, message: str) -> None:
         if self.args.process_index == 0:

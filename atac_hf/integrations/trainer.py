@@ -27,9 +27,9 @@ What it changes, and where:
   dp x cp (Accelerate wraps no DDP around a TP model); counters divide by ``cp x tp``;
   ``_save`` gathers the shards on every rank. Resumable checkpoints are refused under TP
   (``save_only_model=True`` or ``save_strategy="no"``).
-* checkpoints: ``atac_sampler.json`` holds the sampler state; on resume it restores the
-  sampler's epoch and seed (checked against the dataset and settings), and Trainer skips the
-  batches already seen. A streaming run's ``atac_stream.json`` holds the packed stream's pass and
+* checkpoints: ``atac_sampler.json`` holds the sampler state and the run's layout; on resume,
+  before Trainer loads anything, it is checked against this run (the layout, the dataset and
+  settings) and restores the sampler's epoch and seed, and Trainer skips the batches already seen. A streaming run's ``atac_stream.json`` holds the packed stream's pass and
   position; on resume it is checked and restored and Trainer skips nothing (:mod:`.stream_state`).
 * guards (:mod:`.trainer_guards`): a ``compute_loss`` override that bypasses Trainer's, a loss that
   ignores ``num_items_in_batch``, a best metric never reported under CP, and an ``evaluate()``
@@ -39,7 +39,6 @@ What it changes, and where:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import warnings
 from typing import Any
@@ -61,7 +60,7 @@ from .kv_bytes import HALF_AUTOCAST, kv_element_bytes, model_kv_bytes_per_token
 from ..attention.model_check import check_static
 from .sharded_check import check_model_sharded
 from .sharder import BatchSharder, check_position_limit, prepare_model, unwrap_base_model
-from .stream_state import STREAM_STATE_NAME, StreamResumeMixin, stream_dispatch
+from .stream_state import SAMPLER_STATE_NAME, STREAM_STATE_NAME, StreamResumeMixin, stream_dispatch
 from .tensor_parallel import apply_tensor_parallel, dp_cp_group, full_state_dict, remap_optimizer_params
 from .tensor_parallel import sync_tp_gradients
 from .trainer_guards import (LossGuardMixin, check_best_metric, check_label_names, check_late_loss_settings,
@@ -71,7 +70,6 @@ from .trainer_guards import check_training_args as _check_args, sampling_strateg
 
 __all__ = ["ATACTrainer", "SAMPLER_STATE_NAME", "STREAM_STATE_NAME"]
 
-SAMPLER_STATE_NAME = "atac_sampler.json"
 logger = hf_logging.get_logger(__name__)
 _MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 
@@ -246,6 +244,8 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
         self._atac_base = base  # the model every check above ran on: each step must run it (check_step_model)
         self.atac_sampler = None
         self._atac_resume_dir: str | None = None
+        self._atac_sampler_restored: tuple[Any, Any] | None = None  # (loader, sampler) a resume's train() built
+        self._atac_sampler_saved: dict | None = None  # the checkpoint's sampler state it loaded
         self._atac_warned_logits = False
         self._atac_docs_trained = 0  # documents in the training packs of this rank (train_samples_per_second)
         self._atac_stream_init()
@@ -262,7 +262,7 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
             extra["prefetch_factor"] = self.args.dataloader_prefetch_factor
         return extra
 
-    def _atac_loader(self, dataset: Any, *, grad_accum: int, shuffle: bool | None):
+    def _atac_loader(self, dataset: Any, *, grad_accum: int, shuffle: bool | None, prepare: bool = True):
         if is_streaming_dataset(dataset):  # resumable streaming packer (training: _atac_stream_train_loader)
             loader, _packed = self._atac_stream_build(dataset, grad_accum)
             return self.accelerator.prepare(loader), None
@@ -272,7 +272,7 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
             dataset, self.atac_config, num_replicas=self.dp_size, grad_accum=grad_accum, seed=self._atac_seed(),
             shuffle=shuffle, cost_model=self.atac_sharder.cost_model, collate_fn=self.data_collator,
             progress=False if self.args.disable_tqdm else None, fixed_epoch_length=True, **extra)
-        return self.accelerator.prepare(loader), sampler
+        return (self.accelerator.prepare(loader) if prepare else loader), sampler
 
     def get_train_dataloader(self):
         """Prepared DataLoader of WFAP packs; one window = DP replicas x gradient-accumulation packs."""
@@ -280,14 +280,18 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
             raise ValueError("Trainer: training requires a train_dataset.")
         if is_streaming_dataset(self.train_dataset):  # restored from the checkpoint on a resume (stream_state)
             return self._atac_stream_train_loader()
+        restored, self._atac_sampler_restored = self._atac_sampler_restored, None
+        loader, sampler = restored or self._atac_train_loader(prepare=False)  # restored: by train(), on a resume
+        self.atac_sampler = sampler
+        if restored is None and self._atac_sampler_saved is not None:  # a second loader of the same train() call
+            sampler.load_state_dict(self._atac_sampler_saved)
+        return self.accelerator.prepare(loader)
+
+    def _atac_train_loader(self, prepare: bool = True):
         # train_sampling_strategy="sequential" keeps the data order, as Trainer's SequentialSampler does
         sequential = _sampling_strategy(self.args) == "sequential"
-        loader, sampler = self._atac_loader(self.train_dataset, grad_accum=self.args.gradient_accumulation_steps,
-                                            shuffle=False if sequential else None)
-        self.atac_sampler = sampler
-        if self._atac_resume_dir is not None:
-            self._atac_load_sampler_state(self._atac_resume_dir)
-        return loader
+        return self._atac_loader(self.train_dataset, grad_accum=self.args.gradient_accumulation_steps,
+                                 shuffle=False if sequential else None, prepare=prepare)
 
     def get_eval_dataloader(self, eval_dataset: Any = None):
         """Prepared DataLoader of WFAP packs of the eval set, not shuffled (samples keep their order within a
@@ -447,11 +451,13 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
         try:
             if self._atac_resume_dir is not None and is_streaming_dataset(self.train_dataset):
                 self._atac_stream_check_resume(self._atac_resume_dir)  # before Trainer loads anything
+            elif self._atac_resume_dir is not None and self.train_dataset is not None:
+                self._atac_sampler_check_resume(self._atac_resume_dir)  # the same for the WFAP sampler
             release_eval_preparation(self)  # an evaluate() before train() must not keep DDP off
             record_wrap_trainable(self)  # which parameters DDP sums, taken when it wraps the model
             return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
-            self._atac_resume_dir = None
+            self._atac_resume_dir = self._atac_sampler_restored = self._atac_sampler_saved = None
             self._atac_stream_end_train()
             drain_gloo_workers()  # before a group can be freed: _hf_compat (8)
 
@@ -473,27 +479,4 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
         super()._save_checkpoint(model, trial)
         output_dir = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         self._atac_save_stream_state(output_dir)
-        if self.atac_sampler is None or not self.args.should_save:
-            return
-        if not os.path.isdir(output_dir):
-            return
-        # batches of this epoch the loop consumed, all DP replicas together (the loader prefetches)
-        # Trainer rounds up: the last step of an epoch may hold fewer micro-batches
-        per_replica = len(self.atac_sampler) // max(self.dp_size, 1)
-        steps_per_epoch = max(-(-per_replica // self.args.gradient_accumulation_steps), 1)
-        done = (self.state.global_step % steps_per_epoch) * self.args.gradient_accumulation_steps * self.dp_size
-        state = self.atac_sampler.state_dict(position=min(done, len(self.atac_sampler)))
-        with open(os.path.join(output_dir, SAMPLER_STATE_NAME), "w", encoding="utf-8") as f:
-            json.dump(state, f, indent=1)
-
-    def _atac_load_sampler_state(self, checkpoint: str) -> None:
-        path = os.path.join(checkpoint, SAMPLER_STATE_NAME)
-        if not os.path.isfile(path):
-            warnings.warn(f"{path} not found: resuming with a fresh WFAP sampler (epoch {self.atac_sampler.epoch})",
-                          stacklevel=2)
-            return
-        with open(path, encoding="utf-8") as f:
-            state = json.load(f)
-        # epoch and seed come from the state (checked against the dataset and settings); Trainer
-        # itself skips the batches of the epoch already trained, so the sampler starts at 0
-        self.atac_sampler.load_state_dict({**state, "position": 0})
+        self._atac_save_sampler_state(output_dir)
