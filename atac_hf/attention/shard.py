@@ -22,6 +22,7 @@ import torch.distributed as dist
 from ..sharding.plan import LocalLayout, ShardPlan
 from .backends import BACKENDS
 from .collectives import group_device, peer_failure
+from .ids import as_long_ids, is_index_dtype as _is_index_dtype
 from .stock_guard import guard_stock_attention
 
 __all__ = ["ShardContext", "shard_batch", "doc_lengths_from_batch", "build_shift_labels", "unshard"]
@@ -309,6 +310,7 @@ def shard_batch(
         if lab.numel() != B * S or (lab.dim() == 2 and tuple(lab.shape) != (B, S)):
             raise ValueError(f"'{key}' has shape {tuple(lab.shape)} ({lab.numel()} tokens) but input_ids has shape "
                              f"({B}, {S}) ({B * S} tokens): {key} must have one entry per input token")
+    batch = as_long_ids(batch)
     lengths = doc_lengths_from_batch(batch)
     if not np.array_equal(lengths, plan.doc_lengths):
         raise ValueError(f"the batch's document lengths {_short(lengths)} differ from the plan's "
@@ -367,11 +369,6 @@ def shard_batch(
     out["atac_shard"] = ShardContext(plan=plan, rank=rank, group=group, layout=plan.local_layout(rank),
                                      backend=backend, debug=debug)
     return out
-
-
-def _is_index_dtype(t: torch.Tensor) -> bool:
-    """Whether a tensor holds token ids or labels: an integer dtype (not bool, float or complex)."""
-    return not (t.dtype == torch.bool or t.dtype.is_floating_point or t.dtype.is_complex)
 
 
 def _check_num_items(n: Any) -> None:

@@ -25,6 +25,7 @@ from ..packing.validate import InputTypeError
 from .config import ATACConfig
 from .config_files import check_count, short_repr
 from ..attention.shard import IGNORE_INDEX
+from ..attention.ids import as_long_ids
 from .kv_bytes import model_kv_bytes_per_token  # noqa: F401  (re-exported)
 from .targets import document_start_positions
 
@@ -447,6 +448,7 @@ class BatchSharder:
         if "input_ids" not in batch:
             raise ValueError(f"a packed batch needs 'input_ids' (and 'position_ids' or 'seq_lengths'); "
                              f"keys found: {sorted(batch)}")
+        batch = as_long_ids(batch)  # uint8/int16/int32/uint16 ids and labels: compared and padded in int64
         for key in ("labels", "shift_labels"):  # the loss ignores -100 only: -1 fails there (CUDA: device assert)
             labels = batch.get(key)
             bad = labels[(labels < 0) & (labels != IGNORE_INDEX)] if isinstance(labels, torch.Tensor) else ()

@@ -192,7 +192,7 @@ class StreamResumeMixin:
         anything (a refusal changes nothing); the loader is kept for ``get_train_dataloader``. The epoch and seed
         come from the state; Trainer itself skips the batches of the epoch already trained, so the sampler starts
         at 0. ``ignore_data_skip``: nothing is loaded (the epoch Trainer starts at is planned afresh)."""
-        if self.args.ignore_data_skip:
+        if self.args.ignore_data_skip or not os.path.isdir(checkpoint):  # (no checkpoint there: Trainer says so)
             return
         path = os.path.join(checkpoint, SAMPLER_STATE_NAME)
         state = None

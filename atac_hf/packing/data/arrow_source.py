@@ -44,6 +44,7 @@ def _arrow_source(dataset: Any) -> tuple[Any, np.ndarray | None]:
     """The dataset's underlying ``pyarrow.Table`` (whatever its format) and the table row of
     each dataset row (``None``: row i is table row i; set after ``select``/``shuffle``)."""
     table = dataset.data.table if hasattr(dataset.data, "table") else dataset.data
+    table = _variable_lists(table)
     indices = getattr(dataset, "_indices", None)
     rows = None
     if indices is not None:
@@ -52,6 +53,17 @@ def _arrow_source(dataset: Any) -> tuple[Any, np.ndarray | None]:
             [c.to_numpy() for c in col.chunks] or [np.zeros(0, dtype=np.int64)])  # no chunk: 0 rows (a filter kept none)
         rows = rows.astype(np.int64, copy=False)
     return table, rows
+
+
+def _variable_lists(table: Any) -> Any:
+    """``table`` with its fixed-size list columns (``datasets.Sequence(..., length=n)``, the type of pre-chunked
+    corpora) cast to variable-size lists, which every reader here takes (offsets; the values are not copied)."""
+    import pyarrow as pa
+
+    for i, field in enumerate(table.schema):
+        if pa.types.is_fixed_size_list(field.type):
+            table = table.set_column(i, field.name, table.column(i).cast(pa.list_(field.type.value_field)))
+    return table
 
 
 def _is_list(t: Any) -> bool:

@@ -290,7 +290,7 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
             plan = dict(order=order, cost_model=cost_model, window_size=window_size, num_replicas=num_replicas,
                         split_fill=split_fill)
             spans, offsets = plan_packs(lengths, config, progress=bar, **plan)
-        features = _features(datasets, dataset, token_cols)
+        features = _features(datasets, dataset, token_cols, _widened(table, token_cols))
         schema = features.arrow_schema
 
         def batches():  # a fresh generator each time: a failed write leaves the one it consumed half-read
@@ -362,7 +362,9 @@ def _build_batches(table: Any, rows: np.ndarray | None, token_cols: Sequence[str
     sources = {}
     for name in token_cols:
         values, starts, chunk_of = _chunk_index(table.column(name))
-        col_type = table.column(name).type
+        col_type = schema.field(name).type  # the source's, or int64 where _widened
+        if values and values[0].type != col_type.value_type:
+            values = [v.cast(col_type.value_type) for v in values]
         null = None
         if name != "input_ids":
             null_arr = table.column(name).is_null()
@@ -403,8 +405,8 @@ def _build_batches(table: Any, rows: np.ndarray | None, token_cols: Sequence[str
                 flat = pa.concat_arrays(pieces) if pieces else pa.array([], type=col_type.value_type)
                 flats[name] = flat
                 off_type = pa.int64() if pa.types.is_large_list(col_type) else pa.int32()
-                arrays.append(type(table.column(name).chunks[0]).from_arrays(pa.array(row_off, type=off_type), flat,
-                                                                             type=col_type))
+                arrays.append((pa.LargeListArray if off_type == pa.int64() else pa.ListArray).from_arrays(
+                    pa.array(row_off, type=off_type), flat, type=col_type))
             if _derives_labels(token_cols):  # TRL's rule, as the collator applies it: ids where every mask is 1
                 keep = np.ones(len(flats["input_ids"]), dtype=bool)
                 for name in LOSS_MASK_COLUMNS:
@@ -427,8 +429,22 @@ def _build_batches(table: Any, rows: np.ndarray | None, token_cols: Sequence[str
             bar.update(b1 - b0)
 
 
-def _features(datasets: Any, source: Any, token_cols: Sequence[str]) -> Any:
+def _widened(table: Any, token_cols: Sequence[str]) -> list[str]:
+    """The per-token columns (not masks) with null rows and another value type than ``input_ids``: a null row
+    is filled with the sample's ``input_ids``, which that type may not hold (uint16 ids over 32767 in int16
+    labels), so they are packed as int64."""
+    ids_type = table.column("input_ids").type.value_type
+    return [name for name in token_cols if name != "input_ids" and name not in _MASK_COLUMNS
+            and table.column(name).null_count and table.column(name).type.value_type != ids_type]
+
+
+def _features(datasets: Any, source: Any, token_cols: Sequence[str], widened: Sequence[str] = ()) -> Any:
     feats = {name: source.features[name] for name in token_cols}
+    for name in widened:
+        feats[name] = datasets.List(datasets.Value("int64"))
+    for name, f in feats.items():  # a fixed-length column (Sequence(..., length=n)) packs into rows of any length
+        if getattr(f, "length", -1) not in (-1, None):
+            feats[name] = type(f)(f.feature)
     if _derives_labels(token_cols):
         feats["labels"] = datasets.List(datasets.Value("int64"))
     feats["seq_lengths"] = datasets.List(datasets.Value("int64"))

@@ -355,6 +355,8 @@ class SpanDataset(Dataset):
             got = fetch([i for i, _, _ in spans])
             return [row if e is None else self._slice(row, k, s, e) for row, k, (_, s, e) in zip(got, keys, spans)]
         cols = self.dataset[[i for i, _, _ in spans]]
+        if hasattr(cols, "to_pydict"):  # a datasets.Dataset in "arrow" format reads a pyarrow.Table
+            cols = cols.to_pydict()
         rows = [{c: cols[c][j] for c in cols} for j in range(len(spans))]
         return [self._slice(row, k, s, e) for row, k, (_, s, e) in zip(rows, keys, spans)]
 
