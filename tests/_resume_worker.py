@@ -43,9 +43,9 @@ def make_trainer(out_dir: str, num_docs: int, packing: str, *, data_seed: int | 
                 self.sampler_seen.append([self.atac_sampler.epoch, self.atac_sampler.seed])
             return super()._prepare_context_parallel_inputs(model, inputs)
 
-        def _atac_load_sampler_state(self, checkpoint):
-            super()._atac_load_sampler_state(checkpoint)
-            self.restored = self.atac_sampler.state_dict()
+        def _atac_sampler_check_resume(self, checkpoint):
+            super()._atac_sampler_check_resume(checkpoint)
+            self.restored = self._atac_sampler_restored[1].state_dict()
 
     args = TrainingArguments(
         output_dir=out_dir, num_train_epochs=2, learning_rate=1e-3, lr_scheduler_type="constant",

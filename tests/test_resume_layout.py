@@ -141,3 +141,29 @@ def test_ignore_data_skip_starts_the_data_over_in_another_layout(first_run, tmp_
     fresh = _trainer(str(tmp_path / "c"), ga=2)
     fresh.train()
     assert t.seen and t.seen == fresh.seen[:len(t.seen)]
+
+
+def test_a_checkpoint_of_a_run_resumed_with_ignore_data_skip_off_an_epoch_start_is_refused(first_run, tmp_path):
+    # B starts the epoch over at global step 4: its epoch begins 4 steps after where Trainer's skip, by global_step
+    # alone, places it, so a resume from B's checkpoint-6 would skip packs B never trained (red-team 34)
+    b = _trainer(str(tmp_path / "b"), ignore_data_skip=True)
+    b.train(resume_from_checkpoint=_checkpoint(first_run, tmp_path))
+    with open(tmp_path / "b" / "checkpoint-6" / "atac_sampler.json") as f:
+        assert json.load(f)["epoch_start_offset"] == 4
+    _refused(_trainer(str(tmp_path / "c")), str(tmp_path / "b" / "checkpoint-6"),
+             r"checkpoint-6/atac_sampler.json: this checkpoint comes from a run resumed with ignore_data_skip=True "
+             r"at a step that is not an epoch start .*Pass TrainingArguments\(ignore_data_skip=True\)")
+    d = _trainer(str(tmp_path / "d"), ignore_data_skip=True)  # starting over again is allowed
+    d.train(resume_from_checkpoint=str(tmp_path / "b" / "checkpoint-6"))
+    assert d.seen == first_run[1][:len(d.seen)] and d.seen
+
+
+def test_a_checkpoint_without_its_sampler_state_resumes_with_a_warning_naming_what_is_unchecked(first_run, tmp_path):
+    checkpoint = _checkpoint(first_run, tmp_path)
+    os.remove(os.path.join(checkpoint, "atac_sampler.json"))
+    t = _trainer(str(tmp_path / "b"))
+    with pytest.warns(UserWarning, match=r"atac_sampler.json not found .*fresh WFAP sampler, whose packs match the "
+                                         r"checkpoint's only with the same dataset, seed, max_tokens, DP size and "
+                                         r"gradient accumulation, none of which can be checked"):
+        t.train(resume_from_checkpoint=checkpoint)
+    assert t.seen == first_run[1][4:]  # the same settings: the same packs

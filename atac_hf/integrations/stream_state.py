@@ -75,6 +75,7 @@ class StreamResumeMixin:
         self._atac_stream_rng: str | None = None  # checkpoint whose RNG state waits for the first batch
         self._atac_stream_defer_rng = False
         self._atac_skip_flag: bool | None = None  # args.ignore_data_skip to put back after train()
+        self._atac_unskipped_at: int | None = None  # the global_step a map-style resume with ignore_data_skip began at
 
     # ------------------------------------------------------------------ building
     def _atac_stream_build(self, dataset: Any, grad_accum: int | None = None):
@@ -184,6 +185,10 @@ class StreamResumeMixin:
         steps_per_epoch = max(-(-per_replica // self.args.gradient_accumulation_steps), 1)
         done = (self.state.global_step % steps_per_epoch) * self.args.gradient_accumulation_steps * self.dp_size
         state = {**self.atac_sampler.state_dict(position=min(done, len(self.atac_sampler))), **self._atac_layout()}
+        if self._atac_unskipped_at is not None and self._atac_unskipped_at % steps_per_epoch:
+            # this run's epochs begin at that step + k x steps_per_epoch, where Trainer's skip (by global_step alone)
+            # does not look: a resume from this checkpoint would skip other packs than those trained
+            state["epoch_start_offset"] = self._atac_unskipped_at % steps_per_epoch
         with open(os.path.join(output_dir, SAMPLER_STATE_NAME), "w", encoding="utf-8") as f:
             json.dump(state, f, indent=1)
 
@@ -192,7 +197,10 @@ class StreamResumeMixin:
         anything (a refusal changes nothing); the loader is kept for ``get_train_dataloader``. The epoch and seed
         come from the state; Trainer itself skips the batches of the epoch already trained, so the sampler starts
         at 0. ``ignore_data_skip``: nothing is loaded (the epoch Trainer starts at is planned afresh)."""
-        if self.args.ignore_data_skip or not os.path.isdir(checkpoint):  # (no checkpoint there: Trainer says so)
+        if not os.path.isdir(checkpoint):  # (no checkpoint there: Trainer says so)
+            return
+        if self.args.ignore_data_skip:
+            self._atac_unskipped_at = _global_step(checkpoint)
             return
         path = os.path.join(checkpoint, SAMPLER_STATE_NAME)
         state = None
@@ -206,10 +214,19 @@ class StreamResumeMixin:
                 raise ValueError(f"{path}: not a WFAPBatchSampler state (a JSON object); resume from a checkpoint "
                                  "ATACTrainer saved")
             self._atac_check_layout(state, path, "sampler state", missing_ok=True)
+            if state.get("epoch_start_offset"):
+                raise ValueError(
+                    f"{path}: this checkpoint comes from a run resumed with ignore_data_skip=True at a step that is "
+                    f"not an epoch start (its epochs begin {state['epoch_start_offset']} optimizer steps after where "
+                    "Trainer, counting global_step alone, places them): resuming it would skip other packs than those "
+                    "trained. Pass TrainingArguments(ignore_data_skip=True) (the checkpoint's epoch starts over), or "
+                    "resume from a checkpoint saved before that resume")
             state = {**state, "position": 0}
         loader, sampler = self._atac_train_loader(prepare=False)
         if state is None:
-            warnings.warn(f"{path} not found: resuming with a fresh WFAP sampler (epoch {sampler.epoch})", stacklevel=3)
+            warnings.warn(f"{path} not found (a checkpoint of an earlier atac-hf, or the file removed): resuming with a "
+                          "fresh WFAP sampler, whose packs match the checkpoint's only with the same dataset, seed, "
+                          "max_tokens, DP size and gradient accumulation, none of which can be checked", stacklevel=3)
         else:
             try:
                 sampler.load_state_dict(state)
@@ -265,3 +282,13 @@ class StreamResumeMixin:
                  "cp_size": int(self.atac_config.cp_size), "stream": packed.state_dict(num_rows=rows)}
         with open(os.path.join(output_dir, STREAM_STATE_NAME), "w", encoding="utf-8") as f:
             json.dump(state, f)
+
+
+def _global_step(checkpoint: str) -> int | None:
+    """The ``global_step`` of a checkpoint's ``trainer_state.json`` (None where it cannot be read)."""
+    try:
+        with open(os.path.join(checkpoint, "trainer_state.json"), encoding="utf-8") as f:
+            step = json.load(f).get("global_step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None

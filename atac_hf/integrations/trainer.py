@@ -458,6 +458,7 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
             return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             self._atac_resume_dir = self._atac_sampler_restored = self._atac_sampler_saved = None
+            self._atac_unskipped_at = None
             self._atac_stream_end_train()
             drain_gloo_workers()  # before a group can be freed: _hf_compat (8)
 
