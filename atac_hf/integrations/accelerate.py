@@ -49,6 +49,7 @@ from ._hf_compat import bypass_torch_cp_hooks, drain_gloo_workers, track_group_h
 from ..attention.model_check import check_static
 from ..packing.validate import InputTypeError, _short
 from .config import ATACConfig
+from .accelerate_resume import LayoutResumeMixin
 from .config_files import check_count
 from .forward_check import PreparedForwardCheck, UnusedParameterCheck
 from .layout import warn_placement
@@ -161,8 +162,7 @@ def build_parallelism_config(config: ATACConfig, world_size: int, *, fsdp: bool 
             sizes = f"dp_replicate={rep} x dp_shard={shard} x cp={cp}" + (f" x tp={tp}" if tp > 1 else "")
             raise ValueError(
                 f"the launch config's parallelism_config ({sizes} = {rep * shard * cp * tp}) does not match the "
-                f"world size {world}; fix the sizes or --num_processes"
-            )
+                f"world size {world}; fix the sizes or --num_processes")
     else:
         rep, shard = (1, dp) if nested else (dp, 1)
     return ATACParallelismConfig(dp_replicate_size=rep, dp_shard_size=shard, tp_size=tp, cp_size=cp, sp_size=1,
@@ -243,7 +243,7 @@ class ReplicaStepScheduler(AcceleratedScheduler):
         return None
 
 
-class ATACAccelerator(Accelerator):
+class ATACAccelerator(LayoutResumeMixin, Accelerator):
     """An ``Accelerator`` with an ATP-CP mesh, for plain training loops.
 
     Args:

@@ -1,0 +1,90 @@
+"""The data layout of an ``ATACAccelerator`` checkpoint, checked where a resume skips batches.
+
+``accelerator.skip_first_batches(loader, n)`` after ``load_state`` is exact only where the epoch's packs are those of
+the checkpoint's run: the WFAP sampler plans and deals an epoch's packs by ``max_tokens``, the DP size and the
+gradient accumulation, so skipping ``n`` batches of another layout's epoch trains some samples twice and others never
+(red-team 34: 18 documents twice at DP 1 x CP 2 from a DP 2 checkpoint, silently). ``save_state`` writes the layout to
+``atac_layout.json`` beside Accelerate's files, ``load_state`` reads it back, and a skip on a packed loader under
+another layout is refused, naming the setting (the refused skip changes nothing). A checkpoint without the file (an
+earlier atac-hf) is not checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+__all__ = ["LAYOUT_FILE", "LayoutResumeMixin"]
+
+LAYOUT_FILE = "atac_layout.json"
+
+
+class LayoutResumeMixin:
+    """``save_state`` / ``load_state`` / ``skip_first_batches`` of ``ATACAccelerator`` (before ``Accelerator``)."""
+
+    def _atac_layout(self) -> dict[str, int]:
+        return {"max_tokens": int(self.atac_config.max_tokens), "dp_size": int(self.dp_size),
+                "gradient_accumulation_steps": int(self.gradient_accumulation_steps)}
+
+    def save_state(self, output_dir: str | None = None, *args: Any, **kwargs: Any):
+        """``Accelerator.save_state``, and ``atac_layout.json`` (max_tokens, DP size, gradient accumulation)."""
+        location = super().save_state(output_dir, *args, **kwargs)
+        if self.is_main_process and location is not None and os.path.isdir(location):  # (a str or a Path)
+            with open(os.path.join(location, LAYOUT_FILE), "w", encoding="utf-8") as f:
+                json.dump(self._atac_layout(), f)
+        return location
+
+    def load_state(self, input_dir: str | None = None, *args: Any, **kwargs: Any):
+        """``Accelerator.load_state``; the checkpoint's ``atac_layout.json`` is kept for :meth:`skip_first_batches`."""
+        out = super().load_state(input_dir, *args, **kwargs)
+        path = os.path.join(_checkpoint_dir(self, input_dir) or "", LAYOUT_FILE)
+        self._atac_loaded_layout = None
+        if os.path.isfile(path):
+            try:
+                with open(path, encoding="utf-8") as f:
+                    saved = json.load(f)
+            except (OSError, ValueError) as e:
+                raise ValueError(f"{path}: not a readable layout ({e}); resume from an intact checkpoint") from None
+            self._atac_loaded_layout = (path, saved if isinstance(saved, dict) else {})
+        return out
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0):
+        """``Accelerator.skip_first_batches``; on a packed loader, refused after a :meth:`load_state` of a checkpoint
+        saved with another max_tokens, DP size or gradient accumulation (the batches skipped would not be those
+        trained)."""
+        from ..packing.data.sampler import WFAPBatchSampler
+
+        loaded = getattr(self, "_atac_loaded_layout", None)
+        sampler = getattr(dataloader, "batch_sampler", None)
+        sampler = getattr(sampler, "batch_sampler", sampler)  # Accelerate's BatchSamplerShard, where it wraps one
+        if loaded is not None and num_batches and isinstance(sampler, WFAPBatchSampler):
+            path, saved = loaded
+            cp, tp = self.atac_config.cp_size, getattr(self, "tp_size", 1)
+            how = {"max_tokens": "ATACConfig(max_tokens={v})",
+                   "dp_size": f"launch world_size = dp_size x cp_size x tp_size = {{v}} x {cp} x {tp} processes",
+                   "gradient_accumulation_steps": "ATACAccelerator(gradient_accumulation_steps={v})"}
+            for key, here in self._atac_layout().items():
+                if key in saved and saved[key] != here:
+                    raise ValueError(
+                        f"skip_first_batches({num_batches}): {path} was saved with {key}={saved[key]!r}, this run has "
+                        f"{key}={here}: the epoch's packs are planned and dealt for the checkpoint's layout, so skipping "
+                        f"{num_batches} batches of this one would train some samples twice and others never. Resume "
+                        f"with {key}={saved[key]!r} ({how[key].format(v=saved[key])}), or start the epoch over "
+                        "without skip_first_batches")
+        return super().skip_first_batches(dataloader, num_batches)
+
+
+def _checkpoint_dir(accelerator: Any, input_dir: str | None) -> str | None:
+    """The folder ``load_state(input_dir)`` read: ``input_dir``, or with automatic checkpoint naming the latest
+    ``checkpoint_<n>`` under ``project_dir/checkpoints`` (as Accelerate picks it)."""
+    if input_dir is not None:
+        return str(input_dir)
+    config = getattr(accelerator, "project_configuration", None)
+    if not getattr(config, "automatic_checkpoint_naming", False):
+        return None
+    root = os.path.join(accelerator.project_dir, "checkpoints")
+    found = [(int(m.group(1)), d) for d in (os.listdir(root) if os.path.isdir(root) else ())
+             if (m := re.search(r"(\d+)$", d))]
+    return os.path.join(root, max(found)[1]) if found else None
