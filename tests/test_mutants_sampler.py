@@ -33,6 +33,14 @@ def _epoch(seed: int, epoch: int) -> list:
     return list(s)
 
 
+def _this_sampler(s) -> str:
+    """The end of a refused fingerprint's message: the refusing sampler's own settings, to compare with the saved run's."""
+    return (f" (this sampler: {len(s.lengths)} samples of {int(s.lengths.sum())} tokens, max_tokens={s.config.max_tokens}, "
+            f"packs_per_window={s.config.packs_per_window} (DP replicas x gradient accumulation, in whole steps of at "
+            f"least min_window_packs), strategy={s.config.strategy!r}, num_replicas={s.num_replicas} (the DP size), "
+            f"window_size={s.window_size}, shuffle={s.shuffle}, even_batches={s.even_batches})")
+
+
 def _refused(state: dict, message: str) -> None:
     with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
         _sampler().load_state_dict(state)
@@ -147,7 +155,10 @@ def test_load_state_dict_field_bounds():
     _refused({**state, "fingerprint": "abc"},
              f"sampler state fingerprint 'abc' != {fp!r}: it was saved for different lengths or settings (config, "
              "cost_model, window_size, num_replicas, shuffle, even_batches); build the sampler exactly as when the "
-             "state was saved")
+             "state was saved" + _this_sampler(s))
+    assert _this_sampler(s).startswith(f" (this sampler: 40 samples of {int(LENGTHS.sum())} tokens, max_tokens=32, "
+                                       "packs_per_window=2 (DP replicas") and _this_sampler(s).endswith(
+        "strategy='bfd', num_replicas=1 (the DP size), window_size=None, shuffle=True, even_batches=True)")
 
 
 def test_num_batches_and_epoch_refusals_name_the_field():
@@ -280,7 +291,7 @@ def test_a_state_of_a_sampler_with_another_setting_is_refused(other):
     assert str(e.value) == (
         f"sampler state fingerprint {saved['fingerprint']!r} != {s.fingerprint!r}: it was saved for different "
         "lengths or settings (config, cost_model, window_size, num_replicas, shuffle, even_batches); build the "
-        "sampler exactly as when the state was saved")
+        "sampler exactly as when the state was saved" + _this_sampler(s))
     WFAPBatchSampler(LENGTHS, CFG, **base).load_state_dict(saved)  # the same settings: accepted
 
 
