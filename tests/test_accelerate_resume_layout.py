@@ -17,7 +17,7 @@ DATA = [{"input_ids": np.random.default_rng(0).integers(0, 128, int(n)).tolist()
         for n in np.random.default_rng(1).integers(5, 90, 40)]
 
 
-def _run(tmp_path, *, ga: int, max_tokens: int = 256, save: str | None = None, load: str | None = None, skip=0,
+def _run(tmp_path, *, ga: int, max_tokens: int = 256, save: str | None = None, load: str | None = None, skip=None,
          **project):
     from accelerate.utils import ProjectConfiguration
     from transformers import AutoModelForCausalLM, LlamaConfig
@@ -37,7 +37,7 @@ def _run(tmp_path, *, ga: int, max_tokens: int = 256, save: str | None = None, l
             acc.save_state(None if save == "auto" else save)
         if load is not None:
             acc.load_state(None if load == "auto" else load)
-        if skip:
+        if skip is not None:
             return [b["input_ids"].tolist() for b in acc.skip_first_batches(loader, skip)]
         return [b["input_ids"].tolist() for b in loader]
     finally:
@@ -83,3 +83,20 @@ def test_a_checkpoint_without_the_layout_is_not_checked(tmp_path):
     _run(tmp_path, ga=2, save=str(tmp_path / "ck"))
     os.remove(tmp_path / "ck" / "atac_layout.json")
     assert _run(tmp_path, ga=1, load=str(tmp_path / "ck"), skip=2) == full[2:]
+
+
+def test_only_a_skip_on_a_packed_loader_is_checked(tmp_path):
+    from accelerate.utils import ProjectConfiguration
+
+    from atac_hf import ATACAccelerator, ATACConfig
+
+    _run(tmp_path, ga=2, save=str(tmp_path / "ck"))
+    assert _run(tmp_path, ga=1, load=str(tmp_path / "ck"), skip=0)  # nothing skipped: nothing to refuse
+    acc = ATACAccelerator(ATACConfig(max_tokens=256, cost_preset="default"), gradient_accumulation_steps=1,
+                          project_config=ProjectConfiguration(project_dir=str(tmp_path)))
+    try:
+        acc.load_state(str(tmp_path / "ck"))
+        plain = acc.prepare(torch.utils.data.DataLoader(list(range(6)), batch_size=2))  # not packed: the user's own
+        assert [b.tolist() for b in acc.skip_first_batches(plain, 1)] == [[2, 3], [4, 5]]
+    finally:
+        acc.end_training()

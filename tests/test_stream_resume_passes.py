@@ -193,6 +193,7 @@ def test_a_mismatched_stream_state_is_refused_and_changes_nothing(full_run, tmp_
     kill = _kill_step(_stream_states(run_dir))
     ckpt = run_dir / f"checkpoint-{kill}"
     digest = _digest(ckpt)
+    change = dict(change)  # (a copy: pytest shares the parameter between runs in one process, as mutmut makes)
     atac = change.pop("atac", None)
     t = _trainer(tmp_path / "refused", _stream(ids), total + 1, max_steps=full.args.max_steps, atac=atac, **change)
     weights = {k: v.clone() for k, v in t.model.state_dict().items()}
