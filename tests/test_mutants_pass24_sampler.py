@@ -148,23 +148,25 @@ def test_a_loader_without_an_epoch_counter_is_left_alone():
 # source that reads a batch at once (no column_names), an int key's row was sliced as a span,
 # keeping only the token columns.
 
+class BatchSource:
+    """A map-style source with a batched read (``__getitems__``), as ``datasets`` has."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return self.rows[i]
+
+    def __getitems__(self, keys):
+        return [self.rows[i] for i in keys]
+
+
 def test_span_dataset_batched_int_keys_return_the_sample_unchanged():
     """``ds[i]`` is sample i unchanged, and so is an int key in a batched read (what a DataLoader
     with a plain sampler calls): the DataLoader's batch must not depend on which read it uses."""
-
-    class BatchSource:
-        def __init__(self, rows):
-            self.rows = rows
-
-        def __len__(self):
-            return len(self.rows)
-
-        def __getitem__(self, i):
-            return self.rows[i]
-
-        def __getitems__(self, keys):
-            return [self.rows[i] for i in keys]
-
     rows = [{"input_ids": [1, 2, 3], "labels": None, "id": 7},
             {"input_ids": [4, 5, 6, 7], "labels": [4, 5, 6, 7], "id": 8}]
     ds = SpanDataset(BatchSource(rows))

@@ -26,6 +26,7 @@ import datasets
 import pytest
 import torch
 from datasets import Features, Sequence, Value
+from test_mutants_pass24_sampler import BatchSource
 from test_resume_layout import _trainer
 
 from atac_hf import pack_dataset
@@ -291,20 +292,7 @@ def test_getitems_of_a_plain_list_reads_as_getitem_does():
 def test_getitems_of_a_batch_reader_names_the_span_of_a_bad_sample():
     from atac_hf.packing.data.sampler import SpanDataset
 
-    class Reader:
-        def __init__(self, rows):
-            self.rows = rows
-
-        def __len__(self):
-            return len(self.rows)
-
-        def __getitem__(self, i):
-            return self.rows[i]
-
-        def __getitems__(self, ids):
-            return [self.rows[i] for i in ids]
-
-    ds = SpanDataset(Reader([{"input_ids": [1, 2, 3]}, {"labels": [1, 2]}]))
+    ds = SpanDataset(BatchSource([{"input_ids": [1, 2, 3]}, {"labels": [1, 2]}]))
     assert ds.__getitems__([(0, 1, 3), 0]) == [{"input_ids": [2, 3]}, {"input_ids": [1, 2, 3]}]
     with pytest.raises(ValueError, match=r"^SpanDataset\[\(1, 0, 2\)\]: the sample has no 'input_ids' column"):
         ds.__getitems__([(0, 0, 1), (1, 0, 2)])

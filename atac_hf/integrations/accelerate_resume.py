@@ -16,6 +16,8 @@ import os
 import re
 from typing import Any
 
+from .stream_state import read_json
+
 __all__ = ["LAYOUT_FILE", "LayoutResumeMixin"]
 
 LAYOUT_FILE = "atac_layout.json"
@@ -42,11 +44,7 @@ class LayoutResumeMixin:
         path = os.path.join(_checkpoint_dir(self, input_dir) or "", LAYOUT_FILE)
         self._atac_loaded_layout = None
         if os.path.isfile(path):
-            try:
-                with open(path, encoding="utf-8") as f:
-                    saved = json.load(f)
-            except (OSError, ValueError) as e:
-                raise ValueError(f"{path}: not a readable layout ({e}); resume from an intact checkpoint") from None
+            saved = read_json(path, "layout")
             self._atac_loaded_layout = (path, saved if isinstance(saved, dict) else {})
         return out
 

@@ -125,11 +125,7 @@ class StreamResumeMixin:
                 "only (from a later pass the run restarts at a pass start); checkpoints saved with "
                 "dataloader_num_workers=0 resume exactly in any pass")
             return
-        try:
-            with open(path, encoding="utf-8") as f:
-                saved = json.load(f)
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{path}: not a readable stream state ({e}); resume from an intact checkpoint") from None
+        saved = read_json(path, "stream state")
         self._atac_stream_check_settings(saved, path)
         loader, packed = self._atac_stream_build(self.train_dataset)
         try:
@@ -205,11 +201,7 @@ class StreamResumeMixin:
         path = os.path.join(checkpoint, SAMPLER_STATE_NAME)
         state = None
         if os.path.isfile(path):
-            try:
-                with open(path, encoding="utf-8") as f:
-                    state = json.load(f)
-            except (OSError, ValueError) as e:
-                raise ValueError(f"{path}: not a readable sampler state ({e}); resume from an intact checkpoint") from None
+            state = read_json(path, "sampler state")
             if not isinstance(state, dict):
                 raise ValueError(f"{path}: not a WFAPBatchSampler state (a JSON object); resume from a checkpoint "
                                  "ATACTrainer saved")
@@ -292,3 +284,12 @@ def _global_step(checkpoint: str) -> int | None:
     except (OSError, ValueError, AttributeError):
         return None
     return step if isinstance(step, int) else None
+
+
+def read_json(path: str, what: str) -> Any:
+    """The JSON document at ``path``; a ValueError naming it and ``what`` it should be where it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a readable {what} ({e}); resume from an intact checkpoint") from None
