@@ -34,10 +34,11 @@ def _epoch(seed: int, epoch: int) -> list:
 
 
 def _this_sampler(s) -> str:
-    """The end of a refused fingerprint's message: the refusing sampler's own settings, to compare with the saved run's."""
-    return (f" (this sampler: {len(s.lengths)} samples of {int(s.lengths.sum())} tokens, max_tokens={s.config.max_tokens}, "
-            f"packs_per_window={s.config.packs_per_window} (DP replicas x gradient accumulation, in whole steps of at "
-            f"least min_window_packs), strategy={s.config.strategy!r}, num_replicas={s.num_replicas} (the DP size), "
+    """The end of a refused fingerprint's message: the refusing sampler's settings, to compare with the saved run's."""
+    return (f" (this sampler: {len(s.lengths)} samples of {int(s.lengths.sum())} tokens, "
+            f"max_tokens={s.config.max_tokens}, packs_per_window={s.config.packs_per_window} (ATACTrainer / "
+            "ATACAccelerator: DP replicas x gradient accumulation, in whole steps of at least min_window_packs), "
+            f"strategy={s.config.strategy!r}, num_replicas={s.num_replicas} (the DP size), "
             f"window_size={s.window_size}, shuffle={s.shuffle}, even_batches={s.even_batches})")
 
 
@@ -156,9 +157,11 @@ def test_load_state_dict_field_bounds():
              f"sampler state fingerprint 'abc' != {fp!r}: it was saved for different lengths or settings (config, "
              "cost_model, window_size, num_replicas, shuffle, even_batches); build the sampler exactly as when the "
              "state was saved" + _this_sampler(s))
-    assert _this_sampler(s).startswith(f" (this sampler: 40 samples of {int(LENGTHS.sum())} tokens, max_tokens=32, "
-                                       "packs_per_window=2 (DP replicas") and _this_sampler(s).endswith(
-        "strategy='bfd', num_replicas=1 (the DP size), window_size=None, shuffle=True, even_batches=True)")
+    tail = _this_sampler(s)
+    assert tail.startswith(f" (this sampler: 40 samples of {int(LENGTHS.sum())} tokens, max_tokens=32, "
+                           "packs_per_window=2 (ATACTrainer / ATACAccelerator: DP replicas")
+    assert tail.endswith("strategy='bfd', num_replicas=1 (the DP size), window_size=None, shuffle=True, "
+                         "even_batches=True)")
 
 
 def test_num_batches_and_epoch_refusals_name_the_field():

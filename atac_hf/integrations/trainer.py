@@ -29,8 +29,9 @@ What it changes, and where:
   (``save_only_model=True`` or ``save_strategy="no"``).
 * checkpoints: ``atac_sampler.json`` holds the sampler state and the run's layout; on resume,
   before Trainer loads anything, it is checked against this run (the layout, the dataset and
-  settings) and restores the sampler's epoch and seed, and Trainer skips the batches already seen. A streaming run's ``atac_stream.json`` holds the packed stream's pass and
-  position; on resume it is checked and restored and Trainer skips nothing (:mod:`.stream_state`).
+  settings) and restores the sampler's epoch and seed, and Trainer skips the batches already
+  seen. A streaming run's ``atac_stream.json`` holds the packed stream's pass and position; on
+  resume it is checked and restored and Trainer skips nothing (:mod:`.stream_state`).
 * guards (:mod:`.trainer_guards`): a ``compute_loss`` override that bypasses Trainer's, a loss that
   ignores ``num_items_in_batch``, a best metric never reported under CP, and an ``evaluate()``
   before ``train()`` that would keep DDP off.

@@ -277,9 +277,10 @@ class WFAPBatchSampler(Sampler[list[Span]]):
                 "for different lengths or settings (config, cost_model, window_size, num_replicas, shuffle, "
                 "even_batches); build the sampler exactly as when the state was saved (this sampler: "
                 f"{self.lengths.size} samples of {int(self.lengths.sum())} tokens, max_tokens={c.max_tokens}, "
-                f"packs_per_window={c.packs_per_window} (DP replicas x gradient accumulation, in whole steps of at "
-                f"least min_window_packs), strategy={c.strategy!r}, num_replicas={self.num_replicas} (the DP size), "
-                f"window_size={self.window_size}, shuffle={self.shuffle}, even_batches={self.even_batches})")
+                f"packs_per_window={c.packs_per_window} (ATACTrainer / ATACAccelerator: DP replicas x gradient "
+                f"accumulation, in whole steps of at least min_window_packs), strategy={c.strategy!r}, "
+                f"num_replicas={self.num_replicas} (the DP size), window_size={self.window_size}, "
+                f"shuffle={self.shuffle}, even_batches={self.even_batches})")
         seed = state_int(state, "seed", what, 0, 2**63 - 1)
         epoch = state_int(state, "epoch", what, 0, 2**63 - 1)
         pos = state_int(state, "position", what, 0)
