@@ -16,7 +16,7 @@ import os
 import re
 from typing import Any
 
-from .stream_state import read_json
+from .stream_state import launch_hint, layout_mismatch, read_json
 
 __all__ = ["LAYOUT_FILE", "LayoutResumeMixin"]
 
@@ -60,17 +60,15 @@ class LayoutResumeMixin:
         if loaded is not None and num_batches and isinstance(sampler, WFAPBatchSampler):
             path, saved = loaded
             cp, tp = self.atac_config.cp_size, getattr(self, "tp_size", 1)
-            how = {"max_tokens": "ATACConfig(max_tokens={v})",
-                   "dp_size": f"launch world_size = dp_size x cp_size x tp_size = {{v}} x {cp} x {tp} processes",
+            how = {"max_tokens": "ATACConfig(max_tokens={v})", "dp_size": launch_hint(cp, tp),
                    "gradient_accumulation_steps": "ATACAccelerator(gradient_accumulation_steps={v})"}
-            for key, here in self._atac_layout().items():
-                if key in saved and saved[key] != here:
-                    raise ValueError(
-                        f"skip_first_batches({num_batches}): {path} was saved with {key}={saved[key]!r}, this run has "
-                        f"{key}={here}: the epoch's packs are planned and dealt for the checkpoint's layout, so skipping "
-                        f"{num_batches} batches of this one would train some samples twice and others never. Resume "
-                        f"with {key}={saved[key]!r} ({how[key].format(v=saved[key])}), or start the epoch over "
-                        "without skip_first_batches")
+            if found := layout_mismatch(saved, self._atac_layout(), missing_ok=True):
+                key, v, here = found
+                raise ValueError(
+                    f"skip_first_batches({num_batches}): {path} was saved with {key}={v!r}, this run has "
+                    f"{key}={here}: the epoch's packs are planned and dealt for the checkpoint's layout, so skipping "
+                    f"{num_batches} batches of this one would train some samples twice and others never. Resume "
+                    f"with {key}={v!r} ({how[key].format(v=v)}), or start the epoch over without skip_first_batches")
         return super().skip_first_batches(dataloader, num_batches)
 
 

@@ -76,6 +76,8 @@ class StreamResumeMixin:
         self._atac_stream_defer_rng = False
         self._atac_skip_flag: bool | None = None  # args.ignore_data_skip to put back after train()
         self._atac_unskipped_at: int | None = None  # the global_step a map-style resume with ignore_data_skip began at
+        self._atac_sampler_restored: tuple[Any, Any] | None = None  # (loader, sampler) a resume's train() built
+        self._atac_sampler_saved: dict | None = None  # the checkpoint's sampler state it loaded
 
     # ------------------------------------------------------------------ building
     def _atac_stream_build(self, dataset: Any, grad_accum: int | None = None):
@@ -156,19 +158,17 @@ class StreamResumeMixin:
         why = {
             "max_tokens": "the packs were planned for that pack size: set ATACConfig(max_tokens={v}) (or "
                           "ATAC_MAX_TOKENS={v})",
-            "dp_size": "the packs were dealt to that many data-parallel replicas: launch world_size = dp_size x "
-                       f"cp_size x tp_size = {{v}} x {cp} x {tp} processes",
+            "dp_size": "the packs were dealt to that many data-parallel replicas: " + launch_hint(cp, tp),
             "gradient_accumulation_steps": "a window holds a multiple of dp_size x gradient_accumulation_steps packs, "
                                            "and Trainer skips that many a step: set "
                                            "TrainingArguments(gradient_accumulation_steps={v})",
         }
-        for key, here in self._atac_layout().items():
-            v = saved.get(key)
-            if v != here and not (missing_ok and key not in saved):
-                raise ValueError(f"{path}: the {what} was saved with {key}={v!r}, this run has {key}={here}; "
-                                 f"it resumes only with {key}={v!r}: {why[key].format(v=v)} to resume from this "
-                                 "checkpoint, or pass TrainingArguments(ignore_data_skip=True) to skip no data (the data "
-                                 "order starts over), or train without resume_from_checkpoint")
+        if found := layout_mismatch(saved, self._atac_layout(), missing_ok):
+            key, v, here = found
+            raise ValueError(f"{path}: the {what} was saved with {key}={v!r}, this run has {key}={here}; "
+                             f"it resumes only with {key}={v!r}: {why[key].format(v=v)} to resume from this "
+                             "checkpoint, or pass TrainingArguments(ignore_data_skip=True) to skip no data (the data "
+                             "order starts over), or train without resume_from_checkpoint")
 
     # ------------------------------------------------------------------ map-style datasets: the WFAP sampler
     def _atac_save_sampler_state(self, output_dir: str) -> None:
@@ -233,6 +233,8 @@ class StreamResumeMixin:
             warnings.warn(f"resuming a streaming run: {message}", stacklevel=3)
 
     def _atac_stream_end_train(self) -> None:
+        """The end of a ``train()`` call: what its resume restored (a stream's or a sampler's) is dropped."""
+        self._atac_sampler_restored = self._atac_sampler_saved = self._atac_unskipped_at = None
         self._atac_stream_restored = None
         self._atac_stream_defer_rng = False
         self._atac_stream_rng = None
@@ -279,10 +281,10 @@ class StreamResumeMixin:
 def _global_step(checkpoint: str) -> int | None:
     """The ``global_step`` of a checkpoint's ``trainer_state.json`` (None where it cannot be read)."""
     try:
-        with open(os.path.join(checkpoint, "trainer_state.json"), encoding="utf-8") as f:
-            step = json.load(f).get("global_step")
-    except (OSError, ValueError, AttributeError):
+        state = read_json(os.path.join(checkpoint, "trainer_state.json"), "trainer state")
+    except ValueError:
         return None
+    step = state.get("global_step") if isinstance(state, dict) else None
     return step if isinstance(step, int) else None
 
 
@@ -293,3 +295,17 @@ def read_json(path: str, what: str) -> Any:
             return json.load(f)
     except (OSError, ValueError) as e:
         raise ValueError(f"{path}: not a readable {what} ({e}); resume from an intact checkpoint") from None
+
+
+def layout_mismatch(saved: dict, here: dict, missing_ok: bool = False) -> tuple[str, Any, Any] | None:
+    """The first setting of a run's layout ``here`` that ``saved`` holds otherwise, as ``(key, saved value, this
+    run's value)``; None where none does (``missing_ok``: a setting ``saved`` lacks matches)."""
+    for key, value in here.items():
+        if saved.get(key) != value and not (missing_ok and key not in saved):
+            return key, saved.get(key), value
+    return None
+
+
+def launch_hint(cp: int, tp: int) -> str:
+    """How to launch a DP size ``{v}`` (a format field) at this CP and TP size."""
+    return f"launch world_size = dp_size x cp_size x tp_size = {{v}} x {cp} x {tp} processes"

@@ -245,8 +245,6 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
         self._atac_base = base  # the model every check above ran on: each step must run it (check_step_model)
         self.atac_sampler = None
         self._atac_resume_dir: str | None = None
-        self._atac_sampler_restored: tuple[Any, Any] | None = None  # (loader, sampler) a resume's train() built
-        self._atac_sampler_saved: dict | None = None  # the checkpoint's sampler state it loaded
         self._atac_warned_logits = False
         self._atac_docs_trained = 0  # documents in the training packs of this rank (train_samples_per_second)
         self._atac_stream_init()
@@ -458,8 +456,7 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
             record_wrap_trainable(self)  # which parameters DDP sums, taken when it wraps the model
             return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
-            self._atac_resume_dir = self._atac_sampler_restored = self._atac_sampler_saved = None
-            self._atac_unskipped_at = None
+            self._atac_resume_dir = None
             self._atac_stream_end_train()
             drain_gloo_workers()  # before a group can be freed: _hf_compat (8)
 
