@@ -119,20 +119,21 @@ def _entry(rank: int, world: int, port: int, out_dir: str) -> None:
         res["tp2_cp2_dp2"] = {"tp": ranks(mesh, "tp"), "cp": ranks(mesh, "cp"), "dp": ranks(mesh, "dp"),
                               "cp_group": sorted(dist.get_process_group_ranks(acc.cp_group)),
                               "cp_rank": acc.cp_rank, "dp_size": acc.dp_size, "names": list(mesh.mesh_dim_names)}
-        # debug mode compares plans and batches over the TP group too: a TP rank fed another batch
-        # (same document lengths) is caught on both ranks of its TP group
+        # plans and batches are compared over the TP group too (every batch; debug: full digests): a TP
+        # rank fed another batch (same document lengths) is caught on both ranks of its TP group
         from atac_hf.integrations.sharder import BatchSharder
 
         tp_rank = int(mesh["tp"].get_local_rank())
-        sharder = BatchSharder(ATACConfig(cp_size=2, debug=True), cp_rank=acc.cp_rank, cp_group=acc.cp_group,
-                               tp_group=mesh["tp"].get_group())
-        ids = torch.arange(40)[None] % 30 + (tp_rank if rank < NODE else 0)  # node 1 fed alike: no error
-        pos = torch.cat([torch.arange(30), torch.arange(10)])[None]
-        try:
-            sharder({"input_ids": ids, "position_ids": pos, "labels": ids.clone()})
-            res["tp_debug"] = "ok"
-        except RuntimeError as e:
-            res["tp_debug"] = str(e)
+        for key, debug in (("tp_debug", True), ("tp_default", False)):
+            sharder = BatchSharder(ATACConfig(cp_size=2, debug=debug), cp_rank=acc.cp_rank, cp_group=acc.cp_group,
+                                   tp_group=mesh["tp"].get_group())
+            ids = torch.arange(40)[None] % 30 + (tp_rank if rank < NODE else 0)  # node 1 fed alike: no error
+            pos = torch.cat([torch.arange(30), torch.arange(10)])[None]
+            try:
+                sharder({"input_ids": ids, "position_ids": pos, "labels": ids.clone()})
+                res[key] = "ok"
+            except RuntimeError as e:
+                res[key] = str(e)
         s = LAYOUTS["hsdp_cp2"]  # Accelerate's own mesh code, sizes from the launch-config path
         env = {"ACCELERATE_USE_PARALLELISM_CONFIG": "true", "PARALLELISM_CONFIG_DP_REPLICATE_SIZE": "2",
                "PARALLELISM_CONFIG_DP_SHARD_SIZE": "2", "PARALLELISM_CONFIG_CP_SIZE": "2"}
@@ -178,9 +179,12 @@ def test_eight_processes_build_the_groups_of_two_nodes():
     assert all(len({g // NODE for g in x["dp"]}) == 2 for x in t), "DP replicas sit on both nodes"
     for rank, r in enumerate(res):
         if rank < NODE:
-            assert r["tp_debug"].startswith("TP group check (debug): the CP ranks hold different batches"), r
+            assert r["tp_debug"].startswith("the TP ranks hold different batches with the same document "
+                                            "lengths"), r
+            assert r["tp_default"].startswith("the TP ranks hold different batches with the same document "
+                                              "lengths") and "(Checked on every batch.)" in r["tp_default"], r
         else:
-            assert r["tp_debug"] == "ok", r["tp_debug"]
+            assert r["tp_debug"] == r["tp_default"] == "ok", r
     h = [r["hsdp_cp2"] for r in res]
     assert h[0]["names"] == ["dp_replicate", "dp_shard", "cp"]
     assert all(len({g // NODE for g in x["dp_shard_cp"]}) == 1 for x in h), "FSDP shards inside a node"

@@ -403,7 +403,7 @@ def test_debug_refuses_different_plans_and_batches_on_every_rank(world):
     got = world(2).run(lambda r: shard_batch((b, other)[r], p_atp, r, GROUP, debug=True))
     msg = (f"the CP ranks hold different batches with the same document lengths (batch digests rank 0: {d0}, "
            f"rank 1: {d1}); every rank of a CP group must get the same full batch: check the DataLoader sharding "
-           "(CP ranks of one DP replica share its batches) and the seeds")
+           "(the CP and TP ranks of one DP replica share its batches) and the seeds")
     assert [type(e) for e in got] == [RuntimeError, RuntimeError] and [str(e) for e in got] == [msg, msg]
     # without debug: no collective, the mismatch is not looked for
     w = world(2)
@@ -432,12 +432,17 @@ def test_check_plan_digest_pads_and_cuts_to_16_characters(world):
     got = world(2).run(lambda r: check_plan_digest(_stub("same"), GROUP, content=("ab", None)[r]))
     msg = ("the CP ranks hold different batches with the same document lengths (batch digests rank 0: "
            "ab--------------, rank 1: ----------------); every rank of a CP group must get the same full batch: "
-           "check the DataLoader sharding (CP ranks of one DP replica share its batches) and the seeds")
+           "check the DataLoader sharding (the CP and TP ranks of one DP replica share its batches) and the seeds")
     assert [str(e) for e in got] == [msg] * 2
     # the plan digest is checked first
     got = world(2).run(lambda r: check_plan_digest(_stub("p" + str(r)), GROUP, content="c" + str(r)))
     assert str(got[0]).startswith("the CP ranks hold different shard plans (rank 0: p0--------------, rank 1: "
                                   "p1--------------);")
+    # the group's kind named (the TP group of a CP rank: red-team 35)
+    got = world(2).run(lambda r: check_plan_digest(_stub("same"), GROUP, content=("ab", None)[r], ranks="TP"))
+    assert str(got[0]).startswith("the TP ranks hold different batches with the same document lengths (batch "
+                                  "digests rank 0: ab--------------, rank 1: ----------------); every rank of a TP "
+                                  "group must get the same full batch"), str(got[0])
     # an empty string pads like None; a '-' padded content equals its short form
     _ok(world(2).run(lambda r: check_plan_digest(_stub("d"), GROUP, content=("", None)[r])))
     _ok(world(2).run(lambda r: check_plan_digest(_stub("d-"), GROUP, content=("ab", "ab--")[r])))

@@ -33,14 +33,15 @@ def light_batch_digest(batch: Mapping[str, Any]) -> str:
     return f"{value & (2**64 - 1):016x}"
 
 
-def check_same_batch(plan: ShardPlan, batch: Mapping[str, Any], group: Any = None) -> None:
+def check_same_batch(plan: ShardPlan, batch: Mapping[str, Any], group: Any = None, *, ranks: str = "CP") -> None:
     """:func:`~atac_hf.attention.shard.check_plan_digest` with :func:`light_batch_digest`: one 32-byte
-    all-gather per batch, so that CP ranks holding different batches (which would train on mismatched
-    shards, or wait on each other's collectives forever) fail at once, naming the likely cause."""
+    all-gather per batch, so that CP (or TP: ``ranks``) ranks holding different batches (which would train
+    on mismatched shards, or wait on each other's collectives forever) fail at once, naming the likely cause."""
     try:
-        shard.check_plan_digest(plan, group, content=light_batch_digest(batch), what="batch check (every batch)")
+        shard.check_plan_digest(plan, group, content=light_batch_digest(batch), what="batch check (every batch)",
+                                ranks=ranks)
     except RuntimeError as e:
-        if not str(e).startswith("the CP ranks hold different"):
+        if not str(e).startswith(f"the {ranks} ranks hold different"):
             raise
         raise RuntimeError(f"{e}. (Checked on every batch.) A common cause: data shuffled differently in each "
                            "process, e.g. a datasets IterableDataset.shuffle() without a seed: pass "

@@ -429,10 +429,10 @@ def batch_digest(batch: Mapping[str, Any]) -> str:
 
 
 def check_plan_digest(plan: ShardPlan, group: Any = None, *, content: str | None = None,
-                      what: str = "plan digest check (debug)") -> None:
+                      what: str = "plan digest check (debug)", ranks: str = "CP") -> None:
     """All-gather ``plan.digest`` (and ``content``, e.g. :func:`batch_digest`) over ``group`` in
-    one collective; RuntimeError naming the ranks and digests if they differ (``what``: the check's
-    name where the collective itself fails)."""
+    one collective; RuntimeError naming the ranks (``ranks``: the group's kind) and digests if they
+    differ (``what``: the check's name where the collective itself fails)."""
     dev = group_device(group)
     text = plan.digest.encode("ascii").ljust(16, b"-")[:16] + (content or "").encode("ascii").ljust(16, b"-")[:16]
     mine = torch.tensor(list(text), dtype=torch.uint8, device=dev)
@@ -448,14 +448,15 @@ def check_plan_digest(plan: ShardPlan, group: Any = None, *, content: str | None
     digests = [g[:16] for g in got]
     if len(set(digests)) > 1:
         detail = ", ".join(f"rank {r}: {d}" for r, d in enumerate(digests))
-        raise RuntimeError(f"the CP ranks hold different shard plans ({detail}); every rank must plan the same "
+        raise RuntimeError(f"the {ranks} ranks hold different shard plans ({detail}); every rank must plan the same "
                            "pack with the same strategy, cost model and options")
     contents = [g[16:] for g in got]
     if len(set(contents)) > 1:
         detail = ", ".join(f"rank {r}: {d}" for r, d in enumerate(contents))
-        raise RuntimeError(f"the CP ranks hold different batches with the same document lengths (batch digests "
-                           f"{detail}); every rank of a CP group must get the same full batch: check the "
-                           "DataLoader sharding (CP ranks of one DP replica share its batches) and the seeds")
+        raise RuntimeError(f"the {ranks} ranks hold different batches with the same document lengths (batch digests "
+                           f"{detail}); every rank of a {ranks} group must get the same full batch: check the "
+                           "DataLoader sharding (the CP and TP ranks of one DP replica share its batches) and the "
+                           "seeds")
 
 
 def unshard(local: torch.Tensor, plan: ShardPlan, rank: int, group: Any = None) -> torch.Tensor:

@@ -31,8 +31,8 @@ Each says why and when it can go. Checked against accelerate 1.15 and transforme
    one shard (``apply_tensor_parallelism`` indexes de-duplicated parameters and raises
    ``KeyError: 'lm_head.weight'``); ``replicated_with_grad_allreduce`` (Qwen3's q/k norms)
    all-reduces ``.grad`` after every micro-batch, counting earlier micro-batches again under
-   gradient accumulation, so those sums run once per step in ``sync_tp_gradients`` (both can go
-   when transformers fixes them). Accelerate wraps a TP model in no DDP, so the add-on averages
+   gradient accumulation, so each backward's contribution is held apart and summed over TP once,
+   in ``sync_tp_gradients`` (both can go when transformers fixes them). Accelerate wraps a TP model in no DDP, so the add-on averages
    its gradients over dp x cp (``ATACAccelerator.backward``, ``ATACTrainer.training_step``).
    Trainer's ``_save`` returns early on non-writer ranks unless
    ``is_distributed_loading_by_transformers``; ``ATACTrainer._save`` sets it for the call so

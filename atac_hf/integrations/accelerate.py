@@ -57,7 +57,8 @@ from .kv_bytes import HALF_AUTOCAST, kv_element_bytes, model_kv_bytes_per_token
 from .plain_modules import runs_no_attention
 from .sharded_check import check_model_sharded
 from .sharder import BatchSharder, count_targets, learned_position_limit, prepare_model, unwrap_base_model
-from .tensor_parallel import apply_tensor_parallel, dp_cp_group, remap_optimizer_params, sync_tp_gradients
+from .tensor_parallel import apply_tensor_parallel, check_tp_prepare, dp_cp_group, remap_optimizer_params
+from .tensor_parallel import sync_tp_gradients
 
 __all__ = ["ATACAccelerator", "ATACParallelismConfig", "build_parallelism_config", "bypass_torch_cp_hooks",
            "check_tp_layout", "cp_coordinates"]
@@ -217,10 +218,6 @@ def cp_coordinates(accelerator: Accelerator, cp_size: int, *, timeout_s: float |
     return int(sub.get_local_rank()), group
 
 
-def _fsdp_requested(kwargs: Mapping[str, Any]) -> bool:
-    return kwargs.get("fsdp_plugin") is not None or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
-
-
 class ReplicaStepScheduler(AcceleratedScheduler):
     """Accelerate's scheduler wrapper, stepped once per DP replica at each optimizer step. Accelerate's
     steps once per process (each brings its own batch), but the CP and TP ranks of a replica train on
@@ -276,7 +273,7 @@ class ATACAccelerator(LayoutResumeMixin, Accelerator):
         # which Accelerator.__init__ would read too late (PartialState is created only once)
         init = next((h for h in kwargs.get("kwargs_handlers") or () if isinstance(h, InitProcessGroupKwargs)), None)
         state = PartialState(cpu=cpu, **(init.to_kwargs() if init is not None else {}))
-        fsdp = _fsdp_requested(kwargs)
+        fsdp = kwargs.get("fsdp_plugin") is not None or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
         if parallelism_config is None:
             parallelism_config = build_parallelism_config(config, state.num_processes, fsdp=fsdp)
         else:
@@ -323,6 +320,8 @@ class ATACAccelerator(LayoutResumeMixin, Accelerator):
         models = [a for a in args if isinstance(a, torch.nn.Module) and not runs_no_attention(a)]  # (heads: as they are)
         for obj in models:  # every model checked before any is changed, its kind first
             check_static(obj)
+        if self.tp_size > 1:
+            check_tp_prepare(args, models, self.tp_size)
         if self.atac_config.cp_size > 1:
             from .trainer_guards import loss_scale_refusal  # (imports Trainer)
 

@@ -31,7 +31,18 @@ class LayoutResumeMixin:
                 "gradient_accumulation_steps": int(self.gradient_accumulation_steps)}
 
     def save_state(self, output_dir: str | None = None, *args: Any, **kwargs: Any):
-        """``Accelerator.save_state``, and ``atac_layout.json`` (max_tokens, DP size, gradient accumulation)."""
+        """``Accelerator.save_state``, and ``atac_layout.json`` (max_tokens, DP size, gradient accumulation).
+
+        Raises:
+            ValueError: with ``tp_size > 1`` (before anything is written): Accelerate cannot save a model
+                tensor-parallelised on a sub-mesh of the world, nor its optimizer's shards for a resume.
+        """
+        if getattr(self, "tp_size", 1) > 1:
+            raise ValueError(f"save_state with tp_size={self.tp_size}: Accelerate cannot save the TP shards of a model "
+                             "atac-hf split over a sub-mesh, so TP runs are not resumable from checkpoints; save the "
+                             "weights with atac_hf.integrations.tensor_parallel.full_state_dict(model) on every rank (a "
+                             "collective) and save_pretrained(dir, state_dict=...) on the main process, or set "
+                             "tp_size=1 (parallelism_config) to resume")
         location = super().save_state(output_dir, *args, **kwargs)
         if self.is_main_process and location is not None and os.path.isdir(location):  # (a str or a Path)
             with open(os.path.join(location, LAYOUT_FILE), "w", encoding="utf-8") as f:

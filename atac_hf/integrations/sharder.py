@@ -462,13 +462,13 @@ class BatchSharder:
         plan, stats = self.plan(batch)
         if num_items_in_batch is not None:
             batch = {**batch, "num_items_in_batch": num_items_in_batch}
-        if self.config.debug and self.tp_group is not None and dist.get_world_size(self.tp_group) > 1:
-            from ..attention.shard import batch_digest, check_plan_digest
+        if self.tp_group is not None and dist.get_world_size(self.tp_group) > 1:  # each computes its heads of one pack
+            if self.config.debug:
+                from ..attention.shard import batch_digest, check_plan_digest
 
-            try:
-                check_plan_digest(plan, self.tp_group, content=batch_digest(batch))
-            except RuntimeError as e:
-                raise RuntimeError(f"TP group check (debug): {e} [here: the TP ranks of one CP rank]") from e
+                check_plan_digest(plan, self.tp_group, content=batch_digest(batch), ranks="TP")
+            else:
+                check_same_batch(plan, batch, self.tp_group, ranks="TP")
         if self.cp_size > 1 and not self.config.debug:  # (debug: shard_batch compares full digests)
             check_same_batch(plan, batch, self.cp_group)
         local = shard_batch(batch, plan, self.cp_rank, self.cp_group, backend=self.config.attention_backend,

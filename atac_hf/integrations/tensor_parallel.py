@@ -41,8 +41,8 @@ import torch.distributed as dist
 
 from ._hf_compat import track_group_holder
 
-__all__ = ["apply_tensor_parallel", "check_not_presharded", "check_tp_model", "dp_cp_group", "full_state_dict",
-           "remap_optimizer_params", "sync_tp_gradients"]
+__all__ = ["apply_tensor_parallel", "check_not_presharded", "check_tp_model", "check_tp_prepare", "check_tp_refusals",
+           "dp_cp_group", "full_state_dict", "remap_optimizer_params", "sync_tp_gradients"]
 
 
 def _text_config(config: Any) -> Any:
@@ -174,8 +174,8 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: Any) -> torch.nn.Modu
     # "replicated_with_grad_allreduce" (Qwen3's per-head q_norm/k_norm: each TP rank's gradient
     # covers its own heads) all-reduces .grad in a post-accumulate hook, i.e. after every
     # micro-batch: under gradient accumulation the earlier micro-batches are summed again
-    # (tp_size - 1 extra times). These sums are done once per optimizer step in
-    # sync_tp_gradients instead, on the accumulated gradient.
+    # (tp_size - 1 extra times). Each backward's contribution is held apart instead
+    # (_hold_partial_grad) and summed over TP in sync_tp_gradients, exactly once.
     params = dict(base.named_parameters())
     partial = sorted(k for k, v in plan.items() if v == _PARTIAL_GRAD_STYLE and k in params)
     apply_tensor_parallelism(base, tp_mesh, {k: v for k, v in plan.items()
@@ -185,12 +185,57 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: Any) -> torch.nn.Modu
         setattr(base.get_submodule(module_name), param_name, base.get_parameter(owner))
     base.config.distributed_config = DistributedConfig(tp_size=tp)
     base._atac_tp_partial_grads = tuple(partial)
+    for n in partial:
+        _hold_partial_grad(base.get_parameter(n))
     base._atac_tp_group = tp_mesh.get_group()
     track_group_holder(base)  # let the group go before interpreter exit: _hf_compat (6)
     return model
 
 
+def check_tp_refusals(model: torch.nn.Module, tp_size: int) -> None:
+    """Raise what :func:`apply_tensor_parallel` would refuse for ``model`` at ``tp_size``, before anything changes
+    it (ATACTrainer / ATACAccelerator check every model first: a refused operation changes nothing). A model whose
+    parameters are DTensors already is left to :func:`apply_tensor_parallel` (it compares their mesh with the TP
+    group's)."""
+    from torch.distributed.tensor import DTensor
+
+    from .sharder import unwrap_base_model
+
+    base = unwrap_base_model(model)
+    if not any(isinstance(p, DTensor) for p in base.parameters()):
+        _tied_aliases(base, check_tp_model(model, tp_size))
+
+
+def check_tp_prepare(args: tuple, models: list, tp_size: int) -> None:
+    """``ATACAccelerator.prepare``'s TP refusals, raised before anything changes: each model's
+    (:func:`check_tp_refusals`), and a module beside the model (a head that runs no attention): Accelerate
+    prepares tensor-parallel models only under TP, and would fail on it after the model was sharded."""
+    for model in models:
+        check_tp_refusals(model, tp_size)
+    heads = [a for a in args if isinstance(a, torch.nn.Module) and not any(a is m for m in models)]
+    if heads:
+        raise ValueError(f"prepare() got {type(heads[0]).__name__} (no attention) beside the model with "
+                         f"tp_size={tp_size}: under TP Accelerate prepares tensor-parallel models only; make it a "
+                         "submodule of the model (it stays replicated over TP) and prepare the model alone, or set "
+                         "tp_size=1 (parallelism_config)")
+
+
 _PARTIAL_GRAD_STYLE = "replicated_with_grad_allreduce"
+
+
+def _hold_partial_grad(p: torch.nn.Parameter) -> None:
+    """Keep each backward's gradient of ``p`` (a parameter whose gradient on a TP rank covers its own
+    heads only) out of ``p.grad``, summed in ``p._atac_tp_pending`` until :func:`sync_tp_gradients` adds
+    its sum over the TP group: whatever number of backwards and syncs a step has (gradient accumulation
+    by hand, two models on one accelerator), each contribution is summed over TP once. A backward that
+    finds ``p.grad`` None starts a new accumulation (``zero_grad`` ran): what was held is dropped."""
+
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        held = None if p.grad is None else getattr(p, "_atac_tp_pending", None)
+        p._atac_tp_pending = grad.detach().clone() if held is None else held.add_(grad)
+        return torch.zeros_like(grad)
+
+    p.register_hook(hook)
 
 
 #: Tensor dim a TP style shards a 2-D weight on (tied weights must agree).
@@ -250,13 +295,15 @@ def sync_tp_gradients(model: torch.nn.Module, group: Any) -> None:
 
     1. Sum over the TP group the gradients of replicated parameters that see only this rank's
        heads (the ``replicated_with_grad_allreduce`` entries of the plan, e.g. Qwen3's
-       ``q_norm``/``k_norm``).
+       ``q_norm``/``k_norm``): the contributions of the backwards since the last sync, held
+       apart (:func:`_hold_partial_grad`), are summed and added to ``.grad``.
     2. Average every gradient over ``group`` (the ranks that hold the same TP shard:
        ``mesh["dp_cp"]``); DTensor gradients on their local shards.
 
-    Bucketed by dtype and device (one all_reduce each). Run it exactly once per optimizer step,
-    on the accumulated gradients: step 2 (a mean) could run after every micro-batch, but step 1
-    (a sum over TP, in place) would then count the earlier micro-batches again.
+    Bucketed by dtype and device (one all_reduce each). Run it once per optimizer step, on the
+    accumulated gradients, or after more backwards (both steps are then still exact: a mean of
+    equal values changes nothing, and a contribution is summed once); every rank of the group
+    must call it.
     """
     from torch.distributed.tensor import DTensor
 
@@ -264,9 +311,13 @@ def sync_tp_gradients(model: torch.nn.Module, group: Any) -> None:
 
     base = unwrap_base_model(model)
     partial = getattr(base, "_atac_tp_partial_grads", ())
-    if partial:
-        grads = [g for g in (base.get_parameter(n).grad for n in partial) if g is not None]
-        _all_reduce(grads, base._atac_tp_group, average=False)
+    held = [(p, p._atac_tp_pending) for p in map(base.get_parameter, partial)
+            if getattr(p, "_atac_tp_pending", None) is not None]  # (the same on every TP rank: one graph)
+    if held:
+        _all_reduce([g for _, g in held], base._atac_tp_group, average=False)
+        for p, g in held:
+            p.grad = g if p.grad is None else p.grad.add_(g)
+            p._atac_tp_pending = None
     if group is None or dist.get_world_size(group) == 1:
         return
     grads = []

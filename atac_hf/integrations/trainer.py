@@ -62,7 +62,8 @@ from ..attention.model_check import check_static
 from .sharded_check import check_model_sharded
 from .sharder import BatchSharder, check_position_limit, prepare_model, unwrap_base_model
 from .stream_state import SAMPLER_STATE_NAME, STREAM_STATE_NAME, StreamResumeMixin, stream_dispatch
-from .tensor_parallel import apply_tensor_parallel, dp_cp_group, full_state_dict, remap_optimizer_params
+from .tensor_parallel import apply_tensor_parallel, check_tp_refusals, dp_cp_group, full_state_dict
+from .tensor_parallel import remap_optimizer_params
 from .tensor_parallel import sync_tp_gradients
 from .trainer_guards import (LossGuardMixin, check_best_metric, check_label_names, check_late_loss_settings,
                              check_step_model, install_loss_override_check, loss_scale_refusal,
@@ -188,6 +189,12 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
             raise ValueError(f"tp_size={tp} with save_strategy={args.save_strategy.value!r}: Trainer writes the "
                              "optimizer state of rank 0's TP shards only, so such a checkpoint cannot be resumed; "
                              "pass save_only_model=True (the weights, gathered from the shards) or save_strategy='no'")
+        if tp > 1 and args.load_best_model_at_end:
+            raise ValueError(f"tp_size={tp} with load_best_model_at_end=True: Trainer loads the best checkpoint's full "
+                             "weights into the sharded (DTensor) model, which fails at the end of training; set "
+                             "load_best_model_at_end=False (the checkpoints keep the weights) or tp_size=1")
+        if tp > 1 and isinstance(model, torch.nn.Module):
+            check_tp_refusals(model, tp)  # the model's TP refusals, before prepare_model changes it
         if data_collator is not None and type(data_collator) is not PackedDataCollator:
             probe = next((d for d in [train_dataset, *evals.values()] if d is not None), None)
             if probe is not None and hasattr(probe, "__getitem__") and hasattr(probe, "__len__"):

@@ -1,0 +1,246 @@
+"""Red-team 35 (tensor parallel x CP): gradients summed over TP exactly once whatever the loop does, and TP
+refusals that change nothing.
+
+* Per-head parameters whose gradient on a TP rank covers its own heads (Qwen3's ``q_norm``/``k_norm``) were
+  summed over TP in place at every sync: a loop accumulating by hand (two ``accelerator.backward`` calls
+  with ``gradient_accumulation_steps=1``, or the first under ``no_sync``) counted the first micro-batch
+  ``tp_size`` times (``k_norm`` gradient off by 1.02 relative), and a second model prepared on the same
+  accelerator re-summed the first one's on its own backward (2.0x). Each backward's contribution is now held
+  apart and summed once (``tensor_parallel._hold_partial_grad``).
+* ``ATACAccelerator.prepare`` / ``ATACTrainer`` refused a model TP cannot split only after switching it to
+  ``atac_cp`` (and adding hooks); ``load_best_model_at_end`` and ``save_state`` under TP failed late (mixed
+  Tensor/DTensor, an invalid storage) after training or with an empty checkpoint folder left behind.
+
+The in-process tests simulate a TP group of 2 where a collective is needed; the slow test runs 2 gloo
+processes (tp 2) against one process in fp64.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+
+import pytest
+import torch
+
+from atac_hf.integrations import ATACConfig
+from atac_hf.integrations import tensor_parallel as tpm
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+NEEDS_TP_API = pytest.mark.skipif(not hasattr(__import__("transformers").PreTrainedModel, "_resolve_parallel_plans"),
+                                  reason="transformers < 5.23: no tensor-parallel API")
+
+
+def _llama(**overrides):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=64, max_position_embeddings=256)
+    cfg.update(overrides)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(LlamaConfig(**cfg))
+
+
+class _Norm(torch.nn.Module):
+    """A model with one per-head parameter registered as TP apply_tensor_parallel leaves it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+        self._atac_tp_partial_grads = ("w",)
+        self._atac_tp_group = None
+        tpm._hold_partial_grad(self.w)
+
+
+@pytest.fixture
+def two_tp_ranks(monkeypatch):
+    """_all_reduce as over 2 TP ranks holding the same gradient: a SUM doubles it (a mean keeps it)."""
+
+    def fake(grads, group, *, average):
+        for g in grads:
+            if not average:
+                g.mul_(2)
+
+    monkeypatch.setattr(tpm, "_all_reduce", fake)
+
+
+def test_partial_grads_summed_once_over_backwards_and_syncs(two_tp_ranks):
+    m = _Norm()
+    (m.w * torch.tensor([3.0, 5.0])).sum().backward()  # contribution 1: [3, 5]
+    assert m.w.grad.tolist() == [0.0, 0.0], "held apart until the sync"
+    tpm.sync_tp_gradients(m, None)
+    assert m.w.grad.tolist() == [6.0, 10.0]  # summed over the 2 ranks once
+    tpm.sync_tp_gradients(m, None)  # a second sync (another model's backward): nothing new to sum
+    assert m.w.grad.tolist() == [6.0, 10.0]
+    (m.w * torch.tensor([1.0, 1.0])).sum().backward()  # a second micro-batch accumulated by hand
+    tpm.sync_tp_gradients(m, None)
+    assert m.w.grad.tolist() == [8.0, 12.0]  # 2 x ([3, 5] + [1, 1]); summing in place gave [14, 22]
+    m.w.grad = None  # optimizer.zero_grad(): a new accumulation
+    (m.w * torch.tensor([7.0, 0.0])).sum().backward()
+    (m.w * torch.tensor([1.0, 1.0])).sum().backward()  # two backwards, one sync (gradient accumulation)
+    tpm.sync_tp_gradients(m, None)
+    assert m.w.grad.tolist() == [16.0, 2.0]
+
+
+def test_held_contributions_of_a_zeroed_accumulation_are_dropped(two_tp_ranks):
+    m = _Norm()
+    (m.w * 4.0).sum().backward()
+    m.w.grad = None  # zero_grad(set_to_none=True) without a sync: that micro-batch is discarded
+    (m.w * 1.0).sum().backward()
+    tpm.sync_tp_gradients(m, None)
+    assert m.w.grad.tolist() == [2.0, 2.0]
+
+
+@NEEDS_TP_API
+def test_accelerator_prepare_refuses_under_tp_before_changing_anything():
+    from atac_hf.integrations.accelerate import ATACAccelerator
+
+    acc = object.__new__(ATACAccelerator)  # the checks read only these
+    acc.atac_config, acc.tp_size = ATACConfig(), 2
+    bad = _llama(num_attention_heads=3, num_key_value_heads=3, hidden_size=48)
+    hooks = len(bad._forward_hooks) + sum(len(m._forward_hooks) for m in bad.modules())
+    with pytest.raises(ValueError, match=r"tp_size=2 does not divide LlamaForCausalLM's num_attention_heads=3"):
+        acc.prepare(bad, torch.optim.SGD(bad.parameters(), lr=0.1))
+    assert bad.config._attn_implementation != "atac_cp"
+    assert sum(len(m._forward_hooks) for m in bad.modules()) + len(bad._forward_hooks) == hooks
+    good, head = _llama(), torch.nn.Linear(32, 1)
+    with pytest.raises(ValueError, match=r"prepare\(\) got Linear \(no attention\) beside the model with tp_size=2: "
+                                         r"under TP Accelerate prepares tensor-parallel models only; make it a "
+                                         r"submodule of the model .*or set tp_size=1 \(parallelism_config\)"):
+        acc.prepare(good, head, torch.optim.SGD(list(good.parameters()) + list(head.parameters()), lr=0.1))
+    assert good.config._attn_implementation != "atac_cp"
+
+
+def test_accelerator_save_state_under_tp_is_refused_before_writing(tmp_path):
+    from atac_hf.integrations.accelerate import ATACAccelerator
+
+    acc = object.__new__(ATACAccelerator)
+    acc.tp_size = 2
+    with pytest.raises(ValueError, match=r"save_state with tp_size=2: .*not resumable from checkpoints; save the "
+                                         r"weights with atac_hf.integrations.tensor_parallel.full_state_dict\(model\) "
+                                         r".*set tp_size=1 \(parallelism_config\) to resume"):
+        acc.save_state(str(tmp_path / "ckpt"))
+    assert not (tmp_path / "ckpt").exists()
+
+
+def _trainer_args(tmp_path, **kw):
+    from accelerate.parallelism_config import ParallelismConfig
+    from transformers import TrainingArguments
+
+    return TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[],
+                             parallelism_config=ParallelismConfig(tp_size=2, cp_size=1), **kw)
+
+
+@NEEDS_TP_API
+def test_trainer_refuses_tp_settings_and_models_before_changing_anything(tmp_path):
+    import datasets
+
+    from atac_hf.integrations import ATACTrainer
+
+    ds = datasets.Dataset.from_dict({"input_ids": [list(range(1, 9))] * 4})
+    args = _trainer_args(tmp_path, save_strategy="steps", eval_strategy="steps", save_only_model=True,
+                         load_best_model_at_end=True)
+    model = _llama()
+    with pytest.raises(ValueError, match=r"tp_size=2 with load_best_model_at_end=True: .*set "
+                                         r"load_best_model_at_end=False .*or tp_size=1"):
+        ATACTrainer(model=model, args=args, train_dataset=ds, eval_dataset=ds, atac_config=ATACConfig(max_tokens=16))
+    assert model.config._attn_implementation != "atac_cp"
+    bad = _llama(num_attention_heads=3, num_key_value_heads=3, hidden_size=48)
+    args = _trainer_args(tmp_path, save_strategy="no")
+    pc = args.parallelism_config
+    with pytest.raises(ValueError, match=r"tp_size=2 does not divide LlamaForCausalLM's num_attention_heads=3"):
+        ATACTrainer(model=bad, args=args, train_dataset=ds, atac_config=ATACConfig(max_tokens=16))
+    assert bad.config._attn_implementation != "atac_cp" and args.parallelism_config is pc
+
+
+# ---------------------------------------------------------------------------- 2 processes (slow)
+def _qwen3(seed: int):
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, vocab_size=128, max_position_embeddings=1024,
+                      tie_word_embeddings=False)
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float64)
+
+
+BATCHES = ([[40, 30, 1, 20]], [[60, 31]])
+
+
+def _reference(seed: int, batches: list, n: int) -> dict:
+    """One process, stock sdpa on the packed rows' documents (position_ids restart), target sum / n."""
+    from atac_hf.attention import build_shift_labels, doc_lengths_from_batch
+
+    model = _qwen3(seed)
+    model.set_attn_implementation("sdpa")
+    for b in batches:
+        logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"], use_cache=False).logits[0, :-1]
+        lab = build_shift_labels(b["labels"], doc_lengths_from_batch(b)).reshape(-1)[:-1]
+        (torch.nn.functional.cross_entropy(logits.float(), lab, reduction="sum") / n).backward()
+    return {k: p.grad for k, p in model.named_parameters()}
+
+
+def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    for key in [k for k in os.environ if k.startswith(("ATAC_", "PARALLELISM_CONFIG_", "ACCELERATE_"))]:
+        del os.environ[key]
+    torch.set_num_threads(1)
+    import _dist
+
+    res: dict = {}
+    try:
+        from accelerate.parallelism_config import ParallelismConfig
+        from torch.distributed.tensor import DTensor
+
+        from atac_hf.integrations import ATACAccelerator
+
+        acc = ATACAccelerator(ATACConfig(min_chunk=4), cpu=True, parallelism_config=ParallelismConfig(tp_size=2))
+        batches = [_dist.make_batch(rows, seed=i) for i, rows in enumerate(BATCHES)]
+        n = acc.count_items(batches)
+
+        def errors(model, ref):
+            out = {}
+            for k, p in model.named_parameters():
+                g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+                r = ref[k.removeprefix("module.")]
+                out[k] = float((g - r).abs().max() / r.abs().max())
+            return out
+
+        # gradient accumulation by hand (gradient_accumulation_steps=1): two backwards, the first under no_sync
+        a, b = _qwen3(0), _qwen3(1)
+        oa, ob = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
+        a, oa = acc.prepare(a, oa)
+        b, ob = acc.prepare(b, ob)  # a second model on the same accelerator (actor and critic)
+        with acc.no_sync(a):
+            acc.backward(a(**acc.shard(batches[0], num_items_in_batch=n)).loss)
+        acc.backward(a(**acc.shard(batches[1], num_items_in_batch=n)).loss)
+        acc.backward(b(**acc.shard(batches[0], num_items_in_batch=n)).loss)  # syncs every prepared model
+        res["a"] = errors(a, _reference(0, batches, n))
+        res["b"] = errors(b, _reference(1, batches[:1], n))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent test
+        res["error"] = _dist.error_text(e)
+    _dist.report_and_exit(os.path.join(out_dir, f"{rank}.json"), res)
+
+
+@pytest.mark.slow
+@NEEDS_TP_API
+def test_tp2_manual_accumulation_and_two_models_equal_one_process():
+    import torch.multiprocessing as mp
+
+    import _dist
+    from _launch import free_port
+
+    out_dir = tempfile.mkdtemp(prefix="atac_tp_sync_")
+    ctx = mp.spawn(_worker, args=(2, free_port(), out_dir), nprocs=2, join=False)
+    assert not _dist.join_or_kill(ctx, 300), "a rank hung"
+    for rank in range(2):
+        res = json.loads(open(os.path.join(out_dir, f"{rank}.json")).read())
+        assert "error" not in res, res["error"]
+        for model in ("a", "b"):
+            worst = max(res[model], key=res[model].get)
+            assert res[model][worst] < 1e-10, (rank, model, worst, res[model][worst])
+            assert any("k_norm" in k for k in res[model])
