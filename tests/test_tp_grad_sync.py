@@ -244,3 +244,23 @@ def test_tp2_manual_accumulation_and_two_models_equal_one_process():
             worst = max(res[model], key=res[model].get)
             assert res[model][worst] < 1e-10, (rank, model, worst, res[model][worst])
             assert any("k_norm" in k for k in res[model])
+
+
+@NEEDS_TP_API
+def test_dropout_under_tp_warns_to_seed_every_rank_alike():
+    """Red-team 35: with set_seed(device_specific=True) the TP peers of a Phi with resid_pdrop 0.1 computed different
+    hidden states (the losses agreed: the logits are gathered), silently."""
+    import warnings
+
+    from transformers import AutoModelForCausalLM, PhiConfig
+
+    phi = AutoModelForCausalLM.from_config(PhiConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                     num_attention_heads=4, vocab_size=64, resid_pdrop=0.1))
+    with pytest.warns(UserWarning, match=r"PhiForCausalLM\.model\.layers\.0\.resid_dropout drops out with p > 0 under "
+                                         r"tp_size=2: .*seed every rank alike \(accelerate.utils.set_seed\(seed\), not "
+                                         r"device_specific=True\) or set the dropout to 0"):
+        tpm.check_tp_prepare((phi,), [phi], 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        llama = _llama()
+        tpm.check_tp_prepare((llama,), [llama], 2)

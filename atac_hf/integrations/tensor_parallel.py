@@ -34,6 +34,7 @@ transformers sharded at load time (its mesh spans the whole world).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Iterable
 
 import torch
@@ -212,6 +213,12 @@ def check_tp_prepare(args: tuple, models: list, tp_size: int) -> None:
     prepares tensor-parallel models only under TP, and would fail on it after the model was sharded."""
     for model in models:
         check_tp_refusals(model, tp_size)
+        drop = next((n for n, m in model.named_modules() if isinstance(m, torch.nn.Dropout) and m.p > 0), None)
+        if drop is not None:  # a replicated activation must get the same mask on every TP rank
+            warnings.warn(f"{type(model).__name__}.{drop} drops out with p > 0 under tp_size={tp_size}: the TP ranks "
+                          "of a CP rank must draw the same dropout masks (they compute one hidden state), so seed every "
+                          "rank alike (accelerate.utils.set_seed(seed), not device_specific=True) or set the "
+                          "dropout to 0", stacklevel=3)
     heads = [a for a in args if isinstance(a, torch.nn.Module) and not any(a is m for m in models)]
     if heads:
         raise ValueError(f"prepare() got {type(heads[0]).__name__} (no attention) beside the model with "
