@@ -108,8 +108,8 @@ def test_accelerator_prepare_refuses_under_tp_before_changing_anything():
     assert sum(len(m._forward_hooks) for m in bad.modules()) + len(bad._forward_hooks) == hooks
     good, head = _llama(), torch.nn.Linear(32, 1)
     with pytest.raises(ValueError, match=r"prepare\(\) got Linear \(no attention\) beside the model with tp_size=2: "
-                                         r"under TP Accelerate prepares tensor-parallel models only; make it a "
-                                         r"submodule of the model .*or set tp_size=1 \(parallelism_config\)"):
+                                         r"under TP Accelerate prepares tensor-parallel models only .*prepare the "
+                                         r"model alone .*or train the head with tp_size=1 \(parallelism_config\)"):
         acc.prepare(good, head, torch.optim.SGD(list(good.parameters()) + list(head.parameters()), lr=0.1))
     assert good.config._attn_implementation != "atac_cp"
 

@@ -58,7 +58,7 @@ from .plain_modules import runs_no_attention
 from .sharded_check import check_model_sharded
 from .sharder import BatchSharder, count_targets, learned_position_limit, prepare_model, unwrap_base_model
 from .tensor_parallel import apply_tensor_parallel, check_tp_prepare, dp_cp_group, remap_optimizer_params
-from .tensor_parallel import sync_tp_gradients
+from .tensor_parallel import sync_tp_gradients, tp_head_split
 
 __all__ = ["ATACAccelerator", "ATACParallelismConfig", "build_parallelism_config", "bypass_torch_cp_hooks",
            "check_tp_layout", "cp_coordinates"]
@@ -321,7 +321,7 @@ class ATACAccelerator(LayoutResumeMixin, Accelerator):
         for obj in models:  # every model checked before any is changed, its kind first
             check_static(obj)
         if self.tp_size > 1:
-            check_tp_prepare(args, models, self.tp_size)
+            check_tp_prepare(args, models, self.tp_size, cp_size=self.atac_config.cp_size)  # (world: the group's)
         if self.atac_config.cp_size > 1:
             from .trainer_guards import loss_scale_refusal  # (imports Trainer)
 
@@ -373,7 +373,8 @@ class ATACAccelerator(LayoutResumeMixin, Accelerator):
         self.sharder = BatchSharder(
             self.atac_config, cp_rank=self.cp_rank, cp_group=self.cp_group,
             cost_model=self.atac_config.cost_model(base_config, dtype_bytes=kv_element_bytes(model, half)),
-            kv_bytes_per_token=model_kv_bytes_per_token(model, half) / self.tp_size, device_type=self.device.type,
+            kv_bytes_per_token=model_kv_bytes_per_token(model, half) / tp_head_split(model, self.tp_size),
+            device_type=self.device.type,
             tp_group=self.torch_device_mesh["tp"].get_group() if self.tp_size > 1 else None,
         )
         self.sharder.bind_model(model, learned_position_limit(model), also=previous)  # (ids fit every model prepared)

@@ -37,6 +37,10 @@ AXES = ("dp_replicate", "dp_shard", "cp", "tp")
 
 def _sizes(pc: Any) -> dict[str, int]:
     if isinstance(pc, dict):
+        unknown = sorted(str(k) for k in pc if k not in AXES)
+        if unknown:
+            raise ValueError(f"unknown mesh axis key(s) {unknown} in {pc!r}: the legal keys are {list(AXES)} "
+                             "(e.g. {'cp': 2, 'tp': 2}; a ParallelismConfig's cp_size is the key 'cp')")
         sizes = {a: pc.get(a, 1) for a in AXES}
     elif all(hasattr(pc, f"{a}_size") for a in AXES):
         sizes = {a: getattr(pc, f"{a}_size") for a in AXES}
@@ -92,7 +96,7 @@ def placement_warnings(pc: Any, procs_per_node: int, *, fsdp: bool = False) -> l
         fsdp: FSDP2 shards the parameters (rule 3 then also checks the shard group).
 
     Raises:
-        ValueError: ``procs_per_node`` < 1.
+        ValueError: ``procs_per_node`` < 1; a dict with keys other than :data:`AXES`.
     """
     g = check_count(procs_per_node, "procs_per_node", "processes per node: LOCAL_WORLD_SIZE, GPUs per node", low=None)
     if g < 1:
@@ -113,9 +117,11 @@ def placement_warnings(pc: Any, procs_per_node: int, *, fsdp: bool = False) -> l
         out.append(f"cp_size x tp_size = {cp * tp} does not divide the {g} processes per node: CP groups cross "
                    "nodes and exchange K/V over the inter-node network every layer; keep cp_size x tp_size a "
                    "divisor of the GPUs per node and put DP across nodes")
-    if fsdp and sizes["dp_replicate"] == 1 and sizes["dp_shard"] * cp * tp > g:
-        out.append(f"FSDP shards parameters over dp_shard x cp x tp = {sizes['dp_shard'] * cp * tp} ranks, more than one node "
-                   f"({g} processes): its per-layer all-gathers cross nodes; use HSDP "
+    shard = sizes["dp_shard"] * cp * tp  # consecutive ranks (dp_replicate is outermost): one FSDP shard group
+    if fsdp and (shard > g or g % shard):
+        where = "more than one node" if shard > g else "not a divisor of one node"
+        out.append(f"FSDP shards parameters over dp_shard x cp x tp = {shard} ranks, {where} ({g} processes; "
+                   f"dp_replicate={sizes['dp_replicate']}): its per-layer all-gathers cross nodes; use HSDP "
                    "(parallelism_config_dp_replicate_size = nodes, dp_shard x cp x tp = GPUs per node)")
     return out
 

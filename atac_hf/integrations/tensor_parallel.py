@@ -43,20 +43,30 @@ import torch.distributed as dist
 from ._hf_compat import track_group_holder
 
 __all__ = ["apply_tensor_parallel", "check_not_presharded", "check_tp_model", "check_tp_prepare", "check_tp_refusals",
-           "dp_cp_group", "full_state_dict", "remap_optimizer_params", "sync_tp_gradients"]
+           "dp_cp_group", "full_state_dict", "remap_optimizer_params", "sync_tp_gradients", "tp_head_split"]
 
 
 def _text_config(config: Any) -> Any:
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-def check_tp_model(model: torch.nn.Module, tp_size: int) -> dict[str, str]:
+def check_tp_model(model: torch.nn.Module, tp_size: int, *, world_size: int | None = None,
+                   cp_size: int = 1) -> dict[str, str]:
     """The model's resolved TP plan for ``tp_size`` (one entry per module or parameter), or a clear refusal.
+
+    Args:
+        model: the model (PEFT / DDP wrappers are unwrapped for the checks).
+        tp_size: the TP axis size.
+        world_size, cp_size: the suggested tp sizes of a refusal are only those that divide
+            ``world_size / cp_size`` (``world_size`` None: the default process group's size, if any).
 
     Raises:
         ValueError: a PEFT-wrapped model, a model that is not a transformers ``PreTrainedModel``,
-            one without a ``tp_plan`` (``base_model_tp_plan`` unset), or ``tp_size`` not dividing its
-            attention heads or key/value heads; each names the model class, ``tp_size`` and what to do.
+            one without a ``tp_plan`` (``base_model_tp_plan`` unset), ``tp_size`` not dividing its
+            attention heads or key/value heads where the plan splits them (:func:`tp_head_split`),
+            or a parameter laid out per head (``(heads, head_dim)``, e.g. Cohere's
+            ``use_qk_norm`` norms) that the plan leaves whole while it splits the heads; each names
+            the model class, ``tp_size`` and what to do.
     """
     from .sharder import unwrap_base_model
 
@@ -84,15 +94,97 @@ def check_tp_model(model: torch.nn.Module, tp_size: int) -> dict[str, str]:
     cfg = _text_config(base.config)
     heads = int(getattr(cfg, "num_attention_heads", 0) or 0)
     kv = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    plan = _resolved_plan(base, tp_size)
+    if _head_split_of_plan(base, plan, tp_size) == 1:  # q/k/v gathered (Olmo2, Phi3): every rank runs all heads
+        return plan
     for field, n in (("num_attention_heads", heads), ("num_key_value_heads", kv)):
         if n and n % tp_size:
-            legal = [d for d in range(1, min(heads, kv) + 1) if heads % d == 0 and kv % d == 0]
+            legal = _legal_tp_sizes(heads, kv, world_size, cp_size)
             raise ValueError(f"tp_size={tp_size} does not divide {name}'s {field}={n} (each TP rank holds whole "
-                             f"heads); set tp_size to one of {legal}")
+                             f"heads); set tp_size to one of {legal} (parallelism_config tp_size / "
+                             "parallelism_config_tp_size), or use cp_size / DP instead")
+    _check_per_head_params(base, plan, tp_size, heads, kv)
+    return plan
+
+
+def _resolved_plan(base: torch.nn.Module, tp_size: int) -> dict[str, str]:
     from transformers.distributed import DistributedConfig
 
     plan, _, _ = base._resolve_parallel_plans(DistributedConfig(tp_size=int(tp_size)))
     return plan
+
+
+def _legal_tp_sizes(heads: int, kv: int, world_size: int | None, cp_size: int) -> list[int]:
+    """tp sizes dividing both head counts and, where known, ``world_size / cp_size`` (else the default group's size)."""
+    if world_size is None and dist.is_available() and dist.is_initialized():
+        world_size = dist.get_world_size()  # (cp_size 1 where unknown: tp must at least divide the world)
+    ranks = world_size // max(int(cp_size), 1) if world_size else None
+    return [d for d in range(1, max(min(heads, kv), 1) + 1)
+            if heads % d == 0 and kv % d == 0 and (not ranks or ranks % d == 0)]
+
+
+#: Styles whose module output stays sharded over TP (a q/k/v projection with one of them gives each rank its heads).
+_SPLIT_OUTPUT_STYLES = ("colwise", "unit_colwise", "packed_colwise", "local_colwise")
+
+
+def tp_head_split(model: torch.nn.Module, tp_size: int) -> int:
+    """The factor the attention heads (and K/V) are split by on each TP rank under the model's own ``tp_plan``.
+
+    ``tp_size`` where the plan column-shards an attention input projection and keeps its
+    output sharded (``colwise``: Llama, Qwen3, DeepSeek-V3's ``kv_b_proj``); 1 where the plan
+    gathers their outputs (``colwise_gather_output``: Olmo2, Olmo3, Phi3) or has no rule inside
+    the attention: every TP rank then runs ``atac_cp`` on all heads and moves the full K/V.
+    Divide the K/V bytes per token by this, not by ``tp_size``. Pure (no process group).
+    """
+    from .sharder import unwrap_base_model
+
+    tp_size = int(tp_size)
+    base = unwrap_base_model(model)
+    if tp_size <= 1 or not hasattr(base, "_resolve_parallel_plans"):
+        return 1
+    try:
+        plan = _resolved_plan(base, tp_size)
+    except ValueError:  # no tp_plan at all (check_tp_model refuses such a model under TP)
+        return 1
+    return _head_split_of_plan(base, plan, tp_size)
+
+
+def _attention_prefixes(base: torch.nn.Module) -> list[str]:
+    """``"name."`` of every attention block: a class named ``*Attention`` or a module named ``*attn*`` / ``*attention*``
+    (LongCat-Flash's ``self_attn`` is a ModuleList of MLA blocks)."""
+    return [n + "." for n, m in base.named_modules()
+            if n and (type(m).__name__.endswith("Attention") or any(w in n.rpartition(".")[2].lower()
+                                                                    for w in ("attn", "attention")))]
+
+
+def _head_split_of_plan(base: torch.nn.Module, plan: dict[str, str], tp_size: int) -> int:
+    modules = dict(base.named_modules())
+    prefixes = _attention_prefixes(base)
+    styles = {v for k, v in plan.items() if k in modules and any(k.startswith(p) for p in prefixes)}
+    return tp_size if styles & set(_SPLIT_OUTPUT_STYLES) else 1
+
+
+def _check_per_head_params(base: torch.nn.Module, plan: dict[str, str], tp_size: int, heads: int, kv: int) -> None:
+    """Refuse a parameter laid out per head, ``(..., heads or kv_heads, head_dim)``, that the plan leaves whole
+    while it splits the heads: each TP rank would apply all heads' values to its own heads (Cohere's
+    ``use_qk_norm`` norms: a shape error in the first forward, or wrong heads where the counts match)."""
+    cfg = _text_config(base.config)
+    layers = list(cfg.per_layer_config) if getattr(cfg, "is_heterogeneous", False) else [cfg]  # Gemma 4
+    head_shapes = set()
+    for c in layers:
+        h = int(getattr(c, "num_attention_heads", 0) or heads)
+        k = int(getattr(c, "num_key_value_heads", None) or kv or h)
+        d = int(getattr(c, "head_dim", None) or (c.hidden_size // h if h else 0))
+        head_shapes |= {(n, d) for n in (h, k) if n > 1 and d}
+    for pname, p in base.named_parameters():
+        if pname in plan or pname.rpartition(".")[0] in plan:
+            continue
+        if p.dim() >= 2 and tuple(p.shape[-2:]) in head_shapes:
+            raise ValueError(
+                f"tp_size={tp_size}: {type(base).__name__}'s parameter {pname!r} has a per-head shape "
+                f"{tuple(p.shape)} (heads x head_dim) but no entry in its tp_plan, while the plan splits the "
+                f"attention heads over TP ranks; it cannot be split with them. Set tp_size=1 "
+                "(parallelism_config tp_size / parallelism_config_tp_size) and use cp_size / DP instead")
 
 
 def _layer_rules(base: torch.nn.Module) -> dict[str, str]:
@@ -193,7 +285,8 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: Any) -> torch.nn.Modu
     return model
 
 
-def check_tp_refusals(model: torch.nn.Module, tp_size: int) -> None:
+def check_tp_refusals(model: torch.nn.Module, tp_size: int, *, world_size: int | None = None,
+                      cp_size: int = 1) -> None:
     """Raise what :func:`apply_tensor_parallel` would refuse for ``model`` at ``tp_size``, before anything changes
     it (ATACTrainer / ATACAccelerator check every model first: a refused operation changes nothing). A model whose
     parameters are DTensors already is left to :func:`apply_tensor_parallel` (it compares their mesh with the TP
@@ -204,15 +297,16 @@ def check_tp_refusals(model: torch.nn.Module, tp_size: int) -> None:
 
     base = unwrap_base_model(model)
     if not any(isinstance(p, DTensor) for p in base.parameters()):
-        _tied_aliases(base, check_tp_model(model, tp_size))
+        _tied_aliases(base, check_tp_model(model, tp_size, world_size=world_size, cp_size=cp_size))
 
 
-def check_tp_prepare(args: tuple, models: list, tp_size: int) -> None:
+def check_tp_prepare(args: tuple, models: list, tp_size: int, *, world_size: int | None = None,
+                     cp_size: int = 1) -> None:
     """``ATACAccelerator.prepare``'s TP refusals, raised before anything changes: each model's
     (:func:`check_tp_refusals`), and a module beside the model (a head that runs no attention): Accelerate
     prepares tensor-parallel models only under TP, and would fail on it after the model was sharded."""
     for model in models:
-        check_tp_refusals(model, tp_size)
+        check_tp_refusals(model, tp_size, world_size=world_size, cp_size=cp_size)
         drop = next((n for n, m in model.named_modules() if isinstance(m, torch.nn.Dropout) and m.p > 0), None)
         if drop is not None:  # a replicated activation must get the same mask on every TP rank
             warnings.warn(f"{type(model).__name__}.{drop} drops out with p > 0 under tp_size={tp_size}: the TP ranks "
@@ -222,9 +316,10 @@ def check_tp_prepare(args: tuple, models: list, tp_size: int) -> None:
     heads = [a for a in args if isinstance(a, torch.nn.Module) and not any(a is m for m in models)]
     if heads:
         raise ValueError(f"prepare() got {type(heads[0]).__name__} (no attention) beside the model with "
-                         f"tp_size={tp_size}: under TP Accelerate prepares tensor-parallel models only; make it a "
-                         "submodule of the model (it stays replicated over TP) and prepare the model alone, or set "
-                         "tp_size=1 (parallelism_config)")
+                         f"tp_size={tp_size}: under TP Accelerate prepares tensor-parallel models only (and would "
+                         "refuse it after the model was sharded); prepare the model alone "
+                         "(model, optimizer = accelerator.prepare(model, optimizer)), or train the head with "
+                         "tp_size=1 (parallelism_config) and cp_size / DP")
 
 
 _PARTIAL_GRAD_STYLE = "replicated_with_grad_allreduce"

@@ -63,7 +63,7 @@ from .sharded_check import check_model_sharded
 from .sharder import BatchSharder, check_position_limit, prepare_model, unwrap_base_model
 from .stream_state import SAMPLER_STATE_NAME, STREAM_STATE_NAME, StreamResumeMixin, stream_dispatch
 from .tensor_parallel import apply_tensor_parallel, check_tp_refusals, dp_cp_group, full_state_dict
-from .tensor_parallel import remap_optimizer_params
+from .tensor_parallel import remap_optimizer_params, tp_head_split
 from .tensor_parallel import sync_tp_gradients
 from .trainer_guards import (LossGuardMixin, check_best_metric, check_label_names, check_late_loss_settings,
                              check_step_model, install_loss_override_check, loss_scale_refusal,
@@ -194,7 +194,7 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
                              "weights into the sharded (DTensor) model, which fails at the end of training; set "
                              "load_best_model_at_end=False (the checkpoints keep the weights) or tp_size=1")
         if tp > 1 and isinstance(model, torch.nn.Module):
-            check_tp_refusals(model, tp)  # the model's TP refusals, before prepare_model changes it
+            check_tp_refusals(model, tp, world_size=args.world_size, cp_size=config.cp_size)  # before any change
         if data_collator is not None and type(data_collator) is not PackedDataCollator:
             probe = next((d for d in [train_dataset, *evals.values()] if d is not None), None)
             if probe is not None and hasattr(probe, "__getitem__") and hasattr(probe, "__len__"):
@@ -241,7 +241,7 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
         base = unwrap_base_model(self.model)
         half = bool(self.args.bf16 or self.args.fp16) or str(self.accelerator.mixed_precision) in HALF_AUTOCAST  # (K/V:
         # computed and exchanged in the autocast dtype; fp8 from the launch config autocasts to bf16)
-        kv_per_token = model_kv_bytes_per_token(base, half) / self.atac_tp_size  # each TP rank moves its own heads
+        kv_per_token = model_kv_bytes_per_token(base, half) / tp_head_split(base, self.atac_tp_size)  # its heads' K/V
         self.atac_sharder = BatchSharder(
             config, cp_rank=self.cp_rank, cp_group=self.cp_group, kv_bytes_per_token=kv_per_token,
             cost_model=config.cost_model(base.config, dtype_bytes=kv_element_bytes(base, half)),
