@@ -58,6 +58,7 @@ from .plain_modules import runs_no_attention
 from .sharded_check import check_model_sharded
 from .sharder import BatchSharder, count_targets, learned_position_limit, prepare_model, unwrap_base_model
 from .tensor_parallel import apply_tensor_parallel, check_tp_prepare, dp_cp_group, remap_optimizer_params
+from .rollback import refused_changes_nothing
 from .tensor_parallel import sync_tp_gradients, tp_head_split
 
 __all__ = ["ATACAccelerator", "ATACParallelismConfig", "build_parallelism_config", "bypass_torch_cp_hooks",
@@ -280,11 +281,11 @@ class ATACAccelerator(LayoutResumeMixin, Accelerator):
             parallelism_config = as_atac_parallelism_config(parallelism_config)
             if parallelism_config.cp_size != config.cp_size:
                 raise ValueError(f"parallelism_config.cp_size={parallelism_config.cp_size} disagrees with "
-                                 f"atac_config.cp_size={config.cp_size}")
+                                 f"atac_config.cp_size={config.cp_size}: set both to the CP size you want")
         check_tp_layout(parallelism_config, fsdp=fsdp)
+        config.check_runtime(state.device.type)  # before Accelerate's state is set: a refused retry changes nothing
         warn_placement(parallelism_config, fsdp=fsdp)
         super().__init__(cpu=cpu, parallelism_config=parallelism_config, **kwargs)
-        config.check_runtime(self.device.type)
         self.atac_config = config
         self.cp_rank, self.cp_group = cp_coordinates(self, config.cp_size, timeout_s=config.collective_timeout_s)
         track_group_holder(self)  # Accelerate's state and cp_group outlive end_training: _hf_compat (6)
@@ -302,9 +303,8 @@ class ATACAccelerator(LayoutResumeMixin, Accelerator):
         super().end_training()
         drain_gloo_workers()
 
-    def _prepare_cp(self, *args: Any) -> tuple:
-        # Accelerate's torch-CP hooks (forced is_causal, no sliding windows) stay off: _hf_compat (2)
-        return args
+    def _prepare_cp(self, *args: Any) -> tuple:  # Accelerate's torch-CP hooks (forced is_causal, no sliding
+        return args  # windows) stay off: _hf_compat (2)
 
     def prepare(self, *args: Any, **kwargs: Any):
         """``Accelerator.prepare``; models are checked and switched to ``attn_implementation="atac_cp"`` first.
@@ -328,12 +328,13 @@ class ATACAccelerator(LayoutResumeMixin, Accelerator):
             for obj in models:
                 if why := loss_scale_refusal(obj, False, self.atac_config.cp_size, parameter_terms=True):
                     raise ValueError(f"{type(unwrap_base_model(obj)).__name__}: {why}")
-        for obj in models:
-            old = dict(obj.named_parameters())
-            self._setup_model(obj)
-            if self.tp_size > 1:
-                remap_optimizer_params(optimizers, old, dict(obj.named_parameters()))
-        prepared = super().prepare(*args, **kwargs)
+        with refused_changes_nothing(models, owner=self, attrs=("sharder",)):  # (a refusal below, or Accelerate's)
+            for obj in models:
+                old = dict(obj.named_parameters())
+                self._setup_model(obj)
+                if self.tp_size > 1:
+                    remap_optimizer_params(optimizers, old, dict(obj.named_parameters()))
+            prepared = super().prepare(*args, **kwargs)
         if self.atac_config.cp_size > 1:
             self._forward_check.watch(prepared if isinstance(prepared, tuple) else (prepared,))
         return prepared
@@ -398,9 +399,8 @@ class ATACAccelerator(LayoutResumeMixin, Accelerator):
         super().backward(loss, **kwargs)
         self._unused_check.after()  # (nothing noted: nothing checked)
         if self.tp_size > 1 and self.sync_gradients:
-            group = dp_cp_group(self.torch_device_mesh)
             for model in self._models:
-                sync_tp_gradients(model, group)
+                sync_tp_gradients(model, dp_cp_group(self.torch_device_mesh))
 
     def packed_dataloader(self, dataset: Any, *, seed: int = 0, shuffle: bool | None = None, **loader_kwargs: Any):
         """A prepared DataLoader of WFAP packs for ``dataset`` and its sampler (call ``sampler.set_epoch``).

@@ -50,13 +50,16 @@ class LayoutResumeMixin:
         return location
 
     def load_state(self, input_dir: str | None = None, *args: Any, **kwargs: Any):
-        """``Accelerator.load_state``; the checkpoint's ``atac_layout.json`` is kept for :meth:`skip_first_batches`."""
-        out = super().load_state(input_dir, *args, **kwargs)
-        path = os.path.join(_checkpoint_dir(self, input_dir) or "", LAYOUT_FILE)
-        self._atac_loaded_layout = None
-        if os.path.isfile(path):
+        """``Accelerator.load_state``; the checkpoint's ``atac_layout.json`` is kept for :meth:`skip_first_batches`
+        (read first: an unreadable one is refused before Accelerate loads anything)."""
+        folder = _checkpoint_dir(self, input_dir)
+        path = None if folder is None else os.path.join(folder, LAYOUT_FILE)
+        layout = None
+        if path is not None and os.path.isfile(path):
             saved = read_json(path, "layout")
-            self._atac_loaded_layout = (path, saved if isinstance(saved, dict) else {})
+            layout = (path, saved if isinstance(saved, dict) else {})
+        out = super().load_state(input_dir, *args, **kwargs)
+        self._atac_loaded_layout = layout
         return out
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0):
@@ -84,14 +87,20 @@ class LayoutResumeMixin:
 
 
 def _checkpoint_dir(accelerator: Any, input_dir: str | None) -> str | None:
-    """The folder ``load_state(input_dir)`` read: ``input_dir``, or with automatic checkpoint naming the latest
-    ``checkpoint_<n>`` under ``project_dir/checkpoints`` (as Accelerate picks it)."""
+    """The folder ``load_state(input_dir)`` reads: ``input_dir`` (``~`` expanded), or with automatic checkpoint
+    naming the folder under ``project_dir/checkpoints`` whose name's first number is the largest (Accelerate's
+    rule; equal numbers in listing order, as its stable sort); None where there is none (Accelerate then fails)."""
     if input_dir is not None:
-        return str(input_dir)
+        return os.path.expanduser(str(input_dir))
     config = getattr(accelerator, "project_configuration", None)
     if not getattr(config, "automatic_checkpoint_naming", False):
         return None
     root = os.path.join(accelerator.project_dir, "checkpoints")
-    found = [(int(m.group(1)), d) for d in (os.listdir(root) if os.path.isdir(root) else ())
-             if (m := re.search(r"(\d+)$", d))]
-    return os.path.join(root, max(found)[1]) if found else None
+    try:
+        names = os.listdir(root)
+        numbers = [int(re.search("[0-9]+", name).group()) for name in names]
+    except (OSError, AttributeError):  # no folder, or a name without a number: Accelerate's own load fails
+        return None
+    if not names:
+        return None
+    return os.path.join(root, names[max(range(len(names)), key=lambda i: (numbers[i], i))])  # (the last of ties)

@@ -101,17 +101,16 @@ def prepare_model(model: torch.nn.Module, config: ATACConfig | None = None) -> t
     from .tensor_parallel import check_not_presharded
 
     check_not_presharded(model)
-    check_model_shardable(model)
     base = unwrap_base_model(model)
-    if config is not None and config.cp_size > 1:
+    if config is not None and hasattr(base, "config"):  # (before check_model_shardable adds the guard's hooks)
         from ..attention.model_check import router_loss_refusal
 
-        refused = router_loss_refusal(base.config)
+        refused = router_loss_refusal(base.config) if config.cp_size > 1 else None
         if refused is not None:
             exc, reason = refused
             raise exc(f"{type(base).__name__} (model_type {getattr(base.config, 'model_type', '?')!r}) {reason}")
-    if config is not None:
         _check_score_features(base, config.attention_backend)
+    check_model_shardable(model)
     register_attention()
     if getattr(base.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
         base.set_attn_implementation(ATTN_IMPLEMENTATION)

@@ -63,6 +63,7 @@ from .sharded_check import check_model_sharded
 from .sharder import BatchSharder, check_position_limit, prepare_model, unwrap_base_model
 from .stream_state import SAMPLER_STATE_NAME, STREAM_STATE_NAME, StreamResumeMixin, stream_dispatch
 from .tensor_parallel import apply_tensor_parallel, check_tp_refusals, dp_cp_group, full_state_dict
+from .rollback import refused_changes_nothing
 from .tensor_parallel import remap_optimizer_params, tp_head_split
 from .tensor_parallel import sync_tp_gradients
 from .trainer_guards import (LossGuardMixin, check_best_metric, check_label_names, check_late_loss_settings,
@@ -141,6 +142,11 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
     def __init__(self, model: torch.nn.Module | None = None, args: TrainingArguments | None = None,
                  data_collator: Any = None, train_dataset: Any = None, eval_dataset: Any = None, *,
                  atac_config: ATACConfig | None = None, **kwargs: Any) -> None:
+        # a refusal (atac-hf's, or Trainer's own after the model was switched) puts back the model and args
+        with refused_changes_nothing((model,), args):
+            self._atac_init(model, args, data_collator, train_dataset, eval_dataset, atac_config, kwargs)
+
+    def _atac_init(self, model, args, data_collator, train_dataset, eval_dataset, atac_config, kwargs) -> None:
         from ..packing.data.collator import PackedDataCollator
 
         config = atac_config if atac_config is not None else ATACConfig.from_sources()
@@ -182,7 +188,7 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
             pc = as_atac_parallelism_config(args.parallelism_config)
             if pc.cp_size != config.cp_size:
                 raise ValueError(f"args.parallelism_config.cp_size={pc.cp_size} disagrees with "
-                                 f"atac_config.cp_size={config.cp_size}")
+                                 f"atac_config.cp_size={config.cp_size}: set both to the CP size you want")
         check_tp_layout(pc, fsdp=fsdp)
         tp = int(pc.tp_size)
         if tp > 1 and args.save_strategy != SaveStrategy.NO and not args.save_only_model:
