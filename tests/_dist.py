@@ -30,6 +30,17 @@ def error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}"
 
 
+def launch_env(rank: int, world: int, port: int) -> None:
+    """The environment ``accelerate launch`` / torchrun give rank ``rank`` of ``world`` on this host (Accelerate's
+    ``PartialState`` reads it), with no ``ATAC_*`` / ``PARALLELISM_CONFIG_*`` / ``ACCELERATE_*`` of the parent's;
+    one thread."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    for key in [k for k in os.environ if k.startswith(("ATAC_", "PARALLELISM_CONFIG_", "ACCELERATE_"))]:
+        del os.environ[key]
+    torch.set_num_threads(1)
+
+
 def report_and_exit(path: str, res: dict) -> None:
     """Write a worker's results to ``path`` (JSON) and end the process at once: ``os._exit`` skips
     the interpreter's teardown, where a gloo group can abort a process whose work is done."""

@@ -155,11 +155,7 @@ def accelerate_entry(rank: int, world: int, port: int, out_dir: str, spec: dict)
     ``d x ga ... d x ga + ga - 1``), ``models``, and optional ``epoch_docs`` (a number of samples:
     then one epoch of ``packed_dataloader`` is iterated and the fetched sample indices recorded).
     """
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    for key in [k for k in os.environ if k.startswith(("ATAC_", "PARALLELISM_CONFIG_", "ACCELERATE_"))]:
-        del os.environ[key]
-    torch.set_num_threads(1)
+    _dist.launch_env(rank, world, port)
     res: dict = {}
     try:
         from accelerate.parallelism_config import ParallelismConfig

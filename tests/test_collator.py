@@ -25,7 +25,8 @@ def _docs(lengths, seed=0, with_labels=False):
     for n in lengths:
         f = {"input_ids": rng.integers(0, VOCAB, size=n).tolist()}
         if with_labels:
-            f["labels"] = rng.integers(-100, VOCAB, size=n).tolist()
+            lab = rng.integers(-100, VOCAB, size=n)  # legal labels: token ids >= 0, or -100 (no loss)
+            f["labels"] = np.where(lab < 0, -100, lab).tolist()
         feats.append(f)
     return feats
 

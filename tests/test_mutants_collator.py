@@ -66,14 +66,16 @@ def test_refusals_with_their_whole_messages():
     refused(ValueError, [{"input_ids": [1]}, {"text": "a", "ids": [1]}],
             "feature 1 has no 'input_ids'; keys found: ['ids', 'text'] (tokenize the text, or rename the token "
             "column to 'input_ids')")
-    refused(ValueError, [{"input_ids": [1, 2], "labels": [1, 2, 3]}], "feature 0: labels has 3 entries but input_ids has 2")
+    refused(ValueError, [{"input_ids": [1, 2], "labels": [1, 2, 3]}], "feature 0: labels has 3 entries but input_ids has 2; labels must have one entry per token (-100 where no loss). "
+            "Fix the tokenization, or drop the column (the labels are then built from input_ids)")
     refused(ValueError, [{"input_ids": [1, 2, 3], "seq_lengths": [5, -1, -1]}],
             "feature 0: seq_lengths has negative entries (seq_lengths[1] = -1): seq_lengths must hold ints >= 0")
     refused(ValueError, [{"input_ids": [1]}, {"input_ids": [1, 2, 3], "seq_lengths": [1, 1]}],
             "feature 1: seq_lengths sum to 2 but input_ids has 3 tokens (the row's document lengths must add up "
             "to its length)")
     refused(ValueError, [{"input_ids": []}, {"input_ids": [], "seq_lengths": [0, 0]}],
-            "every document in the batch is empty (2 features, 3 empty documents)")
+            "every document in the batch is empty (2 features, 3 empty documents): nothing to train on; drop the empty "
+            "samples from the dataset (dataset.filter(lambda s: len(s['input_ids']) > 0))")
     refused(ValueError, [{"input_ids": [1]}], "return_tensors='tf'; legal values: ['pt', 'np']", return_tensors="tf")
     with pytest.raises(ValueError, match="^" + re.escape("PackedDataCollator.return_tensors='jax'; legal values: "
                                                          "['pt', 'np']") + "$"):

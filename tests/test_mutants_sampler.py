@@ -150,8 +150,10 @@ def test_load_state_dict_field_bounds():
              f"malformed WFAPBatchSampler state: 'num_batches' = {n + 1}, but epoch 0 with seed 0 plans {n} batches "
              "(a truncated or edited checkpoint?)")
     _refused({**state, "format": "atac-hf/wfap-batch-sampler/v0"},
-             f"not a WFAPBatchSampler state (expected format {FMT!r})")
-    _refused([("format", FMT)], f"not a WFAPBatchSampler state (expected format {FMT!r})")
+             f"not a WFAPBatchSampler state (expected format {FMT!r}, got format 'atac-hf/wfap-batch-sampler/v0'); "
+             "pass the dict WFAPBatchSampler.state_dict() returned")
+    _refused([("format", FMT)], f"not a WFAPBatchSampler state (expected format {FMT!r}, got list); pass the dict "
+             "WFAPBatchSampler.state_dict() returned")
     fp = state["fingerprint"]
     _refused({**state, "fingerprint": "abc"},
              f"sampler state fingerprint 'abc' != {fp!r}: it was saved for different lengths or settings (config, "

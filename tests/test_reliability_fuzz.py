@@ -334,7 +334,8 @@ def feature_lists(draw):
             ids = draw(st.lists(st.integers(0, 50_000), min_size=n, max_size=n))
             lab_kind = draw(st.sampled_from(["none", "copy", "all_ignored", "random"]))
             labels = {"none": None, "copy": list(ids), "all_ignored": [-100] * n,
-                      "random": draw(st.lists(st.integers(-100, 9), min_size=n, max_size=n))}[lab_kind]
+                      "random": draw(st.lists(st.one_of(st.just(-100), st.integers(0, 9)), min_size=n,
+                                              max_size=n))}[lab_kind]  # legal labels: token ids >= 0, or -100
             form = draw(st.sampled_from(["list", "np", "torch", "torch2d"]))
             conv = {"list": list, "np": np.asarray, "torch": lambda x: torch.tensor(x, dtype=torch.long),
                     "torch2d": lambda x: torch.tensor(x, dtype=torch.long).reshape(1, -1)}[form]
@@ -349,7 +350,8 @@ def feature_lists(draw):
             n = sum(seq)
             ids = draw(st.lists(st.integers(0, 50_000), min_size=n, max_size=n))
             with_labels = draw(st.booleans())
-            labels = draw(st.lists(st.integers(-100, 9), min_size=n, max_size=n)) if with_labels else None
+            legal = st.one_of(st.just(-100), st.integers(0, 9))  # token ids >= 0, or -100 (no loss)
+            labels = draw(st.lists(legal, min_size=n, max_size=n)) if with_labels else None
             f = {"input_ids": ids, "seq_lengths": seq, "attention_mask": [1] * n, "spans": [[0, 0, n]]}
             if with_labels:
                 f["labels"] = labels

@@ -29,19 +29,7 @@ from atac_hf.integrations import ATACConfig
 from atac_hf.integrations import tensor_parallel as tpm
 
 sys.path.insert(0, os.path.dirname(__file__))
-
-NEEDS_TP_API = pytest.mark.skipif(not hasattr(__import__("transformers").PreTrainedModel, "_resolve_parallel_plans"),
-                                  reason="transformers < 5.23: no tensor-parallel API")
-
-
-def _llama(**overrides):
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    cfg = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-               num_key_value_heads=2, vocab_size=64, max_position_embeddings=256)
-    cfg.update(overrides)
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(LlamaConfig(**cfg))
+from test_tp_cp_config import NEEDS_TP_API, _llama  # noqa: E402
 
 
 class _Norm(torch.nn.Module):
@@ -184,12 +172,9 @@ def _reference(seed: int, batches: list, n: int) -> dict:
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    for key in [k for k in os.environ if k.startswith(("ATAC_", "PARALLELISM_CONFIG_", "ACCELERATE_"))]:
-        del os.environ[key]
-    torch.set_num_threads(1)
     import _dist
+
+    _dist.launch_env(rank, world, port)
 
     res: dict = {}
     try:

@@ -165,7 +165,9 @@ def count_targets(batches: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> i
             else:
                 lab = lab[..., 1:]
         else:
-            raise ValueError(f"a batch has no 'labels' or 'shift_labels' to count targets in; keys: {sorted(b)}")
+            raise ValueError(f"a batch has no 'labels' or 'shift_labels' to count targets in; keys: {sorted(b)}; "
+                             "collate it with PackedDataCollator (it builds labels, from input_ids where a sample "
+                             "has none), or add 'labels' (-100 where no loss) to the batch")
         total += int(lab.ne(IGNORE_INDEX).sum())
     return total
 

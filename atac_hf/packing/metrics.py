@@ -348,3 +348,31 @@ def _lookup(values: dict[int, int] | list[int], sid: int, name: str) -> int:
     held = f"ids {min(values)}..{max(values)}" if isinstance(values, dict) and values else f"{len(values)} samples"
     raise ValueError(f"recount_metrics: the packs hold sample {sid} but {name} has no entry for it ({name} holds "
                      f"{held}): pass the {name} of every packed sample")
+
+
+def dataset_metrics(lengths: np.ndarray, spans: np.ndarray, offsets: np.ndarray, config: Any,
+                    cost_model: CostModel) -> dict[str, Any]:
+    """The metrics :func:`~atac_hf.packing.data.dataset.pack_dataset` returns, of one planned pass."""
+    C, P = int(config.max_tokens), int(config.packs_per_window)
+    span_len = spans[:, 2] - spans[:, 1]
+    tokens = int(span_len.sum())
+    num_packs = len(offsets) - 1
+    frag = np.bincount(spans[:, 0], minlength=lengths.size)[spans[:, 0]] > 1  # spans of a split sample
+    frag_lens = span_len[frag]
+    lb = -(-tokens // C)
+    costs = pack_costs([spans[offsets[b]:offsets[b + 1]] for b in range(num_packs)], cost_model)
+    ratios = [float(costs[i:i + P].max() / costs[i:i + P].mean()) for i in range(0, num_packs, P)]
+    q = (np.percentile(frag_lens, [0, 10, 50, 90, 100]) if frag_lens.size else np.zeros(5)).tolist()
+    return {
+        "num_samples": int((lengths > 0).sum()),
+        "num_packs": num_packs,
+        "tokens": tokens,
+        "lower_bound_packs": lb,
+        "packs_vs_lower_bound": num_packs / lb if lb else 1.0,
+        "padding": 1.0 - tokens / (num_packs * C) if num_packs else 0.0,
+        "num_split": int(np.unique(spans[frag, 0]).size),
+        "num_fragments": int(frag.sum()),
+        "fragment_lengths": dict(zip(("min", "p10", "median", "p90", "max"), (float(x) for x in q))),
+        "imbalance_mean": float(np.mean(ratios)) if ratios else 1.0,
+        "imbalance_worst": float(np.max(ratios)) if ratios else 1.0,
+    }

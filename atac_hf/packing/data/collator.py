@@ -151,7 +151,8 @@ class PackedDataCollator:
                 ``assistant_masks`` that disagree with ``input_ids``, a padded ``attention_mask``,
                 a mask with values other than 0/1, ``position_ids`` that neither restart at 0 nor
                 count up by one (names the feature),
-                negative ``input_ids`` or lengths, values beyond int64, or a batch in which
+                negative ``input_ids`` or lengths, negative labels other than -100, values beyond
+                int64, or a batch in which
                 every document is empty.
         """
         rt = self.return_tensors if return_tensors is None else return_tensors
@@ -179,8 +180,15 @@ class PackedDataCollator:
                 labels = _as_1d_ints(labels, row, "labels")
                 if labels.shape[0] != ids.shape[0]:
                     raise ValueError(
-                        f"feature {row}: labels has {labels.shape[0]} entries but input_ids has {ids.shape[0]}"
+                        f"feature {row}: labels has {labels.shape[0]} entries but input_ids has {ids.shape[0]}; "
+                        "labels must have one entry per token (-100 where no loss). Fix the tokenization, or drop "
+                        "the column (the labels are then built from input_ids)"
                     )
+                bad = labels[(labels < 0) & (labels != -100)]
+                if bad.size:  # the loss ignores -100 only: -1 fails there (CUDA: device assert); as BatchSharder
+                    raise ValueError(f"feature {row}: labels holds {int(bad[0])}: labels must be token ids >= 0, or "
+                                     "-100 where a token gets no loss (the only index the loss ignores); replace the "
+                                     "other negative labels with -100 in the dataset")
             else:
                 labels = labels_from_masks(feature, ids, where=f"feature {row}")
             mask = feature.get("attention_mask")
@@ -221,7 +229,9 @@ class PackedDataCollator:
         self.stats.num_empty_skipped += num_empty
         if not doc_parts:
             raise ValueError(
-                f"every document in the batch is empty ({len(features)} features, {num_empty} empty documents)"
+                f"every document in the batch is empty ({len(features)} features, {num_empty} empty documents): "
+                "nothing to train on; drop the empty samples from the dataset "
+                "(dataset.filter(lambda s: len(s['input_ids']) > 0))"
             )
 
         input_ids = np.concatenate(ids_parts).astype(np.int64, copy=False)

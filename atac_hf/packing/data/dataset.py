@@ -53,7 +53,7 @@ import numpy as np
 
 from ...cost import CostModel, default_cost_model
 from ..config import PackingConfig
-from ..metrics import pack_costs
+from ..metrics import dataset_metrics
 from ..validate import one_row
 from .arrow_source import (_arrow_source, _check_token_values, _first_bad_row, _is_hf_dataset, _is_list,
                            _list_lengths, _refuse_packed_source, _token_columns, _token_lengths, refuse_transform)
@@ -118,7 +118,8 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
     Args:
         dataset: a ``datasets.Dataset`` (any format: python, numpy, pandas, arrow, torch...)
             with an ``input_ids`` list column, or a ``datasets.DatasetDict`` (packed split
-            by split, same settings).
+            by split, same settings; every split is checked and planned before any is written,
+            and a refusal leaves no file of the call).
         max_tokens: token cap of one pack.
         packs_per_window: packs planned together (one window); the packer balances cost
             within a window. The last window (``wfap``; the only one of a dataset of few
@@ -194,11 +195,6 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
         if not isinstance(flag, (bool, np.bool_)):
             raise InputTypeError(f"pack_dataset: {flag_name}={flag!r:.60} must be True or False (set {flag_name})")
     seed = check_seed(seed, "seed")  # numpy's generator would refuse a negative one with a bare message
-    kwargs = dict(max_tokens=max_tokens, packs_per_window=packs_per_window, strategy=strategy,
-                  overlength=overlength, window_size=window_size, num_replicas=num_replicas, shuffle=shuffle,
-                  seed=seed, cost_model=cost_model, num_proc=num_proc, progress=progress,
-                  return_metrics=return_metrics, split_fill=split_fill, keep_in_memory=keep_in_memory,
-                  load_from_cache_file=load_from_cache_file, **packing_options)
     unknown = sorted(set(packing_options) - {f.name for f in dataclasses.fields(PackingConfig)})
     if unknown:  # before any work; was Python's bare "unexpected keyword argument" from PackingConfig
         raise TypeError(f"pack_dataset: unknown setting(s) {unknown}; legal: its own arguments and the PackingConfig "
@@ -206,16 +202,88 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
     if keep_in_memory and cache_file_name is not None:
         raise ValueError(f"pack_dataset: keep_in_memory=True and cache_file_name={cache_file_name!r} contradict each "
                          "other; pass one of them")
+    from datasets.fingerprint import Hasher
+
+    if num_proc not in (None, 0, 1):
+        logger.info("pack_dataset: num_proc=%s is not used (rows are built by Arrow kernels)", num_proc)
+
+    def plan_one(ds: Any, name: Any, label: str) -> dict[str, Any]:  # every refusal of a source: nothing written yet
+        table, rows, lengths, token_cols, num_empty = _checked_source(ds)
+        fingerprint = Hasher.hash([ds._fingerprint, config.to_dict(), token_cols, window_size, num_replicas,
+                                   shuffle, seed, None if cost_model is None else repr(cost_model), split_fill,
+                                   code_digest()])
+        path, explicit = cache_path(ds, name, keep_in_memory, fingerprint)
+        reuse = datasets.is_caching_enabled() if load_from_cache_file is None else bool(load_from_cache_file)
+        result = load_cache(datasets, path, fingerprint) if path is not None and reuse else None
+        if result is not None:
+            logger.info("pack_dataset: loaded the packed rows from %s", path)
+            spans, offsets = plan_from_rows(result)
+        else:
+            from tqdm.auto import tqdm
+
+            order = np.random.default_rng([seed, 0]).permutation(lengths.size) if shuffle else None
+            with tqdm(total=lengths.size, desc=f"{label}: planning", disable=not progress, unit="samples") as bar:
+                plan = dict(order=order, cost_model=cost_model, window_size=window_size, num_replicas=num_replicas,
+                            split_fill=split_fill)
+                spans, offsets = plan_packs(lengths, config, progress=bar, **plan)
+        return dict(table=table, rows=rows, lengths=lengths, token_cols=token_cols, num_empty=num_empty,
+                    fingerprint=fingerprint, path=path, explicit=explicit, result=result, spans=spans, offsets=offsets)
+
+    def build_one(ds: Any, p: dict[str, Any], label: str, written: list) -> Any:
+        result, path, spans, offsets = p["result"], p["path"], p["spans"], p["offsets"]
+        if result is None:
+            table, rows, token_cols = p["table"], p["rows"], p["token_cols"]
+            features = _features(datasets, ds, token_cols, _widened(table, token_cols))
+            schema = features.arrow_schema
+
+            def batches():  # a fresh generator each time: a failed write leaves the one it consumed half-read
+                return _build_batches(table, rows, token_cols, spans, offsets, schema, progress=progress, desc=label)
+
+            if path is not None:
+                existed = path.exists()
+                try:
+                    result = write_cache(datasets, path, schema, batches(), p["fingerprint"])
+                    if not existed:
+                        written.append(path)
+                except OSError as e:
+                    if p["explicit"]:
+                        raise OSError(f"pack_dataset: cannot write cache_file_name={str(path)!r} ({e}); pass a "
+                                      "writable path, or keep_in_memory=True") from e
+                    warnings.warn(f"pack_dataset: cannot write the packed rows beside the source's cache files ({e}); "
+                                  "building them in memory (pass cache_file_name= a writable path, or "
+                                  "keep_in_memory=True)", stacklevel=3)
+            if result is None:
+                import pyarrow as pa
+                from datasets.table import InMemoryTable
+
+                # the fingerprint given: hashing the rows would copy them all
+                result = datasets.Dataset(InMemoryTable(pa.Table.from_batches(list(batches()), schema=schema)),
+                                          info=datasets.DatasetInfo(features=features), fingerprint=p["fingerprint"])
+        result = _with_source_format(result, ds)
+        metrics = dataset_metrics(p["lengths"], spans, offsets, config, cost_model or default_cost_model())
+        logger.info("pack_dataset: %d samples -> %d packs (%.4fx the lower bound ceil(tokens / max_tokens)), "
+                    "%d samples split into %d fragments (lengths %s), %d empty samples skipped",
+                    metrics["num_samples"], metrics["num_packs"], metrics["packs_vs_lower_bound"],
+                    metrics["num_split"], metrics["num_fragments"], metrics["fragment_lengths"], p["num_empty"])
+        return (result, metrics) if return_metrics else result
+
     if isinstance(dataset, datasets.DatasetDict):
         names = split_cache_names(dataset, cache_file_name)
-        PackingConfig(max_tokens=max_tokens, packs_per_window=packs_per_window, strategy=strategy,
-                      overlength=overlength, **packing_options)  # refuse bad settings before any split is packed
+        config = PackingConfig(max_tokens=max_tokens, packs_per_window=packs_per_window, strategy=strategy,
+                               overlength=overlength, **packing_options)  # bad settings before any split is read
         empty = [k for k, v in dataset.items() if len(v) == 0]
         if empty:
             raise ValueError(f"pack_dataset: split(s) {empty} of the DatasetDict have 0 rows: nothing to pack; "
                              "pack the others (DatasetDict({k: v for k, v in dd.items() if len(v)}))")
-        packed = {k: pack_dataset(v, desc=f"{desc} {k}", cache_file_name=names[k], **kwargs)
-                  for k, v in dataset.items()}
+        # every split checked and planned before any is written: a refused split leaves no file
+        plans = {k: plan_one(v, names[k], f"{desc} {k}") for k, v in dataset.items()}
+        written: list = []
+        try:
+            packed = {k: build_one(v, plans[k], f"{desc} {k}", written) for k, v in dataset.items()}
+        except BaseException:  # a split that cannot be written: the files this call created go too
+            for path in written:
+                path.unlink(missing_ok=True)
+            raise
         if return_metrics:
             return datasets.DatasetDict({k: v[0] for k, v in packed.items()}), {k: v[1] for k, v in packed.items()}
         return datasets.DatasetDict(packed)
@@ -227,16 +295,18 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
     if isinstance(cache_file_name, Mapping):
         raise ValueError("pack_dataset: cache_file_name is a mapping (one path per split, for a DatasetDict); give "
                          "a datasets.Dataset one path, or None")
+    config = PackingConfig(max_tokens=max_tokens, packs_per_window=packs_per_window, strategy=strategy,
+                           overlength=overlength, **packing_options)
+    return build_one(dataset, plan_one(dataset, cache_file_name, desc), desc, [])
+
+
+def _checked_source(dataset: Any) -> tuple[Any, Any, np.ndarray, list[str], int]:
+    """A split's refusals and warnings: (table, rows, lengths, token columns, empty samples)."""
     refuse_transform(dataset)
     if "input_ids" not in dataset.column_names:
         raise ValueError(_missing_column("input_ids", dataset.column_names))
     if len(dataset) == 0:
         raise ValueError("pack_dataset got an empty dataset (0 rows): nothing to pack")
-    config = PackingConfig(max_tokens=max_tokens, packs_per_window=packs_per_window, strategy=strategy,
-                           overlength=overlength, **packing_options)
-    if num_proc not in (None, 0, 1):
-        logger.info("pack_dataset: num_proc=%s is not used (rows are built by Arrow kernels)", num_proc)
-
     table, rows = _arrow_source(dataset)
     ids_col = table.column("input_ids")
     if not _is_list(ids_col.type):
@@ -247,7 +317,7 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
     if num_empty == lengths.size:
         raise ValueError(f"every one of the {lengths.size} samples of the dataset is empty (0 input_ids)")
     if num_empty:
-        warnings.warn(f"pack_dataset: skipped {num_empty} zero-length samples", stacklevel=2)
+        warnings.warn(f"pack_dataset: skipped {num_empty} zero-length samples", stacklevel=4)
     _refuse_packed_source(dataset, table, rows)
     token_cols, dropped = _token_columns(table, rows, lengths)
     if dropped:
@@ -260,7 +330,7 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
                           "entries not 1 (padding): the pad tokens are packed as tokens of their document. "
                           "PackedDataCollator / ATACTrainer refuse such rows; a collator that ignores attention_mask "
                           "would train on them. Tokenize without padding (padding=False), or strip the padding "
-                          "(keep the tokens where attention_mask is 1) before packing", stacklevel=2)
+                          "(keep the tokens where attention_mask is 1) before packing", stacklevel=4)
     if _derives_labels(token_cols):  # the labels are built from the masks here: their values are checked here
         for col in (c for c in LOSS_MASK_COLUMNS if c in token_cols):
             bad = _first_bad_row(table, rows, col, lambda v: ~np.isin(v, (0, 1)))
@@ -270,56 +340,7 @@ def pack_dataset(dataset: Any, *, max_tokens: int, packs_per_window: int = 64, s
                                  f"{np.unique(seg[~np.isin(seg, (0, 1))])[:5].tolist()}; legal values: 0 (no loss on "
                                  "the token) and 1 (train on it), never null: the labels are built from it (-100 "
                                  "where 0). Fix the mask, or give the dataset its own 'labels' column")
-
-    from datasets.fingerprint import Hasher
-
-    fingerprint = Hasher.hash([dataset._fingerprint, config.to_dict(), token_cols, window_size, num_replicas,
-                               shuffle, seed, None if cost_model is None else repr(cost_model), split_fill,
-                               code_digest()])
-    path, explicit = cache_path(dataset, cache_file_name, keep_in_memory, fingerprint)
-    reuse = datasets.is_caching_enabled() if load_from_cache_file is None else bool(load_from_cache_file)
-    result = load_cache(datasets, path, fingerprint) if path is not None and reuse else None
-    if result is not None:
-        logger.info("pack_dataset: loaded the packed rows from %s", path)
-        spans, offsets = plan_from_rows(result)
-    else:
-        from tqdm.auto import tqdm
-
-        order = np.random.default_rng([seed, 0]).permutation(lengths.size) if shuffle else None
-        with tqdm(total=lengths.size, desc=f"{desc}: planning", disable=not progress, unit="samples") as bar:
-            plan = dict(order=order, cost_model=cost_model, window_size=window_size, num_replicas=num_replicas,
-                        split_fill=split_fill)
-            spans, offsets = plan_packs(lengths, config, progress=bar, **plan)
-        features = _features(datasets, dataset, token_cols, _widened(table, token_cols))
-        schema = features.arrow_schema
-
-        def batches():  # a fresh generator each time: a failed write leaves the one it consumed half-read
-            return _build_batches(table, rows, token_cols, spans, offsets, schema, progress=progress, desc=desc)
-
-        if path is not None:
-            try:
-                result = write_cache(datasets, path, schema, batches(), fingerprint)
-            except OSError as e:
-                if explicit:
-                    raise OSError(f"pack_dataset: cannot write cache_file_name={str(path)!r} ({e}); pass a writable "
-                                  "path, or keep_in_memory=True") from e
-                warnings.warn(f"pack_dataset: cannot write the packed rows beside the source's cache files ({e}); "
-                              "building them in memory (pass cache_file_name= a writable path, or "
-                              "keep_in_memory=True)", stacklevel=2)
-        if result is None:
-            import pyarrow as pa
-            from datasets.table import InMemoryTable
-
-            # the fingerprint given: hashing the rows would copy them all
-            result = datasets.Dataset(InMemoryTable(pa.Table.from_batches(list(batches()), schema=schema)),
-                                      info=datasets.DatasetInfo(features=features), fingerprint=fingerprint)
-    result = _with_source_format(result, dataset)
-    metrics = _metrics(lengths, spans, offsets, config, cost_model or default_cost_model())
-    logger.info("pack_dataset: %d samples -> %d packs (%.4fx the lower bound ceil(tokens / max_tokens)), "
-                "%d samples split into %d fragments (lengths %s), %d empty samples skipped",
-                metrics["num_samples"], metrics["num_packs"], metrics["packs_vs_lower_bound"],
-                metrics["num_split"], metrics["num_fragments"], metrics["fragment_lengths"], num_empty)
-    return (result, metrics) if return_metrics else result
+    return table, rows, lengths, token_cols, num_empty
 
 
 # ---------------------------------------------------------------------------- building rows
@@ -462,34 +483,6 @@ def _with_source_format(result: Any, source: Any) -> Any:
         columns += [c for c in ("labels", "seq_lengths", "spans") if c not in columns and c in result.column_names]
     return result.with_format(fmt.get("type"), columns=columns, output_all_columns=fmt.get("output_all_columns", False),
                               **fmt.get("format_kwargs", {}))
-
-
-# ---------------------------------------------------------------------------- metrics
-def _metrics(lengths: np.ndarray, spans: np.ndarray, offsets: np.ndarray, config: PackingConfig,
-             cost_model: CostModel) -> dict[str, Any]:
-    C, P = int(config.max_tokens), int(config.packs_per_window)
-    span_len = spans[:, 2] - spans[:, 1]
-    tokens = int(span_len.sum())
-    num_packs = len(offsets) - 1
-    frag = np.bincount(spans[:, 0], minlength=lengths.size)[spans[:, 0]] > 1  # spans of a split sample
-    frag_lens = span_len[frag]
-    lb = -(-tokens // C)
-    costs = pack_costs([spans[offsets[b]:offsets[b + 1]] for b in range(num_packs)], cost_model)
-    ratios = [float(costs[i:i + P].max() / costs[i:i + P].mean()) for i in range(0, num_packs, P)]
-    q = (np.percentile(frag_lens, [0, 10, 50, 90, 100]) if frag_lens.size else np.zeros(5)).tolist()
-    return {
-        "num_samples": int((lengths > 0).sum()),
-        "num_packs": num_packs,
-        "tokens": tokens,
-        "lower_bound_packs": lb,
-        "packs_vs_lower_bound": num_packs / lb if lb else 1.0,
-        "padding": 1.0 - tokens / (num_packs * C) if num_packs else 0.0,
-        "num_split": int(np.unique(spans[frag, 0]).size),
-        "num_fragments": int(frag.sum()),
-        "fragment_lengths": dict(zip(("min", "p10", "median", "p90", "max"), (float(x) for x in q))),
-        "imbalance_mean": float(np.mean(ratios)) if ratios else 1.0,
-        "imbalance_worst": float(np.max(ratios)) if ratios else 1.0,
-    }
 
 
 def _missing_column(column: str, found: Sequence[str], *, where: str = "the dataset") -> str:

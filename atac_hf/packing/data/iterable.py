@@ -285,7 +285,10 @@ class PackedIterableDataset(IterableDataset):
             ValueError: a state of another format or packing configuration (names the settings
                 that differ, saved and here), with missing or malformed fields, or internally
                 inconsistent (names the field).
+            InputTypeError: ``roll_over`` not a bool (nothing changes).
         """
+        if not isinstance(roll_over, (bool, np.bool_)):
+            raise InputTypeError(f"load_state_dict: roll_over={_short(roll_over)} must be True or False (set roll_over)")
         v2 = isinstance(state, Mapping) and state.get("format") == _STREAM_FORMAT_V2
         if not isinstance(state, Mapping) or (state.get("format") != _STREAM_FORMAT and not v2):
             raise ValueError(f"not a PackedIterableDataset state (expected format {_STREAM_FORMAT!r}; states of "

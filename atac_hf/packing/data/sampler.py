@@ -269,7 +269,9 @@ class WFAPBatchSampler(Sampler[list[Span]]):
         """
         what = "WFAPBatchSampler"
         if not isinstance(state, Mapping) or state.get("format") != _SAMPLER_FORMAT:
-            raise ValueError(f"not a WFAPBatchSampler state (expected format {_SAMPLER_FORMAT!r})")
+            found = f"format {_short(state.get('format'))}" if isinstance(state, Mapping) else type(state).__name__
+            raise ValueError(f"not a WFAPBatchSampler state (expected format {_SAMPLER_FORMAT!r}, got {found}); pass "
+                             "the dict WFAPBatchSampler.state_dict() returned")
         if state.get("fingerprint") != self.fingerprint:
             c = self.config
             raise ValueError(
