@@ -168,3 +168,29 @@ def test_accelerator_cp_mismatch_names_the_fix(accelerator):
     with pytest.raises(ValueError, match=r"^parallelism_config.cp_size=1 disagrees with atac_config.cp_size=2: set "
                                          r"both to the CP size you want$"):
         accelerator(ATACConfig(cp_size=2, max_tokens=64), parallelism_config=ParallelismConfig(cp_size=1))
+
+
+def test_a_failing_put_back_leaves_the_others_and_the_refusal_raised(monkeypatch):
+    """Review: a restore step that raised (e.g. set_attn_implementation of the original) skipped the others and
+    replaced the refusal with its own error."""
+    from types import SimpleNamespace
+
+    from atac_hf.integrations.rollback import refused_changes_nothing
+
+    model = _llama()
+    args = SimpleNamespace(accelerator_config=SimpleNamespace(dispatch_batches=None), parallelism_config=None)
+    owner = SimpleNamespace(sharder="old")
+
+    def broken(*a, **k):
+        raise RuntimeError("cannot switch back")
+
+    with pytest.raises(ValueError, match="the refusal") as got:
+        with refused_changes_nothing((model,), args, owner, ("sharder",)):
+            model.config._attn_implementation = "eager"  # what the call changed
+            monkeypatch.setattr(type(model), "set_attn_implementation", broken)
+            args.parallelism_config, args.accelerator_config.dispatch_batches, owner.sharder = "pc", False, "new"
+            raise ValueError("the refusal")
+    assert args.parallelism_config is None and args.accelerator_config.dispatch_batches is None
+    assert owner.sharder == "old"
+    if hasattr(got.value, "add_note"):
+        assert any("cannot switch back" in n for n in got.value.__notes__)

@@ -73,6 +73,52 @@ def test_partial_grads_summed_once_over_backwards_and_syncs(two_tp_ranks):
     assert m.w.grad.tolist() == [16.0, 2.0]
 
 
+def test_a_parameter_frozen_at_sharding_or_copied_is_summed_in_place_then_hooked(two_tp_ranks):
+    """Review of red-team 35's fix: a frozen per-head parameter crashed apply_tensor_parallel (a hook needs
+    requires_grad) after the model was sharded; one unfrozen later, or a copy's (hooks are not copied), had no
+    hook: its gradient, accumulated in .grad, is summed in place at its first sync, and it is hooked from then on."""
+    m = _Norm.__new__(_Norm)
+    torch.nn.Module.__init__(m)
+    m.w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))  # not hooked (frozen when sharded, unfrozen since)
+    m._atac_tp_partial_grads, m._atac_tp_group = ("w",), None
+    (m.w * torch.tensor([3.0, 5.0])).sum().backward()
+    tpm.sync_tp_gradients(m, None)
+    assert m.w.grad.tolist() == [6.0, 10.0] and m.w._atac_tp_hooked
+    (m.w * 1.0).sum().backward()  # hooked now: held apart, summed once
+    tpm.sync_tp_gradients(m, None)
+    assert m.w.grad.tolist() == [8.0, 12.0]
+    frozen = torch.nn.Parameter(torch.ones(2), requires_grad=False)
+    m.v = frozen
+    m._atac_tp_partial_grads = ("w", "v")
+    tpm.sync_tp_gradients(m, None)  # a frozen one without a gradient: left alone, no hook (it needs requires_grad)
+    assert frozen.grad is None and not getattr(frozen, "_atac_tp_hooked", False)
+
+
+def test_autograd_grad_gets_the_ranks_share_and_holds_nothing(two_tp_ranks):
+    """Review of red-team 35's fix: torch.autograd.grad also passes through the hook, which returned zeros and
+    held the contribution for the next sync; only a backward that accumulates moves it now."""
+    m = _Norm()
+    (g,) = torch.autograd.grad((m.w * torch.tensor([3.0, 5.0])).sum(), [m.w])
+    assert g.tolist() == [3.0, 5.0] and m.w.grad is None
+    assert getattr(m.w, "_atac_tp_pending", None) is None
+    (m.w * 1.0).sum().backward()
+    tpm.sync_tp_gradients(m, None)
+    assert m.w.grad.tolist() == [2.0, 2.0]
+
+
+def test_layer_heads_of_a_config_with_per_layer_attention():
+    """Review of red-team 35's fix: a config with per-layer head counts (Dots3, EmbeddingGemma2) raised its own
+    'ambiguous global attribute' error from check_tp_model; each layer's counts are read."""
+    from types import SimpleNamespace
+
+    from atac_hf.integrations.tp_heads import _layer_heads
+
+    cfg = SimpleNamespace(is_heterogeneous=True, per_layer_config=[
+        SimpleNamespace(num_attention_heads=8, num_key_value_heads=2), SimpleNamespace(num_attention_heads=4)])
+    assert _layer_heads(cfg) == [(8, 2), (4, 4)]
+    assert _layer_heads(SimpleNamespace(num_attention_heads=6, num_key_value_heads=None)) == [(6, 6)]
+
+
 def test_held_contributions_of_a_zeroed_accumulation_are_dropped(two_tp_ranks):
     m = _Norm()
     (m.w * 4.0).sum().backward()
@@ -249,3 +295,30 @@ def test_dropout_under_tp_warns_to_seed_every_rank_alike():
         warnings.simplefilter("error")
         llama = _llama()
         tpm.check_tp_prepare((llama,), [llama], 2)
+
+
+@NEEDS_TP_API
+def test_a_stepped_optimizer_is_refused_before_anything_changes(tmp_path):
+    """Review of red-team 35's fix: remap_optimizer_params refused an optimizer that had stepped only after the model
+    was sharded (which cannot be put back)."""
+    from atac_hf.integrations import ATACTrainer
+    from atac_hf.integrations.accelerate import ATACAccelerator
+
+    model = _llama()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(input_ids=torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]])).loss.backward()
+    opt.step()
+    opt.zero_grad()
+    acc = object.__new__(ATACAccelerator)
+    acc.atac_config, acc.tp_size = ATACConfig(), 2
+    stepped = r"the optimizer has already stepped: with tp_size > 1 pass it to prepare\(\) \(or to the Trainer\) before"
+    with pytest.raises(ValueError, match=stepped):
+        acc.prepare(model, opt)
+    assert model.config._attn_implementation != "atac_cp"
+    import datasets
+
+    ds = datasets.Dataset.from_dict({"input_ids": [list(range(1, 9))] * 4})
+    with pytest.raises(ValueError, match=stepped):
+        ATACTrainer(model=model, args=_trainer_args(tmp_path, save_strategy="no"), train_dataset=ds,
+                    optimizers=(opt, None), atac_config=ATACConfig(max_tokens=16))
+    assert model.config._attn_implementation != "atac_cp"

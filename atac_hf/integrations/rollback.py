@@ -63,20 +63,30 @@ def refused_changes_nothing(models: Iterable[Any] = (), args: Any = None, owner:
     saved_attrs = {a: getattr(owner, a, _UNSET) for a in attrs}
     try:
         yield
-    except BaseException:
-        for state in saved_models:
-            _restore_model(*state)
+    except BaseException as err:
+        steps = [lambda state=state: _restore_model(*state) for state in saved_models]
         if saved_args is not None:
-            fields, acc, acc_fields = saved_args
-            vars(args).clear()
-            vars(args).update(fields)
-            if acc_fields is not None:
-                vars(acc).clear()
-                vars(acc).update(acc_fields)
-        for a, v in saved_attrs.items():
-            if v is _UNSET:
-                if a in vars(owner):
-                    delattr(owner, a)
-            else:
-                setattr(owner, a, v)
+            steps.append(lambda: _restore_vars(args, *saved_args))
+        steps += [lambda a=a, v=v: _restore_attr(owner, a, v) for a, v in saved_attrs.items()]
+        for step in steps:  # each on its own: one that fails leaves the others to run, and the refusal is raised
+            try:
+                step()
+            except Exception as e:  # noqa: BLE001 - reported on the refusal, which stays the error raised
+                if hasattr(err, "add_note"):
+                    err.add_note(f"atac-hf could not put back what the refused call changed: {e!r}")
         raise
+
+
+def _restore_vars(args: Any, fields: dict, acc: Any, acc_fields: dict | None) -> None:
+    vars(args).clear()
+    vars(args).update(fields)
+    if acc_fields is not None:
+        vars(acc).clear()
+        vars(acc).update(acc_fields)
+
+
+def _restore_attr(owner: Any, name: str, value: Any) -> None:
+    if value is not _UNSET:
+        setattr(owner, name, value)
+    elif name in vars(owner):
+        delattr(owner, name)

@@ -23,8 +23,9 @@ What runs where:
 
 * Two fixes around transformers' ``apply_tensor_parallelism`` (see ``_hf_compat`` 5): tied
   weights are re-pointed at one shard, and the per-head norms' gradients
-  (``replicated_with_grad_allreduce``) are summed over TP once per optimizer step, in
-  :func:`sync_tp_gradients`, not after every micro-batch (it must run exactly once per step).
+  (``replicated_with_grad_allreduce``) are summed over TP in :func:`sync_tp_gradients`, each
+  backward's contribution once (held apart until then: :func:`_hold_partial_grad`), not
+  after every micro-batch on the accumulated gradient.
 * :func:`full_state_dict` gathers the shards for saving (every rank; tied weights once).
 
 Supported: plain TP x CP x DP (no FSDP). Refused: FSDP2 with ``tp_size > 1``, PEFT under TP, a
@@ -34,6 +35,7 @@ transformers sharded at load time (its mesh spans the whole world).
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any, Iterable
 
@@ -41,13 +43,11 @@ import torch
 import torch.distributed as dist
 
 from ._hf_compat import track_group_holder
+from .tp_heads import _check_per_head_params, _head_split_of_plan, _layer_heads, _legal_tp_sizes, _resolved_plan
+from .tp_heads import _text_config, tp_head_split
 
 __all__ = ["apply_tensor_parallel", "check_not_presharded", "check_tp_model", "check_tp_prepare", "check_tp_refusals",
            "dp_cp_group", "full_state_dict", "remap_optimizer_params", "sync_tp_gradients", "tp_head_split"]
-
-
-def _text_config(config: Any) -> Any:
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
 def check_tp_model(model: torch.nn.Module, tp_size: int, *, world_size: int | None = None,
@@ -91,100 +91,20 @@ def check_tp_model(model: torch.nn.Module, tp_size: int, *, world_size: int | No
             "(parallelism_config / parallelism_config_tp_size) and use cp_size / DP instead, or give the config a "
             "base_model_tp_plan"
         )
-    cfg = _text_config(base.config)
-    heads = int(getattr(cfg, "num_attention_heads", 0) or 0)
-    kv = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    layers = _layer_heads(_text_config(base.config))  # (heads, kv heads) of each layer, or of the config
     plan = _resolved_plan(base, tp_size)
     if _head_split_of_plan(base, plan, tp_size) == 1:  # q/k/v gathered (Olmo2, Phi3): every rank runs all heads
         return plan
-    for field, n in (("num_attention_heads", heads), ("num_key_value_heads", kv)):
-        if n and n % tp_size:
-            legal = _legal_tp_sizes(heads, kv, world_size, cp_size)
-            raise ValueError(f"tp_size={tp_size} does not divide {name}'s {field}={n} (each TP rank holds whole "
-                             f"heads); set tp_size to one of {legal} (parallelism_config tp_size / "
-                             "parallelism_config_tp_size), or use cp_size / DP instead")
-    _check_per_head_params(base, plan, tp_size, heads, kv)
+    every = math.gcd(*[n for pair in layers for n in pair])  # a tp size must divide every layer's counts
+    for heads, kv in layers:
+        for field, n in (("num_attention_heads", heads), ("num_key_value_heads", kv)):
+            if n and n % tp_size:
+                legal = _legal_tp_sizes(every, every, world_size, cp_size)
+                raise ValueError(f"tp_size={tp_size} does not divide {name}'s {field}={n} (each TP rank holds whole "
+                                 f"heads); set tp_size to one of {legal} (parallelism_config tp_size / "
+                                 "parallelism_config_tp_size), or use cp_size / DP instead")
+    _check_per_head_params(base, plan, tp_size, *layers[0])
     return plan
-
-
-def _resolved_plan(base: torch.nn.Module, tp_size: int) -> dict[str, str]:
-    from transformers.distributed import DistributedConfig
-
-    plan, _, _ = base._resolve_parallel_plans(DistributedConfig(tp_size=int(tp_size)))
-    return plan
-
-
-def _legal_tp_sizes(heads: int, kv: int, world_size: int | None, cp_size: int) -> list[int]:
-    """tp sizes dividing both head counts and, where known, ``world_size / cp_size`` (else the default group's size)."""
-    if world_size is None and dist.is_available() and dist.is_initialized():
-        world_size = dist.get_world_size()  # (cp_size 1 where unknown: tp must at least divide the world)
-    ranks = world_size // max(int(cp_size), 1) if world_size else None
-    return [d for d in range(1, max(min(heads, kv), 1) + 1)
-            if heads % d == 0 and kv % d == 0 and (not ranks or ranks % d == 0)]
-
-
-#: Styles whose module output stays sharded over TP (a q/k/v projection with one of them gives each rank its heads).
-_SPLIT_OUTPUT_STYLES = ("colwise", "unit_colwise", "packed_colwise", "local_colwise")
-
-
-def tp_head_split(model: torch.nn.Module, tp_size: int) -> int:
-    """The factor the attention heads (and K/V) are split by on each TP rank under the model's own ``tp_plan``.
-
-    ``tp_size`` where the plan column-shards an attention input projection and keeps its
-    output sharded (``colwise``: Llama, Qwen3, DeepSeek-V3's ``kv_b_proj``); 1 where the plan
-    gathers their outputs (``colwise_gather_output``: Olmo2, Olmo3, Phi3) or has no rule inside
-    the attention: every TP rank then runs ``atac_cp`` on all heads and moves the full K/V.
-    Divide the K/V bytes per token by this, not by ``tp_size``. Pure (no process group).
-    """
-    from .sharder import unwrap_base_model
-
-    tp_size = int(tp_size)
-    base = unwrap_base_model(model)
-    if tp_size <= 1 or not hasattr(base, "_resolve_parallel_plans"):
-        return 1
-    try:
-        plan = _resolved_plan(base, tp_size)
-    except ValueError:  # no tp_plan at all (check_tp_model refuses such a model under TP)
-        return 1
-    return _head_split_of_plan(base, plan, tp_size)
-
-
-def _attention_prefixes(base: torch.nn.Module) -> list[str]:
-    """``"name."`` of every attention block: a class named ``*Attention`` or a module named ``*attn*`` / ``*attention*``
-    (LongCat-Flash's ``self_attn`` is a ModuleList of MLA blocks)."""
-    return [n + "." for n, m in base.named_modules()
-            if n and (type(m).__name__.endswith("Attention") or any(w in n.rpartition(".")[2].lower()
-                                                                    for w in ("attn", "attention")))]
-
-
-def _head_split_of_plan(base: torch.nn.Module, plan: dict[str, str], tp_size: int) -> int:
-    modules = dict(base.named_modules())
-    prefixes = _attention_prefixes(base)
-    styles = {v for k, v in plan.items() if k in modules and any(k.startswith(p) for p in prefixes)}
-    return tp_size if styles & set(_SPLIT_OUTPUT_STYLES) else 1
-
-
-def _check_per_head_params(base: torch.nn.Module, plan: dict[str, str], tp_size: int, heads: int, kv: int) -> None:
-    """Refuse a parameter laid out per head, ``(..., heads or kv_heads, head_dim)``, that the plan leaves whole
-    while it splits the heads: each TP rank would apply all heads' values to its own heads (Cohere's
-    ``use_qk_norm`` norms: a shape error in the first forward, or wrong heads where the counts match)."""
-    cfg = _text_config(base.config)
-    layers = list(cfg.per_layer_config) if getattr(cfg, "is_heterogeneous", False) else [cfg]  # Gemma 4
-    head_shapes = set()
-    for c in layers:
-        h = int(getattr(c, "num_attention_heads", 0) or heads)
-        k = int(getattr(c, "num_key_value_heads", None) or kv or h)
-        d = int(getattr(c, "head_dim", None) or (c.hidden_size // h if h else 0))
-        head_shapes |= {(n, d) for n in (h, k) if n > 1 and d}
-    for pname, p in base.named_parameters():
-        if pname in plan or pname.rpartition(".")[0] in plan:
-            continue
-        if p.dim() >= 2 and tuple(p.shape[-2:]) in head_shapes:
-            raise ValueError(
-                f"tp_size={tp_size}: {type(base).__name__}'s parameter {pname!r} has a per-head shape "
-                f"{tuple(p.shape)} (heads x head_dim) but no entry in its tp_plan, while the plan splits the "
-                f"attention heads over TP ranks; it cannot be split with them. Set tp_size=1 "
-                "(parallelism_config tp_size / parallelism_config_tp_size) and use cp_size / DP instead")
 
 
 def _layer_rules(base: torch.nn.Module) -> dict[str, str]:
@@ -278,8 +198,9 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: Any) -> torch.nn.Modu
         setattr(base.get_submodule(module_name), param_name, base.get_parameter(owner))
     base.config.distributed_config = DistributedConfig(tp_size=tp)
     base._atac_tp_partial_grads = tuple(partial)
-    for n in partial:
-        _hold_partial_grad(base.get_parameter(n))
+    for n in partial:  # (a frozen one gets its hook at the first sync after it is unfrozen)
+        if base.get_parameter(n).requires_grad:
+            _hold_partial_grad(base.get_parameter(n))
     base._atac_tp_group = tp_mesh.get_group()
     track_group_holder(base)  # let the group go before interpreter exit: _hf_compat (6)
     return model
@@ -305,6 +226,7 @@ def check_tp_prepare(args: tuple, models: list, tp_size: int, *, world_size: int
     """``ATACAccelerator.prepare``'s TP refusals, raised before anything changes: each model's
     (:func:`check_tp_refusals`), and a module beside the model (a head that runs no attention): Accelerate
     prepares tensor-parallel models only under TP, and would fail on it after the model was sharded."""
+    check_optimizers_unstepped([a for a in args if isinstance(a, torch.optim.Optimizer)], models)
     for model in models:
         check_tp_refusals(model, tp_size, world_size=world_size, cp_size=cp_size)
         drop = next((n for n, m in model.named_modules() if isinstance(m, torch.nn.Dropout) and m.p > 0), None)
@@ -329,15 +251,29 @@ def _hold_partial_grad(p: torch.nn.Parameter) -> None:
     """Keep each backward's gradient of ``p`` (a parameter whose gradient on a TP rank covers its own
     heads only) out of ``p.grad``, summed in ``p._atac_tp_pending`` until :func:`sync_tp_gradients` adds
     its sum over the TP group: whatever number of backwards and syncs a step has (gradient accumulation
-    by hand, two models on one accelerator), each contribution is summed over TP once. A backward that
-    finds ``p.grad`` None starts a new accumulation (``zero_grad`` ran): what was held is dropped."""
+    by hand, two models on one accelerator), each contribution is summed over TP once.
 
-    def hook(grad: torch.Tensor) -> torch.Tensor:
-        held = None if p.grad is None else getattr(p, "_atac_tp_pending", None)
-        p._atac_tp_pending = grad.detach().clone() if held is None else held.add_(grad)
-        return torch.zeros_like(grad)
+    Two hooks: before accumulation the contribution and ``p.grad`` as it was are noted; after it (a
+    backward that accumulates: not ``torch.autograd.grad``, which gets the rank's own share as without
+    the hooks) the contribution moves to the held sum and ``p.grad`` is put back as it was. A backward
+    that finds ``p.grad`` None starts a new accumulation (``zero_grad()``, whose default sets None): what
+    was held is dropped; ``zero_grad(set_to_none=False)`` between syncs does not drop it."""
 
-    p.register_hook(hook)
+    def before(grad: torch.Tensor) -> torch.Tensor:
+        p._atac_tp_last = (grad.detach().clone(), None if p.grad is None else p.grad.detach().clone())
+        return grad
+
+    def after(param: torch.Tensor) -> None:
+        grad, prev = param._atac_tp_last
+        held = None if prev is None else getattr(param, "_atac_tp_pending", None)
+        param._atac_tp_pending = grad if held is None else held.add_(grad)
+        with torch.no_grad():
+            param.grad.copy_(prev) if prev is not None else param.grad.zero_()
+        param._atac_tp_last = None
+
+    p.register_hook(before)
+    p.register_post_accumulate_grad_hook(after)
+    p._atac_tp_hooked = True  # (a copy of the parameter has neither: hooked at its first sync)
 
 
 #: Tensor dim a TP style shards a 2-D weight on (tied weights must agree).
@@ -373,6 +309,19 @@ def _tied_aliases(base: torch.nn.Module, plan: dict[str, str]) -> dict[str, str]
     return aliases
 
 
+_STEPPED = ("the optimizer has already stepped: with tp_size > 1 pass it to prepare() (or to the Trainer) before any "
+            "optimizer.step(), so its state is built on the sharded parameters")
+
+
+def check_optimizers_unstepped(optimizers: Iterable[Any], models: Iterable[torch.nn.Module]) -> None:
+    """:func:`remap_optimizer_params`' refusal, raised before anything changes (a refused call changes nothing): an
+    optimizer whose state holds a parameter of ``models``."""
+    params = {id(p) for m in models for p in m.parameters()}
+    for opt in optimizers:
+        if opt is not None and any(id(p) in params for p in getattr(opt, "optimizer", opt).state):
+            raise ValueError(_STEPPED)
+
+
 def remap_optimizer_params(optimizers: Iterable[Any], old: dict[str, torch.nn.Parameter],
                            new: dict[str, torch.nn.Parameter]) -> None:
     """Point optimizers built before :func:`apply_tensor_parallel` at the sharded parameters (by name).
@@ -386,14 +335,13 @@ def remap_optimizer_params(optimizers: Iterable[Any], old: dict[str, torch.nn.Pa
     for opt in optimizers:
         inner = getattr(opt, "optimizer", opt)
         if any(id(p) in by_id for p in inner.state):
-            raise ValueError("the optimizer has already stepped: with tp_size > 1 pass it to prepare() (or to the "
-                             "Trainer) before any optimizer.step(), so its state is built on the sharded parameters")
+            raise ValueError(_STEPPED)
         for group in inner.param_groups:
             group["params"] = [by_id.get(id(p), p) for p in group["params"]]
 
 
 def sync_tp_gradients(model: torch.nn.Module, group: Any) -> None:
-    """Finish the gradients of a model sharded by :func:`apply_tensor_parallel`, once per optimizer step.
+    """Finish the gradients of a model sharded by :func:`apply_tensor_parallel`, at each gradient-sync step.
 
     1. Sum over the TP group the gradients of replicated parameters that see only this rank's
        heads (the ``replicated_with_grad_allreduce`` entries of the plan, e.g. Qwen3's
@@ -413,13 +361,19 @@ def sync_tp_gradients(model: torch.nn.Module, group: Any) -> None:
 
     base = unwrap_base_model(model)
     partial = getattr(base, "_atac_tp_partial_grads", ())
-    held = [(p, p._atac_tp_pending) for p in map(base.get_parameter, partial)
-            if getattr(p, "_atac_tp_pending", None) is not None]  # (the same on every TP rank: one graph)
-    if held:
-        _all_reduce([g for _, g in held], base._atac_tp_group, average=False)
+    params = [base.get_parameter(n) for n in partial]
+    # (the same on every TP rank: one graph) a parameter without the hook (frozen when the model was sharded, or a
+    # copy's) has its gradient in .grad, accumulated since the step began: summed in place, then hooked
+    loose = [p for p in params if not getattr(p, "_atac_tp_hooked", False) and p.grad is not None]
+    held = [(p, p._atac_tp_pending) for p in params if getattr(p, "_atac_tp_pending", None) is not None]
+    if held or loose:
+        _all_reduce([g for _, g in held] + [p.grad for p in loose], base._atac_tp_group, average=False)
         for p, g in held:
             p.grad = g if p.grad is None else p.grad.add_(g)
             p._atac_tp_pending = None
+    for p in params:
+        if p.requires_grad and not getattr(p, "_atac_tp_hooked", False):
+            _hold_partial_grad(p)
     if group is None or dist.get_world_size(group) == 1:
         return
     grads = []

@@ -62,7 +62,8 @@ from ..attention.model_check import check_static
 from .sharded_check import check_model_sharded
 from .sharder import BatchSharder, check_position_limit, prepare_model, unwrap_base_model
 from .stream_state import SAMPLER_STATE_NAME, STREAM_STATE_NAME, StreamResumeMixin, stream_dispatch
-from .tensor_parallel import apply_tensor_parallel, check_tp_refusals, dp_cp_group, full_state_dict
+from .tensor_parallel import apply_tensor_parallel, check_optimizers_unstepped, check_tp_refusals, dp_cp_group
+from .tensor_parallel import full_state_dict
 from .rollback import refused_changes_nothing
 from .tensor_parallel import remap_optimizer_params, tp_head_split
 from .tensor_parallel import sync_tp_gradients
@@ -201,6 +202,7 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
                              "load_best_model_at_end=False (the checkpoints keep the weights) or tp_size=1")
         if tp > 1 and isinstance(model, torch.nn.Module):
             check_tp_refusals(model, tp, world_size=args.world_size, cp_size=config.cp_size)  # before any change
+            check_optimizers_unstepped((kwargs.get("optimizers") or (None,))[:1], [model])
         if data_collator is not None and type(data_collator) is not PackedDataCollator:
             probe = next((d for d in [train_dataset, *evals.values()] if d is not None), None)
             if probe is not None and hasattr(probe, "__getitem__") and hasattr(probe, "__len__"):
