@@ -132,7 +132,7 @@ def test_unknown_mesh_keys_are_refused(sizes, bad):
 
 # ---------------------------------------------------------------------------- C, 4 processes
 HEADS3 = dict(hidden_size=48, num_attention_heads=3, num_key_value_heads=3, head_dim=16)
-LENGTHS = (60, 1, 9, 13, 30)
+from test_tp_cp_models import LENGTHS, shard_tp_cp  # noqa: E402  (the same row, sharded the same way)
 
 
 def _gathered_entry(rank: int, world: int, out_path: str) -> None:
@@ -144,10 +144,9 @@ def _gathered_entry(rank: int, world: int, out_path: str) -> None:
     from transformers import AttentionInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from atac_hf.attention import doc_lengths_from_batch, register_attention, shard_batch
+    from atac_hf.attention import register_attention
     from atac_hf.cost import CostModel
     from atac_hf.integrations.tensor_parallel import sync_tp_gradients
-    from atac_hf.sharding import plan_shards
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("cp", "tp"))
     register_attention()
@@ -156,17 +155,7 @@ def _gathered_entry(rank: int, world: int, out_path: str) -> None:
     for mt, kw in (("olmo2", {}), ("phi3", {"pad_token_id": 0})):
         model = _model(mt, **HEADS3, **kw).double().train()
         ref = copy.deepcopy(model)
-        ids = torch.randint(0, 100, (1, sum(LENGTHS)), generator=torch.Generator().manual_seed(1))
-        pos = torch.cat([torch.arange(n) for n in LENGTHS])[None]
-        labels = ids.clone()
-        labels[pos == 0] = -100
-        batch = {"input_ids": ids, "position_ids": pos, "labels": labels}
-        n = int((labels[:, 1:] != -100).sum())
-        apply_tensor_parallel(model, mesh["tp"])
-        model.set_attn_implementation("atac_cp")
-        plan = plan_shards(doc_lengths_from_batch(batch), 2, "atp", cost)
-        local = shard_batch({**batch, "num_items_in_batch": n}, plan, mesh["cp"].get_local_rank(),
-                            mesh["cp"].get_group())
+        ids, labels, n, local, plan = shard_tp_cp(model, mesh, cost)
         seen, orig = [], ALL_ATTENTION_FUNCTIONS["atac_cp"]
 
         def probe(module, q, k, v, mask, **kwargs):

@@ -47,6 +47,27 @@ def _build(model_type: str):
     return AutoModelForCausalLM.from_config(cfg, dtype=dtype).train(), dtype
 
 
+def shard_tp_cp(model, mesh, cost, vocab: int = 100):
+    """The test row (documents of ``LENGTHS``, random ids below ``vocab``, no target at a document's first token),
+    ``model`` sharded over ``mesh["tp"]`` with its own plan on ``atac_cp``, and this rank's shard of the row over
+    ``mesh["cp"]``: ``(ids, labels, n, local, plan)``, ``n`` the row's target count."""
+    from atac_hf.attention import doc_lengths_from_batch, shard_batch
+    from atac_hf.integrations.tensor_parallel import apply_tensor_parallel
+    from atac_hf.sharding import plan_shards
+
+    ids = torch.randint(0, min(vocab, 100), (1, sum(LENGTHS)), generator=torch.Generator().manual_seed(1))
+    pos = torch.cat([torch.arange(n) for n in LENGTHS])[None]
+    labels = ids.clone()
+    labels[pos == 0] = -100
+    batch = {"input_ids": ids, "position_ids": pos, "labels": labels}
+    n = int((labels[:, 1:] != -100).sum())
+    apply_tensor_parallel(model, mesh["tp"])
+    model.set_attn_implementation("atac_cp")
+    plan = plan_shards(doc_lengths_from_batch(batch), 2, "atp", cost)
+    local = shard_batch({**batch, "num_items_in_batch": n}, plan, mesh["cp"].get_local_rank(), mesh["cp"].get_group())
+    return ids, labels, n, local, plan
+
+
 def _entry(rank: int, world: int, port: int, out_dir: str) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
@@ -57,10 +78,9 @@ def _entry(rank: int, world: int, port: int, out_dir: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
-    from atac_hf.attention import doc_lengths_from_batch, register_attention, shard_batch
+    from atac_hf.attention import register_attention
     from atac_hf.cost import CostModel
-    from atac_hf.integrations.tensor_parallel import apply_tensor_parallel, sync_tp_gradients
-    from atac_hf.sharding import plan_shards
+    from atac_hf.integrations.tensor_parallel import sync_tp_gradients
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("cp", "tp"))
     register_attention()
@@ -70,18 +90,7 @@ def _entry(rank: int, world: int, port: int, out_dir: str) -> None:
         try:
             model, dtype = _build(mt)
             ref = copy.deepcopy(model)
-            vocab = model.config.get_text_config().vocab_size
-            ids = torch.randint(0, min(vocab, 100), (1, sum(LENGTHS)), generator=torch.Generator().manual_seed(1))
-            pos = torch.cat([torch.arange(n) for n in LENGTHS])[None]
-            labels = ids.clone()
-            labels[pos == 0] = -100
-            batch = {"input_ids": ids, "position_ids": pos, "labels": labels}
-            n = int((labels[:, 1:] != -100).sum())
-            apply_tensor_parallel(model, mesh["tp"])
-            model.set_attn_implementation("atac_cp")
-            plan = plan_shards(doc_lengths_from_batch(batch), 2, "atp", cost)
-            local = shard_batch({**batch, "num_items_in_batch": n}, plan, mesh["cp"].get_local_rank(),
-                                mesh["cp"].get_group())
+            ids, labels, n, local, plan = shard_tp_cp(model, mesh, cost, model.config.get_text_config().vocab_size)
             loss = model(**local).loss
             loss.backward()
             sync_tp_gradients(model, mesh["cp"].get_group())  # mean over the CP group
