@@ -57,9 +57,9 @@ from .kv_bytes import HALF_AUTOCAST, kv_element_bytes, model_kv_bytes_per_token
 from .plain_modules import runs_no_attention
 from .sharded_check import check_model_sharded
 from .sharder import BatchSharder, count_targets, learned_position_limit, prepare_model, unwrap_base_model
-from .tensor_parallel import apply_tensor_parallel, check_tp_prepare, dp_cp_group, remap_optimizer_params
 from .rollback import refused_changes_nothing
-from .tensor_parallel import sync_tp_gradients, tp_head_split
+from .tensor_parallel import (apply_tensor_parallel, check_tp_prepare, dp_cp_group, remap_optimizer_params,
+                              sync_tp_gradients, tp_head_split)
 
 __all__ = ["ATACAccelerator", "ATACParallelismConfig", "build_parallelism_config", "bypass_torch_cp_hooks",
            "check_tp_layout", "cp_coordinates"]

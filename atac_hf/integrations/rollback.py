@@ -4,9 +4,10 @@ Accelerate's own (red-team 36: ``ATACTrainer(..., tokenizer=...)`` or ``prepare(
 left the model on ``atac_cp`` with the guard's hooks and ``TrainingArguments.parallelism_config`` set, so a corrected
 retry was refused again for the stale mesh).
 
-Put back: each model's attention implementation, ``config.use_cache``, and the guard and relay hooks :func:`~atac_hf.check_model` adds
-(where the model had none before), ``TrainingArguments``' fields and its ``accelerator_config``'s, and named
-attributes of an owner (``ATACAccelerator.sharder``). Not undone: a model sharded by tensor parallelism (its
+Put back: each model's attention implementation, ``config.use_cache``, and the guard and relay hooks
+:func:`~atac_hf.check_model` adds (where the model had none before), ``TrainingArguments``' fields and its
+``accelerator_config``'s, and named attributes of an owner (``ATACAccelerator.sharder``). Each is put back on its own
+(one that fails is noted on the refusal, which stays the error raised). Not undone: a model sharded by tensor parallelism (its
 parameters are DTensors; the TP refusals run before it, :func:`~.tensor_parallel.check_tp_prepare`), and process-wide
 state (a process group, Accelerate's shared state).
 """

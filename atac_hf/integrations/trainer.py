@@ -62,11 +62,9 @@ from ..attention.model_check import check_static
 from .sharded_check import check_model_sharded
 from .sharder import BatchSharder, check_position_limit, prepare_model, unwrap_base_model
 from .stream_state import SAMPLER_STATE_NAME, STREAM_STATE_NAME, StreamResumeMixin, stream_dispatch
-from .tensor_parallel import apply_tensor_parallel, check_optimizers_unstepped, check_tp_refusals, dp_cp_group
-from .tensor_parallel import full_state_dict
 from .rollback import refused_changes_nothing
-from .tensor_parallel import remap_optimizer_params, tp_head_split
-from .tensor_parallel import sync_tp_gradients
+from .tensor_parallel import (apply_tensor_parallel, check_optimizers_unstepped, check_tp_refusals, dp_cp_group,
+                              full_state_dict, remap_optimizer_params, sync_tp_gradients, tp_head_split)
 from .trainer_guards import (LossGuardMixin, check_best_metric, check_label_names, check_late_loss_settings,
                              check_step_model, install_loss_override_check, loss_scale_refusal,
                              record_wrap_trainable, release_eval_preparation, watch_step_forwards)
