@@ -198,9 +198,7 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: Any) -> torch.nn.Modu
         setattr(base.get_submodule(module_name), param_name, base.get_parameter(owner))
     base.config.distributed_config = DistributedConfig(tp_size=tp)
     base._atac_tp_partial_grads = tuple(partial)
-    for n in partial:  # (a frozen one gets its hook at the first sync after it is unfrozen)
-        if base.get_parameter(n).requires_grad:
-            _hold_partial_grad(base.get_parameter(n))
+    _hook_partial_grads([base.get_parameter(n) for n in partial])  # (a frozen one: at the first sync once unfrozen)
     base._atac_tp_group = tp_mesh.get_group()
     track_group_holder(base)  # let the group go before interpreter exit: _hf_compat (6)
     return model
@@ -268,12 +266,23 @@ def _hold_partial_grad(p: torch.nn.Parameter) -> None:
         held = None if prev is None else getattr(param, "_atac_tp_pending", None)
         param._atac_tp_pending = grad if held is None else held.add_(grad)
         with torch.no_grad():
-            param.grad.copy_(prev) if prev is not None else param.grad.zero_()
+            if prev is None:
+                param.grad.zero_()
+            else:
+                param.grad.copy_(prev)
         param._atac_tp_last = None
 
     p.register_hook(before)
     p.register_post_accumulate_grad_hook(after)
     p._atac_tp_hooked = True  # (a copy of the parameter has neither: hooked at its first sync)
+
+
+def _hook_partial_grads(params: list) -> None:
+    """:func:`_hold_partial_grad` on each of ``params`` that is trainable and not hooked yet (a hook needs
+    ``requires_grad``; hooks and the mark are not copied with a parameter)."""
+    for p in params:
+        if p.requires_grad and not getattr(p, "_atac_tp_hooked", False):
+            _hold_partial_grad(p)
 
 
 #: Tensor dim a TP style shards a 2-D weight on (tied weights must agree).
@@ -371,9 +380,7 @@ def sync_tp_gradients(model: torch.nn.Module, group: Any) -> None:
         for p, g in held:
             p.grad = g if p.grad is None else p.grad.add_(g)
             p._atac_tp_pending = None
-    for p in params:
-        if p.requires_grad and not getattr(p, "_atac_tp_hooked", False):
-            _hold_partial_grad(p)
+    _hook_partial_grads(params)
     if group is None or dist.get_world_size(group) == 1:
         return
     grads = []
