@@ -258,6 +258,7 @@ def make_bare_accelerator(monkeypatch, cp: int, *, wrap, backward, setup, kind_c
     acc._forward_check = PreparedForwardCheck()
     acc._unused_check = UnusedParameterCheck()
     acc._setup_model = setup
+    acc._switch_model = lambda model: None  # (prepare_model and the sharded probe: part of what ``setup`` stands for)
     return acc
 
 
@@ -284,6 +285,29 @@ def test_prepare_under_cp_checks_every_model_before_it_changes_any(monkeypatch):
     assert isinstance(wrapped, Wrapper) and calls == [("setup", "raise")]
     one, _ = _bare_accelerator(monkeypatch, 1)
     one.prepare(TinyLM("self_shift"))  # rows are whole at cp_size=1
+
+
+def test_prepare_probes_every_model_before_tp_sharding_any(monkeypatch):
+    """Review of red-team 36: at tp_size > 1 a model's TP sharding cannot be put back, so every model of the call
+    is switched and probed sharded before any is TP-sharded (a refused second model left the first sharded)."""
+    acc, calls = _bare_accelerator(monkeypatch, 2)
+    acc.tp_size = 2
+    monkeypatch.setattr("atac_hf.integrations.accelerate.check_tp_prepare", lambda *a, **k: None)
+
+    def switch(model):
+        calls.append(("switch", model.mode))
+        if getattr(model, "refused", False):
+            raise NotImplementedError("refused by the sharded probe")
+
+    acc._switch_model = switch
+    bad = TinyLM()
+    bad.refused = True
+    with pytest.raises(NotImplementedError, match="sharded probe"):
+        acc.prepare(TinyLM(), bad)
+    assert calls == [("switch", "ok"), ("switch", "ok")]  # nothing TP-sharded
+    calls.clear()
+    acc.prepare(TinyLM(), TinyLM())
+    assert calls == [("switch", "ok"), ("switch", "ok"), ("setup", "ok"), ("setup", "ok")]
 
 
 def test_backward_under_cp_refuses_a_loss_from_the_unprepared_module_before_running_it(monkeypatch):

@@ -52,7 +52,7 @@ from .config import ATACConfig
 from .accelerate_resume import LayoutResumeMixin
 from .config_files import check_count
 from .forward_check import PreparedForwardCheck, UnusedParameterCheck
-from .layout import warn_placement
+from .layout import check_tp_layout, warn_placement
 from .kv_bytes import HALF_AUTOCAST, kv_element_bytes, model_kv_bytes_per_token
 from .plain_modules import runs_no_attention
 from .sharded_check import check_model_sharded
@@ -186,18 +186,6 @@ def as_atac_parallelism_config(pc: ParallelismConfig) -> ATACParallelismConfig:
                                  tp_size=pc.tp_size, cp_size=pc.cp_size, sp_size=1, cp_backend=pc.cp_backend)
 
 
-def check_tp_layout(pc: ParallelismConfig, *, fsdp: bool) -> None:
-    """Refuse the TP layouts the add-on does not run: FSDP with ``tp_size > 1``.
-
-    Raises:
-        ValueError: names the sizes and what to change.
-    """
-    if pc.tp_size > 1 and fsdp:
-        raise ValueError(f"tp_size={pc.tp_size} with FSDP: atac-hf runs tensor parallelism with plain data "
-                         "parallelism only (the add-on averages gradients over dp x cp); drop the FSDP plugin "
-                         "(distributed_type: MULTI_GPU), or set tp_size=1 and shard parameters with FSDP2")
-
-
 def cp_coordinates(accelerator: Accelerator, cp_size: int, *, timeout_s: float | None = None) -> tuple[int, Any]:
     """``(cp_rank, cp_group)`` of this process (``(0, None)`` when ``cp_size`` is 1).
 
@@ -329,6 +317,8 @@ class ATACAccelerator(LayoutResumeMixin, Accelerator):
                 if why := loss_scale_refusal(obj, False, self.atac_config.cp_size, parameter_terms=True):
                     raise ValueError(f"{type(unwrap_base_model(obj)).__name__}: {why}")
         with refused_changes_nothing(models, owner=self, attrs=("sharder",)):  # (a refusal below, or Accelerate's)
+            for obj in models:  # every model's sharded probe before any is TP-sharded (that cannot be put back)
+                self._switch_model(obj)
             for obj in models:
                 old = dict(obj.named_parameters())
                 self._setup_model(obj)
@@ -362,11 +352,15 @@ class ATACAccelerator(LayoutResumeMixin, Accelerator):
                 "resume, or resume with accelerator.skip_first_batches(loader, batches_done)")
         super().register_for_checkpointing(*objects)
 
-    def _setup_model(self, model: torch.nn.Module) -> None:
+    def _switch_model(self, model: torch.nn.Module) -> None:
+        """``model`` switched to ``atac_cp`` (:func:`~.sharder.prepare_model`) and probed sharded over the CP ranks."""
         attention = unwrap_base_model(model).config._attn_implementation  # put back if the sharded probe refuses
         prepare_model(model, self.atac_config)
         check_model_sharded(model, self.cp_rank, self.cp_group, self.atac_config.cp_size,
                             timeout_s=self.atac_config.collective_timeout_s, restore=attention)
+
+    def _setup_model(self, model: torch.nn.Module) -> None:
+        """A switched model TP-sharded (``tp_size > 1``) and given its :class:`BatchSharder`."""
         if self.tp_size > 1:
             apply_tensor_parallel(model, self.torch_device_mesh["tp"])
         base_config, previous = unwrap_base_model(model).config, self.sharder

@@ -18,7 +18,8 @@ and a group along an axis is the ranks whose other coordinates agree. The rules 
    parameter all-gathers inside a node too; only the gradient all-reduce crosses nodes.
 
 :func:`mesh_groups` computes the groups without a process group (tested against torch's
-``DeviceMesh``); :func:`placement_warnings` checks rules 1-3 for a node size.
+``DeviceMesh``); :func:`placement_warnings` checks rules 1-3 for a node size; :func:`check_tp_layout`
+refuses the TP layout the add-on does not run (FSDP with TP).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 from ..packing.validate import InputTypeError
 from .config_files import check_count
 
-__all__ = ["AXES", "mesh_groups", "placement_warnings", "warn_placement"]
+__all__ = ["AXES", "check_tp_layout", "mesh_groups", "placement_warnings", "warn_placement"]
 
 #: Accelerate's mesh order, outermost first.
 AXES = ("dp_replicate", "dp_shard", "cp", "tp")
@@ -141,3 +142,15 @@ def warn_placement(pc: Any, *, fsdp: bool = False, environ: Any = None) -> list[
         for msg in found:
             warnings.warn(msg, stacklevel=3)
     return found
+
+
+def check_tp_layout(pc: Any, *, fsdp: bool) -> None:
+    """Refuse the TP layouts the add-on does not run: FSDP with ``tp_size > 1``.
+
+    Raises:
+        ValueError: names the sizes and what to change.
+    """
+    if pc.tp_size > 1 and fsdp:
+        raise ValueError(f"tp_size={pc.tp_size} with FSDP: atac-hf runs tensor parallelism with plain data "
+                         "parallelism only (the add-on averages gradients over dp x cp); drop the FSDP plugin "
+                         "(distributed_type: MULTI_GPU), or set tp_size=1 and shard parameters with FSDP2")
