@@ -128,6 +128,29 @@ def test_held_contributions_of_a_zeroed_accumulation_are_dropped(two_tp_ranks):
     assert m.w.grad.tolist() == [2.0, 2.0]
 
 
+def test_held_contributions_of_an_accumulation_zeroed_in_place_are_dropped(two_tp_ranks):
+    """zero_grad(set_to_none=False) between syncs (micro-batches discarded) kept the held contribution: it was
+    summed into the next step (the hole stop 52 documented). A .grad changed or replaced since the last
+    backward and all zeros starts a new accumulation; one changed otherwise keeps what is held."""
+    m = _Norm()
+    (m.w * 4.0).sum().backward()
+    m.w.grad.zero_()  # zero_grad(set_to_none=False)
+    (m.w * 1.0).sum().backward()
+    tpm.sync_tp_gradients(m, None)
+    assert m.w.grad.tolist() == [2.0, 2.0]
+    m.w.grad = torch.zeros(2)  # a fresh zero tensor, after the step
+    (m.w * 3.0).sum().backward()
+    (m.w * 1.0).sum().backward()  # .grad untouched in between (zeros left by the hook): accumulated
+    tpm.sync_tp_gradients(m, None)
+    assert m.w.grad.tolist() == [8.0, 8.0]
+    m.w.grad.zero_()
+    (m.w * 5.0).sum().backward()
+    m.w.grad.add_(1.0)  # changed, not zeroed: the held contribution stays
+    (m.w * 1.0).sum().backward()
+    tpm.sync_tp_gradients(m, None)
+    assert m.w.grad.tolist() == [13.0, 13.0]  # 1 + 2 x (5 + 1)
+
+
 @NEEDS_TP_API
 def test_accelerator_prepare_refuses_under_tp_before_changing_anything():
     from atac_hf.integrations.accelerate import ATACAccelerator

@@ -254,11 +254,15 @@ def _hold_partial_grad(p: torch.nn.Parameter) -> None:
     Two hooks: before accumulation the contribution and ``p.grad`` as it was are noted; after it (a
     backward that accumulates: not ``torch.autograd.grad``, which gets the rank's own share as without
     the hooks) the contribution moves to the held sum and ``p.grad`` is put back as it was. A backward
-    that finds ``p.grad`` None starts a new accumulation (``zero_grad()``, whose default sets None): what
-    was held is dropped; ``zero_grad(set_to_none=False)`` between syncs does not drop it."""
+    that finds ``p.grad`` None starts a new accumulation (``zero_grad()``, whose default sets None), and so
+    does one that finds it zeroed since the last backward (``zero_grad(set_to_none=False)``: changed or
+    replaced, and all zeros): what was held is dropped."""
 
     def before(grad: torch.Tensor) -> torch.Tensor:
-        p._atac_tp_last = (grad.detach().clone(), None if p.grad is None else p.grad.detach().clone())
+        g = p.grad
+        if g is not None and _grad_mark(g) != getattr(p, "_atac_tp_left", None) and not _local(g).any():
+            g = None  # zeroed in place since the last backward: a new accumulation
+        p._atac_tp_last = (grad.detach().clone(), None if g is None else g.detach().clone())
         return grad
 
     def after(param: torch.Tensor) -> None:
@@ -270,11 +274,23 @@ def _hold_partial_grad(p: torch.nn.Parameter) -> None:
                 param.grad.zero_()
             else:
                 param.grad.copy_(prev)
-        param._atac_tp_last = None
+        param._atac_tp_last, param._atac_tp_left = None, _grad_mark(param.grad)
 
     p.register_hook(before)
     p.register_post_accumulate_grad_hook(after)
     p._atac_tp_hooked = True  # (a copy of the parameter has neither: hooked at its first sync)
+
+
+def _grad_mark(g: torch.Tensor) -> tuple[int, int]:
+    """Which gradient tensor, at which in-place version: how a hook sees that ``.grad`` changed since."""
+    return id(g), g._version
+
+
+def _local(g: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard, else ``g``."""
+    from torch.distributed.tensor import DTensor
+
+    return g._local_tensor if isinstance(g, DTensor) else g
 
 
 def _hook_partial_grads(params: list) -> None:
@@ -364,8 +380,6 @@ def sync_tp_gradients(model: torch.nn.Module, group: Any) -> None:
     equal values changes nothing, and a contribution is summed once); every rank of the group
     must call it.
     """
-    from torch.distributed.tensor import DTensor
-
     from .sharder import unwrap_base_model
 
     base = unwrap_base_model(model)
@@ -385,9 +399,8 @@ def sync_tp_gradients(model: torch.nn.Module, group: Any) -> None:
         return
     grads = []
     for p in model.parameters():
-        g = p.grad
-        if g is not None:
-            grads.append(g._local_tensor if isinstance(g, DTensor) else g)
+        if p.grad is not None:
+            grads.append(_local(p.grad))
     _all_reduce(grads, group, average=True)
 
 
