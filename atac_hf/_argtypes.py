@@ -51,8 +51,30 @@ def model_arg(spec: str) -> Any:
         data = load_json(spec, "--model config", "--model")  # HF config.json fields
         if not isinstance(data, dict):
             raise ValueError(f"--model {spec!r} must hold a JSON object (an HF config.json), got {type(data).__name__}")
+        if "hidden_size" not in data and isinstance(data.get("text_config"), dict):
+            return _text_model(data, spec)
         return data
     raise ValueError(f"--model {spec!r} is neither a preset {sorted(MODEL_PRESETS)} nor an existing config.json")
+
+
+def _text_model(data: dict, spec: str) -> Any:
+    """The text model of a composite config.json (a vision-language model's ``text_config``), as
+    :class:`~atac_hf.cost.ModelDims`: read through its transformers config class where transformers
+    knows the ``model_type`` (the file leaves out the fields equal to that class's defaults, such as
+    Gemma 3's heads), else from the file's own fields."""
+    from .cost import ModelDims
+
+    config: Any = data["text_config"]
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.for_model(**data).get_text_config()
+    except Exception:  # noqa: BLE001 - no transformers, or a model_type it does not know: the file's fields
+        pass
+    try:
+        return ModelDims.from_hf_config(config)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"--model {spec!r}: its text_config cannot be read: {e}") from None
 
 
 def model_or_preset(spec: str) -> Any:

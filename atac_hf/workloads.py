@@ -237,11 +237,16 @@ def lengths_from_dataset(dataset: Any, column: str = "length", setting: str = "t
     """
     where = "dataset"
     if isinstance(dataset, (str, os.PathLike)):
-        path = os.fspath(dataset)
-        where = f"dataset {path!r}"
+        path = os.path.expanduser(os.fspath(dataset))  # (a ``dataset:~/x.parquet`` argument: no shell expansion)
+        where = f"dataset {os.fspath(dataset)!r}"
         if not path.strip():
             raise ValueError(f"dataset workload has an empty path: give dataset:<path-or-hub-name>[:<column>] "
                              f"(check {setting})")
+        if not os.path.exists(path) and (os.path.splitext(path)[1].lower() in _FILE_BUILDERS or os.path.isabs(path)
+                                         or path.startswith(("./", "../", "~"))):
+            # a local path (a data file's extension, or absolute / relative): not a hub name to look up
+            raise ValueError(f"{where} does not exist: give an existing folder (save_to_disk) or a "
+                             f"{'/'.join(sorted(_FILE_BUILDERS))} file, or a hub name (check {setting})")
         import datasets  # lazy: only dataset workloads need it
 
         builder = _FILE_BUILDERS.get(os.path.splitext(path)[1].lower()) if os.path.isfile(path) else None

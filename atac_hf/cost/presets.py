@@ -134,6 +134,9 @@ class ModelDims:
         (a vision-language model's) is read through its text config (``get_text_config()``)."""
         if not isinstance(config, Mapping) and callable(getattr(config, "get_text_config", None)):
             config = config.get_text_config() or config
+        elif isinstance(config, Mapping) and "hidden_size" not in config and isinstance(config.get("text_config"),
+                                                                                         Mapping):
+            config = config["text_config"]  # a composite config's fields (a vision-language model's config.json)
         whole = config.get if isinstance(config, Mapping) else lambda k, d=None: getattr(config, k, d)
         per_layer = (not isinstance(config, Mapping) and getattr(config, "is_heterogeneous", False)
                      and set(config.per_layer_attributes or ()))

@@ -5,8 +5,8 @@ Numpy only (tqdm for the progress bar).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -15,6 +15,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..cost import CostModel, ModelDims
+from ..cost.profile import profile_metadata
+from ..packing.validate import _short
 from .cluster import ClusterConfig
 from .results import NoCombinationFitsError
 from .simulate import SimResult, simulate
@@ -57,9 +59,9 @@ class Scenario:
         kw = dict(self.cluster)
         if profile:
             meta = _profile_metadata(profile)
-            if isinstance(meta.get("model"), Mapping):
-                kw["model"] = ModelDims(**meta["model"])
-            kw["tp_size"] = int(meta.get("tp_size", 1))
+            if meta.get("model") is not None:
+                kw["model"] = _profile_dims(profile, meta["model"])
+            kw["tp_size"] = _profile_tp_size(profile, meta.get("tp_size", 1))
             kw["profile"] = profile
         return ClusterConfig(**kw)
 
@@ -73,9 +75,39 @@ class Scenario:
 
 
 def _profile_metadata(path: str) -> dict[str, Any]:
+    """The profile's ``metadata`` object ({} where it has none; read bounded, as every profile)."""
     CostModel.from_profile(path)  # readable, right format (raises ValueError otherwise)
-    with open(path, encoding="utf-8") as f:
-        return dict(json.load(f).get("metadata") or {})
+    return dict(profile_metadata(path))
+
+
+_FIX_PROFILE = "re-run `atac-hf calibrate` for the model, or give another --profile"
+
+
+def _profile_dims(path: str, fields: Any) -> ModelDims:
+    """The model a profile was measured for (its ``metadata.model``, as ``atac-hf calibrate`` writes it)."""
+    names = [f.name for f in dataclasses.fields(ModelDims)]
+    required = [f.name for f in dataclasses.fields(ModelDims) if f.default is dataclasses.MISSING]
+    if not isinstance(fields, Mapping):
+        raise ValueError(f"cost profile {path!r} has metadata.model={_short(fields)}, not an object of ModelDims "
+                         f"fields {names}; {_FIX_PROFILE}")
+    unknown = sorted(str(k)[:80] for k in fields if k not in names)
+    missing = [k for k in required if k not in fields]
+    if unknown or missing:
+        raise ValueError(f"cost profile {path!r} has metadata.model with " + " and ".join(
+            x for x in (f"unknown fields {unknown[:10]}" if unknown else "", f"no {missing}" if missing else "") if x)
+            + f"; legal fields: {names} (required: {required}); {_FIX_PROFILE}")
+    try:
+        return ModelDims(**fields)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"cost profile {path!r} has a bad metadata.model: {e}; {_FIX_PROFILE}") from None
+
+
+def _profile_tp_size(path: str, tp_size: Any) -> int:
+    """The tp_size a profile was measured with (its ``metadata.tp_size``): an int >= 1."""
+    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+        raise ValueError(f"cost profile {path!r} has metadata.tp_size={_short(tp_size)}; legal values: an int >= 1 "
+                         f"(the tensor-parallel size it was measured with); {_FIX_PROFILE}")
+    return tp_size
 
 
 def default_grid(workload_file: str | None = None) -> list[Scenario]:
