@@ -40,13 +40,13 @@ def test_every_output_key_dtype_and_value_numpy():
 
 
 def test_torch_outputs_and_a_custom_separator():
-    out = PackedDataCollator(separator_id=-7, return_shift_labels=True)(FEATS)
+    out = PackedDataCollator(separator_id=9, return_shift_labels=True)(FEATS)
     for k in ("input_ids", "labels", "position_ids", "shift_labels", "seq_lengths"):
         assert isinstance(out[k], torch.Tensor) and out[k].dtype == torch.int64, k
     assert out["cu_seqlens"].dtype == torch.int32 and out["cu_seqlens"].tolist() == [0, 3, 4, 6]
-    assert out["labels"].tolist() == [[-7, 6, 7, -7, -7, 3]]
+    assert out["labels"].tolist() == [[9, 6, 7, 9, 9, 3]]
     # shift_labels shifts the labels (separator included) and ends with -100
-    assert out["shift_labels"].tolist() == [[6, 7, -7, -7, 3, -100]]
+    assert out["shift_labels"].tolist() == [[6, 7, 9, 9, 3, -100]]
     assert out["max_seqlen"] == 3
     # the input features are not modified (labels are copied before the separator is written)
     assert FEATS[2]["labels"] == [1, 2, 3]

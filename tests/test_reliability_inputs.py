@@ -225,7 +225,8 @@ def test_huge_numbers_elsewhere_are_refused():
         (lambda: WFAPBatchSampler([3], CFG, shuffle="yes"), TypeError, r"shuffle='yes' must be True or False"),
         (lambda: WFAPBatchSampler([3], CFG, even_batches=None), TypeError, r"even_batches=None must be True or"),
         (lambda: PackedIterableDataset([], CFG, num_replicas=2**70), ValueError, r"num_replicas="),
-        (lambda: plan_packs([3, 4], CFG, order=[0, 0]), ValueError, r"order must be a permutation"),
+        (lambda: plan_packs([3, 4], CFG, order=[0, 0]), ValueError,
+         r"order=\[0, 0\] is invalid: it must be a permutation"),
         (lambda: plan_packs([3, 4], CFG, order=[0, 1.5]), TypeError, r"order\[1\] = 1.5 is not an int"),
         (lambda: pack_lengths([3], CFG, window=2**70 + 0.5), ValueError, r"window="),
     ]:

@@ -290,7 +290,8 @@ def resolve_model(model: Any) -> ModelDims:
         try:
             return MODEL_PRESETS[model.lower()]
         except KeyError:
-            raise ValueError(f"unknown model preset {model!r}; legal values: {sorted(MODEL_PRESETS)}") from None
+            raise ValueError(f"unknown model preset {model!r}; legal values: {sorted(MODEL_PRESETS)}, or an HF "
+                             "config / ModelDims (set model / --model)") from None
     return ModelDims.from_hf_config(model)
 
 

@@ -170,7 +170,10 @@ class ATACConfig:
             raise ValueError(f"packing_options may not set {reserved}: use max_tokens / packing_strategy; "
                              "packs_per_window follows from DP replicas x gradient accumulation")
         object.__setattr__(self, "packing_options", dict(self.packing_options))
-        self.packing_config(packs_per_window=1)  # validates the options (names and values)
+        try:  # validates the options (names and values), naming the setting they came from
+            self.packing_config(packs_per_window=1)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{e} (in packing_options / {ENV_PREFIX}PACKING_OPTIONS)") from None
         if not _is_int(self.min_window_packs) or not 1 <= self.min_window_packs <= 2**20:
             raise ValueError(f"min_window_packs={r(self.min_window_packs)} must be an int >= 1 and <= 2**20 (1: one "
                              f"optimizer step per packing window; set min_window_packs / {ENV_PREFIX}MIN_WINDOW_PACKS)")
@@ -185,7 +188,8 @@ class ATACConfig:
                                 f"(set {name} / {ENV_PREFIX}{name.upper()})")
         if self.cost_profile is not None:
             if not isinstance(self.cost_profile, (str, os.PathLike)):
-                raise TypeError(f"cost_profile must be a path, got {type(self.cost_profile).__name__}")
+                raise TypeError(f"cost_profile must be a path, got {type(self.cost_profile).__name__} "
+                                f"{r(self.cost_profile)} (set cost_profile / {ENV_PREFIX}COST_PROFILE)")
             path = os.fspath(self.cost_profile)
             if not isinstance(path, str) or not os.path.isfile(path):
                 raise ValueError(f"cost_profile {path_repr(path)} does not exist or is not a file (write one with "

@@ -408,8 +408,10 @@ class StreamPacker:
                 f"packer state was saved with a different PackingConfig ({saved}; this packer has {have}): "
                 "resume with the same config"
             )
-        if state["cost_model"] != dataclasses.asdict(self.cost_model):
-            raise ValueError("packer state was saved with a different cost model: resume with the same CostModel")
+        if state["cost_model"] != (cm := dataclasses.asdict(self.cost_model)):
+            got = state["cost_model"] if isinstance(state["cost_model"], Mapping) else {}
+            diff = ", ".join(f"{k}={got.get(k)!r:.40} (this packer: {cm[k]!r})" for k in cm if got.get(k) != cm[k])
+            raise ValueError(f"packer state was saved with a different cost model ({diff[:300]}): resume with that cost_model")
         # parse and check everything before changing anything
         window = state_int(state, "window", "StreamPacker", 0, MAX_WINDOWS)
         seq = state_int(state, "seq", "StreamPacker", 0, MAX_WINDOWS)

@@ -204,7 +204,9 @@ class ClusterConfig:
                 "(set tp_size / --tp)"
             )
         if self.max_tokens < self.cp_size:
-            raise ValueError(f"ClusterConfig.max_tokens={self.max_tokens} is smaller than cp_size={self.cp_size}")
+            raise ValueError(f"ClusterConfig.max_tokens={self.max_tokens} is smaller than cp_size={self.cp_size}: it "
+                             "must be >= cp_size (every CP rank needs a token); set max_tokens / --max-tokens or "
+                             "cp_size / --cp")
         if self.cp_size > MAX_CP_SIZE:  # after the check above: the CLI words that one in its flags
             raise ValueError(f"ClusterConfig.cp_size={self.cp_size} is invalid: it must be an int from 1 to "
                              f"{MAX_CP_SIZE} (MAX_CP_SIZE, the planners' largest CP group; set cp_size / --cp)")

@@ -126,6 +126,9 @@ class PackedDataCollator:
         if not _is_int(sep) or not -2**63 <= sep < 2**63:
             raise InputTypeError(f"PackedDataCollator.separator_id={_short(sep)} is invalid: it must be an int64 "
                                  "label, -100 (the loss ignores document starts, the default) or a token id")
+        if sep < 0 and sep != -100:  # any other negative label fails the loss at the first step
+            raise ValueError(f"PackedDataCollator.separator_id={int(sep)} is invalid: it must be -100 (the loss "
+                             "ignores document starts, the default) or a token id >= 0 (set separator_id)")
         if not isinstance(self.stats, CollatorStats):
             raise InputTypeError(f"PackedDataCollator.stats={_short(self.stats)} is not a CollatorStats: leave it "
                                  "unset (the collator keeps its own counters)")

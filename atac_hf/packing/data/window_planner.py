@@ -302,7 +302,8 @@ def plan_packs(lengths: Sequence[int], config: PackingConfig, *, order: Sequence
     else:
         order = check_lengths(order, "order")
         if order.size != lengths.size or not np.array_equal(np.sort(order), np.arange(lengths.size)):
-            raise ValueError(f"order must be a permutation of the {lengths.size} sample indices 0..{lengths.size - 1}")
+            raise ValueError(f"order={_short(order.tolist())} is invalid: it must be a permutation of the "
+                             f"{lengths.size} sample indices 0..{lengths.size - 1} (set order)")
     check_overlength(lengths, range(lengths.size), config)
     check_dealable(lengths, config, int(num_replicas), bool(even_batches))
     order = order[lengths[order] > 0]
