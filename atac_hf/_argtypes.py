@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-__all__ = ["model_arg", "model_or_preset", "parse_float", "parse_int", "parse_tokens", "profile_model"]
+__all__ = ["DEFAULT_MODEL", "model_arg", "model_or_preset", "parse_float", "parse_int", "parse_tokens", "profile_model"]
 
 
 def _ascii_number(text: str, convert: Any, what: str) -> Any:
@@ -89,11 +89,38 @@ def _config_file(spec: str) -> str:
     return inner if os.path.isdir(spec) and os.path.isfile(inner) else spec
 
 
-def profile_model(path: str, flag: str) -> Any:
-    """``CostModel.from_profile(path)``, its refusals naming the flag that gave the path."""
+#: ``--model`` of ``plan`` / ``pack`` when neither it nor a cost profile is given.
+DEFAULT_MODEL = "8b"
+
+
+def profile_model(path: str, flag: str, model: str | None = None) -> Any:
+    """``CostModel.from_profile(path)``, its refusals naming the flag that gave the path.
+
+    ``model``: the ``--model`` given beside the profile (None: omitted, the profile's model). It
+    must be the model the profile was measured for (its ``metadata.model``, as ``atac-hf
+    calibrate`` writes it; a profile that does not say is taken as measured for it).
+
+    Raises:
+        ValueError: an unreadable profile, a bad ``--model``, or one the profile was not measured for.
+    """
     from .cost import CostModel
+    from .cost.presets import resolve_model
+    from .cost.profile import profile_metadata, profile_model_mismatch
 
     try:
-        return CostModel.from_profile(path)
+        cm = CostModel.from_profile(path)
     except ValueError as e:
         raise ValueError(f"{e} (check {flag})") from None
+    if model is None:
+        return cm
+    dims = resolve_model(model_or_preset(model))
+    meta = profile_metadata(path)
+    detail = profile_model_mismatch(meta, dims)
+    if detail:
+        pm = meta["model"]
+        theirs = f"h{pm.get('hidden_size')!r:.20}x{pm.get('num_layers')!r:.20}"
+        raise ValueError(f"--model {model!r} (h{dims.hidden_size}x{dims.num_layers}) is not the model {flag} "
+                         f"{path!r} was measured for ({theirs}; {detail}): omit --model to use the profile's "
+                         f"model, give the model it was measured for, or calibrate one for {model!r} "
+                         f"(`atac-hf calibrate --model {model}`)")
+    return cm

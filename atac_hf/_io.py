@@ -25,13 +25,15 @@ MAX_JSON_DEPTH = 32
 _BRACKETS = re.compile(r"[\[\]{}]")
 
 
-def load_json(path: str | os.PathLike, what: str, setting: str) -> Any:
+def load_json(path: str | os.PathLike, what: str, setting: str, *, format_hint: str = "") -> Any:
     """Parse the JSON file at ``path`` (gzip-compressed when it ends in ``.gz``).
 
     Args:
         path: the file.
         what: what the file is, for messages (``"cost profile"``, ``"lengths file"``).
         setting: the option or field that named it, so the message says what to change.
+        format_hint: what ``setting`` reads (and where other formats go), added to the message
+            of a file that is not JSON text (e.g. a ``.npy`` or ``.csv`` file).
 
     Raises:
         ValueError: the path does not exist, is not a regular file, is larger than
@@ -63,7 +65,7 @@ def load_json(path: str | os.PathLike, what: str, setting: str) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{what} {path!r} is not valid JSON: {e} (check {setting})") from None
+        raise ValueError(f"{what} {path!r} is not valid JSON: {e}{format_hint} (check {setting})") from None
     depth = _max_depth(text)
     if depth > MAX_JSON_DEPTH:
         raise ValueError(f"{what} {path!r} nests {depth} levels deep, more than {MAX_JSON_DEPTH} "
@@ -71,7 +73,7 @@ def load_json(path: str | os.PathLike, what: str, setting: str) -> Any:
     try:
         return json.loads(text)
     except (json.JSONDecodeError, RecursionError) as e:
-        raise ValueError(f"{what} {path!r} is not valid JSON: {e} (check {setting})") from None
+        raise ValueError(f"{what} {path!r} is not valid JSON: {e}{format_hint} (check {setting})") from None
     except ValueError as e:  # an int of more than 4300 digits (Python's int-from-string limit)
         raise ValueError(f"{what} {path!r} cannot be parsed: {e} (check {setting})") from None
 

@@ -151,7 +151,7 @@ def load_lengths(path: str | os.PathLike, setting: str = "--lengths") -> np.ndar
             negative, or over :data:`MAX_SAMPLE_LENGTH`.
     """
     path = os.fspath(path)
-    data = load_json(path, "lengths file", setting)
+    data = load_json(path, "lengths file", setting, format_hint=_lengths_format_hint(setting))
     if not isinstance(data, list):
         raise ValueError(f"lengths file {path!r} must hold a JSON array of ints, got a {type(data).__name__} "
                          f"(check {setting})")
@@ -169,6 +169,15 @@ def load_lengths(path: str | os.PathLike, setting: str = "--lengths") -> np.ndar
             raise ValueError(f"lengths file {path!r}: entry {i} is {_short(v)}, over the longest sample length "
                              f"{MAX_SAMPLE_LENGTH} (2**40; check {setting})")
     return np.asarray(data, dtype=np.int64)
+
+
+def _lengths_format_hint(setting: str) -> str:
+    """What a lengths file must be, for the message of one that is not JSON (a .npy, .csv or parquet file)."""
+    what = f"; {setting} reads a JSON array of ints (a .json file, or gzip-compressed .json.gz), e.g. [512, 70000, 3]"
+    if setting == "--workload":
+        return what + ", or a length column of a parquet/csv/jsonl/arrow file as dataset:FILE:COLUMN"
+    return (what + "; a length column of a parquet/csv/jsonl/arrow file is read by `atac-hf simulate --workload "
+            "dataset:FILE:COLUMN` (or write it out as a JSON array)")
 
 
 def _short(v: Any) -> str:

@@ -90,6 +90,10 @@ class ModelDims:
         v_head_dim: per-head width of the values where it differs from the keys' (``head_dim``:
             multi-head latent attention, DeepSeek-V3's 192-wide keys and 128-wide values); None:
             ``head_dim``.
+        tie_word_embeddings: the LM head shares the input embedding's matrix (HF's
+            ``tie_word_embeddings``: Gemma, Llama 3.2 1B/3B), so the model holds one
+            ``vocab_size x hidden_size`` matrix, not two (the simulator's memory check). False
+            (the default, and the presets'): a separate LM head, as Llama 2/3 7B-70B.
     """
 
     hidden_size: int
@@ -102,6 +106,7 @@ class ModelDims:
     sliding_window: int | None = None
     sliding_window_layers: int | None = None
     v_head_dim: int | None = None
+    tie_word_embeddings: bool = False
 
     def __post_init__(self) -> None:
         for f in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
@@ -118,6 +123,9 @@ class ModelDims:
                               or not 0 <= v <= self.num_layers):
             raise ValueError(f"ModelDims.sliding_window_layers must be None or an int from 0 to num_layers="
                              f"{self.num_layers}, got {v!r}")
+        if not isinstance(self.tie_word_embeddings, (bool, np.bool_)):
+            raise ValueError(f"ModelDims.tie_word_embeddings must be a bool, got {_short(self.tie_word_embeddings)}")
+        object.__setattr__(self, "tie_word_embeddings", bool(self.tie_word_embeddings))  # np.bool_ -> JSON-able
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"ModelDims.num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
@@ -131,7 +139,10 @@ class ModelDims:
         heterogeneous config's ``per_layer_config``, as Gemma 4's wider global ``head_dim``) is
         read as its mean over the layers for ``head_dim`` and ``intermediate_size`` (the cost
         model prices an average layer) and as its most common value otherwise. A composite config
-        (a vision-language model's) is read through its text config (``get_text_config()``)."""
+        (a vision-language model's) is read through its text config (``get_text_config()``);
+        ``tie_word_embeddings`` from the text config, else the composite's, else False (a dict
+        without it: a separate LM head, the larger memory estimate)."""
+        outer = config
         if not isinstance(config, Mapping) and callable(getattr(config, "get_text_config", None)):
             config = config.get_text_config() or config
         elif isinstance(config, Mapping) and "hidden_size" not in config and isinstance(config.get("text_config"),
@@ -182,6 +193,7 @@ class ModelDims:
             sliding_window=window if window_layers != 0 else None,
             sliding_window_layers=window_layers if window_layers != 0 else None,
             v_head_dim=v_head_dim if v_head_dim != head_dim else None,
+            tie_word_embeddings=_tied(whole, outer),
         )
 
     @property
@@ -230,6 +242,20 @@ def _is_int(v: Any) -> bool:
 
 def _ints(*values: Any) -> bool:
     return all(_is_int(v) for v in values)
+
+
+def _tied(get: Any, outer: Any) -> bool:  # get: the (text) config's fields; outer: the config as given
+    """``tie_word_embeddings`` of a config: the text config's, else the composite's, else False."""
+    value = get("tie_word_embeddings")
+    if value is None and outer is not None:
+        value = outer.get("tie_word_embeddings") if isinstance(outer, Mapping) else getattr(
+            outer, "tie_word_embeddings", None)
+    if value is None:
+        return False
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"cannot read model dimensions: the config's tie_word_embeddings={_short(value)} is not a "
+                         "bool (check that field of the model config, or pass ModelDims(...) explicitly)")
+    return bool(value)
 
 
 def _window_layers(get: Any, depth: int) -> int | None:  # get: the config's own fields, lists kept

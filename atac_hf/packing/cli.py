@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from .._argtypes import model_or_preset, parse_int, parse_tokens, profile_model
+from .._argtypes import DEFAULT_MODEL, model_or_preset, parse_int, parse_tokens, profile_model
 from ..cost import HARDWARE_PRESETS, MODEL_PRESETS, CostModel
 from ..workloads import WORKLOADS, load_lengths, make_workload
 from .config import OVERLENGTH_POLICIES, STRATEGIES, PackingConfig
@@ -49,10 +49,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--overlength", choices=OVERLENGTH_POLICIES, default="split",
                    help="samples longer than --max-tokens (default split)")
     p.add_argument("--max-defer", type=parse_int, default=None, help="windows a sample may be held back")
-    p.add_argument("--model", default="8b", help=f"model of the cost model: a preset {sorted(MODEL_PRESETS)} or the "
-                   "path of an HF config.json (default 8b)")
+    p.add_argument("--model", default=None, help=f"model of the cost model: a preset {sorted(MODEL_PRESETS)} or the "
+                   f"path of an HF config.json (default {DEFAULT_MODEL}; with --cost-profile: the profile's model, "
+                   "and a --model given must be the one it was measured for)")
     p.add_argument("--hardware", default="H100", help=f"hardware preset: {sorted(HARDWARE_PRESETS)}")
-    p.add_argument("--cost-profile", default=None, help="calibrated cost profile JSON (overrides --model/--hardware)")
+    p.add_argument("--cost-profile", default=None, help="calibrated cost profile JSON (replaces --hardware and the "
+                   "model's preset prices; refused with a --model it was not measured for)")
     p.add_argument("--json", action="store_true", help="print one JSON object {packs, deferred, metrics}")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show a progress bar over the samples on stderr (default: when stderr is a terminal)")
@@ -77,9 +79,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--window={args.window if abs(args.window) < 10**30 else '<huge>'} is invalid: it must be an "
                          "int >= 1 (new samples per window), or omit --window to size windows by tokens")
     if args.cost_profile:
-        cm = profile_model(args.cost_profile, "--cost-profile")
+        cm = profile_model(args.cost_profile, "--cost-profile", args.model)
     else:
-        cm = CostModel.from_model(model_or_preset(args.model), args.hardware)
+        cm = CostModel.from_model(model_or_preset(args.model or DEFAULT_MODEL), args.hardware)
     options: dict[str, Any] = {}
     if args.max_defer is not None:
         options["max_defer"] = args.max_defer
@@ -105,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"{source}: {m['num_samples']} samples, {m['tokens']} tokens -> {m['num_packs']} packs in "
           f"{m['num_windows']} windows ({config.strategy}, cap {config.max_tokens}, "
           f"{config.packs_per_window} packs/window, cost model {cm.name})")
+    if m["num_packs"] == 0:  # every sample empty: no balance, padding or time to report (--json: null)
+        print(f"  no packs: every sample is empty (zero-length skipped {m['zero_length_skipped']}), so there is "
+              "no balance, padding or time to report")
+        return 0
     print(f"  pack cost max/mean per window: mean {m['imbalance_mean']:.3f}, worst {m['imbalance_worst']:.3f}; "
           f"CV {m['cost_cv']:.3f}; est. time {m['est_time_s']:.2f} s/layer")
     print(f"  padding {100 * m['padding']:.2f}%  split samples {100 * m['fragmentation']:.2f}%  "

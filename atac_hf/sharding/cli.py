@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 
-from .._argtypes import model_or_preset, parse_int, parse_tokens, profile_model
+from .._argtypes import DEFAULT_MODEL, model_or_preset, parse_int, parse_tokens, profile_model
 from ..cost import HARDWARE_PRESETS, MODEL_PRESETS, CostModel
 from ..workloads import load_lengths
 from .api import STRATEGIES, CapExceededError, plan_shards
@@ -22,10 +22,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated document lengths of one pack, or a JSON file holding an array of ints")
     p.add_argument("--cp-size", type=parse_int, required=True, help="ranks in the context-parallel group")
     p.add_argument("--strategy", choices=[*STRATEGIES, "all"], default="all")
-    p.add_argument("--model", default="8b", help=f"model of the cost model: a preset {sorted(MODEL_PRESETS)} or the "
-                   "path of an HF config.json (default 8b)")
+    p.add_argument("--model", default=None, help=f"model of the cost model: a preset {sorted(MODEL_PRESETS)} or the "
+                   f"path of an HF config.json (default {DEFAULT_MODEL}; with --profile: the profile's model, and a "
+                   "--model given must be the one it was measured for)")
     p.add_argument("--hardware", default="H100", choices=sorted(HARDWARE_PRESETS))
-    p.add_argument("--profile", help="calibration profile JSON (overrides --model/--hardware)")
+    p.add_argument("--profile", help="calibration profile JSON (replaces --hardware and the model's preset prices; "
+                   "refused with a --model it was not measured for)")
     p.add_argument("--max-tokens-per-rank", type=parse_tokens, default=None, metavar="N",
                    help="token cap of one rank, e.g. 16384 or 16K (default: none)")
     p.add_argument("--json", action="store_true", help="print one JSON object per strategy, one per line "
@@ -51,8 +53,8 @@ def _read_lengths(spec: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     lengths = _read_lengths(args.doc_lengths)
-    cm = (profile_model(args.profile, "--profile") if args.profile
-          else CostModel.from_model(model_or_preset(args.model), args.hardware))
+    cm = (profile_model(args.profile, "--profile", args.model) if args.profile
+          else CostModel.from_model(model_or_preset(args.model or DEFAULT_MODEL), args.hardware))
     names = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
     rows = []
     for name in names:

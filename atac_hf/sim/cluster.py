@@ -297,14 +297,16 @@ class ClusterConfig:
     def model_state_bytes_per_gpu(self) -> float:
         """Weights, gradients and Adam states per GPU the way the integration holds them.
 
-        :data:`STATE_BYTES_PER_PARAM` x (layers + untied embedding and LM head), divided over TP
+        :data:`STATE_BYTES_PER_PARAM` x (layers + the embedding and, unless the model ties them
+        (``ModelDims.tie_word_embeddings``, HF's ``tie_word_embeddings``), the LM head), divided over TP
         and PP stages, and with ``tp_size == 1`` also over the ``dp x cp`` ranks FSDP2 shards
         over; with TP the integration runs plain DDP, so DP and CP ranks each hold a full TP
         shard. Activations are left out (they depend on checkpointing), so a layout that passes
         this check may still need activation checkpointing to fit.
         """
         d = self.dims
-        params = d.num_layers * d.params_per_layer + 2 * d.vocab_size * d.hidden_size
+        vocab_matrices = 1 if d.tie_word_embeddings else 2  # a tied LM head is the embedding itself
+        params = d.num_layers * d.params_per_layer + vocab_matrices * d.vocab_size * d.hidden_size
         shards = self.tp_size * self.pp_size * (self.dp_size * self.cp_size if self.tp_size == 1 else 1)
         return STATE_BYTES_PER_PARAM * params / shards
 

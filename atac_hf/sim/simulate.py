@@ -64,7 +64,7 @@ from ..packing.validate import InputTypeError, _is_int, _short, check_lengths, c
 from ..sharding import plan_shards
 from ..sharding.api import CapExceededError
 from ..sharding.segments import _cheapest, _doc_work_lower_bounds, finish_plan
-from .cluster import MAX_SIM_PACKS, MAX_SIM_STEPS, ClusterConfig
+from .cluster import MAX_SIM_PACKS, MAX_SIM_STEPS, MAX_SIM_TOKENS, ClusterConfig
 from .feed import PackedStream, cut_windows, pack_cost, packing_metrics, run_packer
 from .combos import check_combos
 from .results import PACKINGS, SHARDINGS, ComboResult, NoCombinationFitsError, RefusedCombo, SimResult
@@ -280,6 +280,29 @@ def _check_packing_options(packing_options: Any, cluster: ClusterConfig, packing
     return options
 
 
+def _check_fragments(arr: np.ndarray, stream: np.ndarray, cluster: ClusterConfig, options: dict[str, Any]) -> None:
+    """Refuse a stream sample the packers would split into more fragments than a sample may have,
+    naming the settings of a simulation (the packers' own message names PackingConfig fields)."""
+    from ..packing.validate import MAX_FRAGMENT_WINDOWS, MAX_FRAGMENTS
+
+    if options.get("overlength", "split") != "split":
+        return  # "truncate" cuts it, "error" refuses it with its own message (packing_options: Python only)
+    limit = min(MAX_FRAGMENTS, MAX_FRAGMENT_WINDOWS * cluster.packs_per_step)
+    most = limit * cluster.max_tokens
+    if stream.size == 0 or stream.max() <= most:
+        return
+    v = int(stream[np.argmax(stream > most)])
+    i = int(np.argmax(arr == v))  # the user's position of that length
+    need = -(-v // limit)
+    raise ValueError(
+        f"lengths[{i}] = {v} tokens: split at max_tokens={cluster.max_tokens} that is {-(-v // cluster.max_tokens)} "
+        f"fragments, more than the {limit} a sample may have (min({MAX_FRAGMENTS}, {MAX_FRAGMENT_WINDOWS} x dp_size "
+        f"{cluster.dp_size} x num_micro_batches {cluster.num_micro_batches})); "
+        + (f"raise max_tokens (--max-tokens) to at least {need}, " if need <= MAX_SIM_TOKENS else "")
+        + ("raise dp_size x num_micro_batches (--dp, --micro-batches), " if limit < MAX_FRAGMENTS else "")
+        + "or drop or shorten that sample in the workload (--workload)")
+
+
 def simulate(lengths: Any, cluster: ClusterConfig, *, combos: Sequence[tuple[str, str]] | None = None,
              num_steps: int = 16, seed: int = 0, windows: str = "adaptive",
              packing_options: dict[str, Any] | None = None, workload: str = "custom",
@@ -355,6 +378,7 @@ def simulate(lengths: Any, cluster: ClusterConfig, *, combos: Sequence[tuple[str
     ecm = cm if eval_cost_model is None else eval_cost_model
     window_tokens = cluster.packs_per_step * cluster.max_tokens
     stream = sample_stream(arr, int(num_steps * window_tokens), seed)
+    _check_fragments(arr, stream, cluster, options)
     fixed = cut_windows(stream, window_tokens, num_steps) if windows == "fixed" else None
     by_packing: dict[str, list[str]] = {}
     for p, s in combos:
