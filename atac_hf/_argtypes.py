@@ -74,7 +74,10 @@ def _text_model(data: dict, spec: str) -> Any:
     try:
         return ModelDims.from_hf_config(config)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"--model {spec!r}: its text_config cannot be read: {e}") from None
+        from .cost import MODEL_PRESETS
+
+        raise ValueError(f"--model {spec!r}: its text_config cannot be read: {e}; give --model a preset "
+                         f"{sorted(MODEL_PRESETS)} or a config.json whose text_config has those fields") from None
 
 
 def model_or_preset(spec: str) -> Any:

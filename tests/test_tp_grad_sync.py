@@ -58,7 +58,7 @@ def two_tp_ranks(monkeypatch):
 def test_partial_grads_summed_once_over_backwards_and_syncs(two_tp_ranks):
     m = _Norm()
     (m.w * torch.tensor([3.0, 5.0])).sum().backward()  # contribution 1: [3, 5]
-    assert m.w.grad.tolist() == [0.0, 0.0], "held apart until the sync"
+    assert m.w.grad.tolist() == [3.0, 5.0], "this rank's share until the sync (its sum over TP held apart)"
     tpm.sync_tp_gradients(m, None)
     assert m.w.grad.tolist() == [6.0, 10.0]  # summed over the 2 ranks once
     tpm.sync_tp_gradients(m, None)  # a second sync (another model's backward): nothing new to sum

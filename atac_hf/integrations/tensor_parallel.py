@@ -246,34 +246,32 @@ _PARTIAL_GRAD_STYLE = "replicated_with_grad_allreduce"
 
 
 def _hold_partial_grad(p: torch.nn.Parameter) -> None:
-    """Keep each backward's gradient of ``p`` (a parameter whose gradient on a TP rank covers its own
-    heads only) out of ``p.grad``, summed in ``p._atac_tp_pending`` until :func:`sync_tp_gradients` adds
-    its sum over the TP group: whatever number of backwards and syncs a step has (gradient accumulation
-    by hand, two models on one accelerator), each contribution is summed over TP once.
+    """Note each backward's gradient of ``p`` (a parameter whose gradient on a TP rank covers its own
+    heads only) in ``p._atac_tp_pending``, summed there until :func:`sync_tp_gradients` replaces that
+    local share in ``p.grad`` by its sum over the TP group: whatever number of backwards and syncs a
+    step has (gradient accumulation by hand, two models on one accelerator), each contribution is
+    summed over TP once.
 
-    Two hooks: before accumulation the contribution and ``p.grad`` as it was are noted; after it (a
-    backward that accumulates: not ``torch.autograd.grad``, which gets the rank's own share as without
-    the hooks) the contribution moves to the held sum and ``p.grad`` is put back as it was. A backward
-    that finds ``p.grad`` None starts a new accumulation (``zero_grad()``, whose default sets None), and so
-    does one that finds it zeroed since the last backward (``zero_grad(set_to_none=False)``: changed or
-    replaced, and all zeros): what was held is dropped."""
+    Two hooks: before accumulation the contribution is noted, and whether ``p.grad`` starts a new
+    accumulation; after it (a backward that accumulates: not ``torch.autograd.grad``, which gets the
+    rank's own share as without the hooks) the contribution is added to the held sum. ``p.grad``
+    itself accumulates as without the hooks (this rank's share until the sync), so a ``.grad`` zeroed
+    since the last backward is seen as zeroed: a backward that finds ``p.grad`` None
+    (``zero_grad()``, whose default sets None) or changed and all zeros
+    (``zero_grad(set_to_none=False)``) starts a new accumulation: what was held is dropped. One changed
+    otherwise (``clip_grad_norm_`` between micro-batches, which multiplies every gradient in place)
+    keeps it."""
 
     def before(grad: torch.Tensor) -> torch.Tensor:
         g = p.grad
-        if g is not None and _grad_mark(g) != getattr(p, "_atac_tp_left", None) and not _local(g).any():
-            g = None  # zeroed in place since the last backward: a new accumulation
-        p._atac_tp_last = (grad.detach().clone(), None if g is None else g.detach().clone())
+        new = g is None or (_grad_mark(g) != getattr(p, "_atac_tp_left", None) and not _local(g).any())
+        p._atac_tp_last = (grad.detach().clone(), new)
         return grad
 
     def after(param: torch.Tensor) -> None:
-        grad, prev = param._atac_tp_last
-        held = None if prev is None else getattr(param, "_atac_tp_pending", None)
+        grad, new = param._atac_tp_last
+        held = None if new else getattr(param, "_atac_tp_pending", None)
         param._atac_tp_pending = grad if held is None else held.add_(grad)
-        with torch.no_grad():
-            if prev is None:
-                param.grad.zero_()
-            else:
-                param.grad.copy_(prev)
         param._atac_tp_last, param._atac_tp_left = None, _grad_mark(param.grad)
 
     p.register_hook(before)
@@ -370,8 +368,8 @@ def sync_tp_gradients(model: torch.nn.Module, group: Any) -> None:
 
     1. Sum over the TP group the gradients of replicated parameters that see only this rank's
        heads (the ``replicated_with_grad_allreduce`` entries of the plan, e.g. Qwen3's
-       ``q_norm``/``k_norm``): the contributions of the backwards since the last sync, held
-       apart (:func:`_hold_partial_grad`), are summed and added to ``.grad``.
+       ``q_norm``/``k_norm``): the contributions of the backwards since the last sync, noted
+       apart (:func:`_hold_partial_grad`), are summed and replace this rank's share in ``.grad``.
     2. Average every gradient over ``group`` (the ranks that hold the same TP shard:
        ``mesh["dp_cp"]``); DTensor gradients on their local shards.
 
@@ -390,10 +388,15 @@ def sync_tp_gradients(model: torch.nn.Module, group: Any) -> None:
     loose = [p for p in params if not getattr(p, "_atac_tp_hooked", False) and p.grad is not None]
     held = [(p, p._atac_tp_pending) for p in params if getattr(p, "_atac_tp_pending", None) is not None]
     if held or loose:
-        _all_reduce([g for _, g in held] + [p.grad for p in loose], base._atac_tp_group, average=False)
-        for p, g in held:
-            p.grad = g if p.grad is None else p.grad.add_(g)
-            p._atac_tp_pending = None
+        with torch.no_grad():
+            for p, g in held:  # this rank's share out of .grad (None: discarded since its backwards)
+                if p.grad is not None:
+                    p.grad.sub_(g)
+            _all_reduce([g for _, g in held] + [p.grad for p in loose], base._atac_tp_group, average=False)
+            for p, g in held:  # ... and its sum over TP in
+                if p.grad is not None:
+                    p.grad.add_(g)
+                p._atac_tp_pending = None
     _hook_partial_grads(params)
     if group is None or dist.get_world_size(group) == 1:
         return

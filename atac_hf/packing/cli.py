@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     if args.cost_profile:
         cm = profile_model(args.cost_profile, "--cost-profile", args.model)
     else:
-        cm = CostModel.from_model(model_or_preset(args.model or DEFAULT_MODEL), args.hardware)
+        model = DEFAULT_MODEL if args.model is None else args.model  # ("": refused, not taken for omitted)
+        cm = CostModel.from_model(model_or_preset(model), args.hardware)
     options: dict[str, Any] = {}
     if args.max_defer is not None:
         options["max_defer"] = args.max_defer

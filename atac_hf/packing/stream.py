@@ -19,7 +19,8 @@ from .planners.window import ARRIVAL, END, FRAG, SEQ, SID, START, Item, Planner,
 from .planners.window import checked_ref_cost_per_token, overlength_pieces, place_overdue
 from .planners.baselines import WLB_COHORT_MAX_DEFER, WLB_COHORT_SHARE, plan_bfd, plan_sequential, plan_wlb, wlb_held
 from .config import PackingConfig
-from .validate import _is_int, check_lengths, check_overlength, check_packer_pool, check_window, state_int
+from .validate import (_is_int, check_lengths, check_overlength, check_packer_pool, check_window, state_field_diff,
+                       state_int)
 from .metrics import MetricsAccumulator, pack_costs
 from .feed import MIN_LOOK, next_window
 from .result import Pack, PackResult, Span
@@ -409,9 +410,8 @@ class StreamPacker:
                 "resume with the same config"
             )
         if state["cost_model"] != (cm := dataclasses.asdict(self.cost_model)):
-            got = state["cost_model"] if isinstance(state["cost_model"], Mapping) else {}
-            diff = ", ".join(f"{k}={got.get(k)!r:.40} (this packer: {cm[k]!r})" for k in cm if got.get(k) != cm[k])
-            raise ValueError(f"packer state was saved with a different cost model ({diff[:300]}): resume with that cost_model")
+            raise ValueError(f"packer state was saved with a different cost model "
+                             f"({state_field_diff(state['cost_model'], cm)}): resume with that cost_model")
         # parse and check everything before changing anything
         window = state_int(state, "window", "StreamPacker", 0, MAX_WINDOWS)
         seq = state_int(state, "seq", "StreamPacker", 0, MAX_WINDOWS)

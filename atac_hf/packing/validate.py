@@ -27,8 +27,8 @@ from .config import MAX_LENGTH, PackingConfig
 
 __all__ = ["InputTypeError", "MAX_FRAGMENTS", "MAX_FRAGMENT_WINDOWS", "MAX_LENGTH", "MAX_TOKEN_ID", "check_dealable",
            "check_lengths", "check_overlength", "check_packer_pool", "check_planner_state", "check_seed",
-           "check_token_ids", "check_window", "max_fragments", "state_bool", "state_int", "state_list",
-           "state_spans"]
+           "check_token_ids", "check_window", "max_fragments", "state_bool", "state_field_diff", "state_int",
+           "state_list", "state_spans"]
 
 MAX_TOKEN_ID = 2**63 - 1  # token ids and labels are int64
 # fragments one sample may split into (overlength="split"): 1024 windows of packs_per_window
@@ -259,6 +259,15 @@ def check_window(sample_ids: Sequence[int], lengths: Sequence[int], config: Pack
 # ---------------------------------------------------------------------------- checkpoint states
 def _where(what: str) -> str:
     return f"malformed {what} state"
+
+
+def state_field_diff(saved: Any, have: Mapping[str, Any], limit: int = 300) -> str:
+    """The fields of a saved state's object (``saved``) that differ from ``have``, for messages: each
+    ``name=saved (this packer: have)``, ``-`` for a field only one of them has (a state of another version)."""
+    got = saved if isinstance(saved, Mapping) else {}
+    diff = ", ".join(f"{str(k)[:40]}={got.get(k, '-')!r:.40} (this packer: {have.get(k, '-')!r})"
+                     for k in {**have, **got} if k not in have or k not in got or got[k] != have[k])
+    return diff[:limit]
 
 
 def state_int(state: Mapping[str, Any], key: str, what: str, lo: int | None = 0, hi: int | None = None) -> int:

@@ -53,8 +53,9 @@ def _read_lengths(spec: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     lengths = _read_lengths(args.doc_lengths)
+    model = DEFAULT_MODEL if args.model is None else args.model  # ("": refused, not taken for omitted)
     cm = (profile_model(args.profile, "--profile", args.model) if args.profile
-          else CostModel.from_model(model_or_preset(args.model or DEFAULT_MODEL), args.hardware))
+          else CostModel.from_model(model_or_preset(model), args.hardware))
     names = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
     rows = []
     for name in names:
