@@ -14,6 +14,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import pytest
 import torch
@@ -22,25 +24,8 @@ from atac_hf import PackingConfig, StreamPacker, default_cost_model
 from atac_hf.cli import main
 from atac_hf.integrations import tensor_parallel as tpm
 
-
-class _Norm(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.tensor([1.0, 2.0], dtype=torch.float64))
-        self._atac_tp_partial_grads, self._atac_tp_group = ("w",), None
-        tpm._hold_partial_grad(self.w)
-
-
-@pytest.fixture
-def two_tp_ranks(monkeypatch):
-    """_all_reduce as over 2 TP ranks holding the same contribution: a SUM doubles it."""
-
-    def fake(grads, group, *, average):
-        for g in grads:
-            if not average:
-                g.mul_(2)
-
-    monkeypatch.setattr(tpm, "_all_reduce", fake)
+sys.path.insert(0, os.path.dirname(__file__))
+from test_tp_grad_sync import _Norm, two_tp_ranks  # noqa: E402,F401  (the per-head parameter, 2 simulated TP ranks)
 
 
 def test_clip_between_micro_batches_keeps_the_held_per_head_contribution(two_tp_ranks):
