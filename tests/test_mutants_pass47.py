@@ -5,10 +5,9 @@ dataset path checks, ``state_field_diff``, the ``pack`` summary, the separator r
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import re
+import sys
 
 import numpy as np
 import pytest
@@ -24,6 +23,9 @@ from atac_hf.sim.bench import _profile_dims, default_grid
 from atac_hf.sim.cluster import ClusterConfig
 from atac_hf.sim.simulate import _check_fragments
 from atac_hf.workloads import _lengths_format_hint, load_workload
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_tp_grad_sync import _Norm, two_tp_ranks  # noqa: E402,F401  (the per-head parameter, 2 simulated TP ranks)
 
 _DIMS = {"hidden_size": 4096, "num_layers": 32, "num_heads": 32, "num_kv_heads": 32, "head_dim": 128,
          "intermediate_size": 11008, "vocab_size": 32000}
@@ -216,30 +218,10 @@ def test_local_of_a_dtensor_is_its_plain_local_shard(tmp_path):
         dist.destroy_process_group()
 
 
-class _Norm(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.tensor([1.0, 2.0], dtype=torch.float64))
-        self._atac_tp_partial_grads, self._atac_tp_group = ("w",), None
-        tpm._hold_partial_grad(self.w)
-
-
-@pytest.fixture
-def two_tp_ranks(monkeypatch):
-    """_all_reduce as over 2 TP ranks holding the same contribution: a SUM doubles it."""
-
-    def fake(grads, group, *, average):
-        for g in grads:
-            if not average:
-                g.mul_(2)
-
-    monkeypatch.setattr(tpm, "_all_reduce", fake)
-
-
 def test_a_grad_replaced_by_fresh_zeros_between_backwards_drops_what_was_held(two_tp_ranks):
     m = _Norm()
     (m.w * 4.0).sum().backward()  # held [4, 4]; .grad a tensor at in-place version 0
-    m.w.grad = torch.zeros(2, dtype=torch.float64)  # another tensor, also at version 0: a new accumulation
+    m.w.grad = torch.zeros_like(m.w)  # another tensor, also at version 0: a new accumulation
     (m.w * 1.0).sum().backward()
     tpm.sync_tp_gradients(m, None)
     assert m.w.grad.tolist() == [2.0, 2.0]
