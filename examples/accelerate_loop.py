@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 
 import torch
@@ -21,7 +22,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--atac_config", default=None, help="the add-on's YAML (default: $ATAC_CONFIG)")
     p.add_argument("--cp_size", type=int, default=None, help="default: the launch config's parallelism_config_cp_size")
-    p.add_argument("--max_tokens", type=int, default=1024)
+    p.add_argument("--max_tokens", type=int, default=None,
+                   help="tokens per pack (default: the --atac_config file's or ATAC_MAX_TOKENS; 1024 without either)")
     p.add_argument("--max_steps", type=int, default=10)
     p.add_argument("--gradient_accumulation_steps", type=int, default=1)
     p.add_argument("--num_samples", type=int, default=300)
@@ -35,8 +37,11 @@ def main(argv=None) -> int:
     from atac_hf.integrations.accelerate import ATACAccelerator
     from atac_hf.integrations.demo import ByteTokenizer, synthetic_corpus, tiny_llama_config
 
-    config = ATACConfig.from_sources(args.atac_config, overrides={"cp_size": args.cp_size,
-                                                                  "max_tokens": args.max_tokens})
+    max_tokens = args.max_tokens
+    if max_tokens is None and not (args.atac_config or os.environ.get("ATAC_CONFIG")
+                                   or os.environ.get("ATAC_MAX_TOKENS")):
+        max_tokens = 1024  # the demo corpus's samples (a flag, a file or ATAC_MAX_TOKENS wins over it)
+    config = ATACConfig.from_sources(args.atac_config, overrides={"cp_size": args.cp_size, "max_tokens": max_tokens})
     accelerator = ATACAccelerator(config, gradient_accumulation_steps=args.gradient_accumulation_steps)
     tok = ByteTokenizer()
     # a list of samples (a datasets.Dataset with an input_ids column works the same)

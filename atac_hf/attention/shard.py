@@ -44,7 +44,8 @@ class ShardContext:
         rank: this rank's index in the CP group (0..cp_size-1).
         group: the CP process group (None: the default group; unused when cp_size is 1).
         layout: ``plan.local_layout(rank)``: local segments and the K/V gather layout.
-        backend: attention kernel: one of ``sdpa``, ``flash``, ``flex``, ``varlen_reference``.
+        backend: attention kernel: a key of :data:`~.backends.BACKENDS` (``sdpa``, ``flash``, ``varlen``,
+            ``flex``, ``varlen_reference``, ``auto``).
         debug: extra cross-rank checks (plan digests in :func:`shard_batch`).
     """
 
@@ -254,7 +255,7 @@ def shard_batch(
         plan: the plan of this pack (built from ``doc_lengths_from_batch(batch)``).
         rank: this rank in the CP group.
         group: the CP process group (None: the default group).
-        backend: attention kernel (``sdpa``, ``flash``, ``flex``, ``varlen_reference``).
+        backend: attention kernel (``sdpa``, ``flash``, ``varlen``, ``flex``, ``varlen_reference``, ``auto``).
         debug: all-gather ``plan.digest`` and :func:`batch_digest` over the group (one
             collective) and compare.
 

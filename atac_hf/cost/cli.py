@@ -26,11 +26,12 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
                        description="Time a transformer-layer-like block (linear part; SDPA causal attention per "
                                    "document) forward+backward on this device, fit the CostModel coefficients, "
                                    "report the error on held-out packs and write a profile JSON.")
-    p.add_argument("--output", "-o", default="atac_profile.json", help="profile JSON to write")
+    p.add_argument("--output", "-o", default="atac_profile.json",
+                   help="profile JSON to write (default atac_profile.json)")
     p.add_argument("--model", default=None,
                    help="model preset (default: tiny on CPU, 1b on CUDA) or an HF config.json path")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    p.add_argument("--tp-size", type=parse_int, default=1, help="tensor-parallel degree the profile is for")
+    p.add_argument("--tp-size", type=parse_int, default=1, help="tensor-parallel degree the profile is for (default 1)")
     p.add_argument("--quick", action="store_true", help="a small grid (seconds), e.g. for tests")
     p.add_argument("--threads", type=parse_int, default=None, help="CPU threads (default 1, timed by the process clock)")
     p.add_argument("--backend", choices=["sdpa", "flash", "varlen", "varlen_reference"], default="sdpa",

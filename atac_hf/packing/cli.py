@@ -48,11 +48,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--strategy", choices=STRATEGIES, default="wfap", help="packing strategy (default wfap)")
     p.add_argument("--overlength", choices=OVERLENGTH_POLICIES, default="split",
                    help="samples longer than --max-tokens (default split)")
-    p.add_argument("--max-defer", type=parse_int, default=None, help="windows a sample may be held back")
+    p.add_argument("--max-defer", type=parse_int, default=None,
+                   help="windows a sample may be held back (default "
+                        f"{PackingConfig.__dataclass_fields__['max_defer'].default}; 0: no deferral)")
     p.add_argument("--model", default=None, help=f"model of the cost model: a preset {sorted(MODEL_PRESETS)} or the "
                    f"path of an HF config.json (default {DEFAULT_MODEL}; with --cost-profile: the profile's model, "
                    "and a --model given must be the one it was measured for)")
-    p.add_argument("--hardware", default="H100", help=f"hardware preset: {sorted(HARDWARE_PRESETS)}")
+    p.add_argument("--hardware", default="H100", help=f"hardware preset: {sorted(HARDWARE_PRESETS)} (default H100)")
     p.add_argument("--cost-profile", default=None, help="calibrated cost profile JSON (replaces --hardware and the "
                    "model's preset prices; refused with a --model it was not measured for)")
     p.add_argument("--json", action="store_true", help="print one JSON object {packs, deferred, metrics}")

@@ -21,11 +21,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--doc-lengths", required=True,
                    help="comma-separated document lengths of one pack, or a JSON file holding an array of ints")
     p.add_argument("--cp-size", type=parse_int, required=True, help="ranks in the context-parallel group")
-    p.add_argument("--strategy", choices=[*STRATEGIES, "all"], default="all")
+    p.add_argument("--strategy", choices=[*STRATEGIES, "all"], default="all", help="default: all, side by side")
     p.add_argument("--model", default=None, help=f"model of the cost model: a preset {sorted(MODEL_PRESETS)} or the "
                    f"path of an HF config.json (default {DEFAULT_MODEL}; with --profile: the profile's model, and a "
                    "--model given must be the one it was measured for)")
-    p.add_argument("--hardware", default="H100", choices=sorted(HARDWARE_PRESETS))
+    p.add_argument("--hardware", default="H100", choices=sorted(HARDWARE_PRESETS),
+                   help="hardware preset (default H100)")
     p.add_argument("--profile", help="calibration profile JSON (replaces --hardware and the model's preset prices; "
                    "refused with a --model it was not measured for)")
     p.add_argument("--max-tokens-per-rank", type=parse_tokens, default=None, metavar="N",

@@ -40,10 +40,14 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cp", type=parse_int, default=8, help="context-parallel ranks per pack (default 8)")
     g.add_argument("--tp", type=parse_int, default=1, help="tensor-parallel ranks (default 1)")
     g.add_argument("--micro-batches", type=parse_int, default=8, help="packs per DP replica per step (default 8)")
-    g.add_argument("--max-tokens", type=parse_tokens, default=131072, help="token cap per pack, e.g. 128K")
+    g.add_argument("--max-tokens", type=parse_tokens, default=131072,
+                   help="token cap per pack, e.g. 128K (default 131072)")
     g.add_argument("--num-gpus", type=parse_int, default=None, help="check: must equal dp x pp x cp x tp")
-    g.add_argument("--model", default="7b", help=f"model preset {sorted(MODEL_PRESETS)} or an HF config.json path")
-    g.add_argument("--hardware", default="A800", choices=sorted(HARDWARE_PRESETS), help="hardware preset")
+    g.add_argument("--model", default="7b",
+                   help=f"model preset {sorted(MODEL_PRESETS)} or an HF config.json path (default 7b; a --profile "
+                        "or --eval-profile must have been measured for it)")
+    g.add_argument("--hardware", default="A800", choices=sorted(HARDWARE_PRESETS),
+                   help="hardware preset (default A800)")
     g.add_argument("--profile", default=None, help="calibration profile JSON (replaces the preset's compute)")
     g.add_argument("--efficiency", type=parse_float, default=0.5, help="share of peak FLOP/s for presets (default 0.5)")
 
@@ -55,7 +59,8 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
                        description="Pipeline-level simulation (DP x PP x CP x TP, 1F1B) of one workload on one "
                                    "cluster, every packing x sharding combination on the same sample stream.")
     p.add_argument("--workload", default="longtail",
-                   help="built-in (longtail, sft, uniform), a .json array of lengths, or dataset:<path>[:<column>]")
+                   help="built-in (longtail, sft, uniform), a .json array of lengths, or dataset:<path>[:<column>] "
+                        "(default longtail)")
     _cluster_args(p)
     p.add_argument("--steps", type=parse_int, default=16, help="stream length in optimizer steps (default 16)")
     p.add_argument("--seed", type=parse_int, default=0)

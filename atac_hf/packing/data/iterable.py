@@ -2,7 +2,7 @@
 
 :class:`PackedIterableDataset` buffers a window of samples, packs it with a
 :class:`~atac_hf.packing.stream.StreamPacker` (window sizing and DP ordering as in
-:mod:`.feeding`), and yields packed rows; the end of the stream flushes everything.
+:mod:`.window_planner`), and yields packed rows; the end of the stream flushes everything.
 """
 
 from __future__ import annotations
