@@ -149,15 +149,17 @@ def _split_samples(args, ds):
     return ds.select(range(cut)), ds.select(range(cut, len(ds)))
 
 
-def build_model(args):
-    from transformers import AutoModelForCausalLM
+def build_model(args, tokenizer=None):
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
     torch.manual_seed(args.seed)
     dtype = torch.float32
     if args.model_name_or_path is None:
         from atac_hf.integrations.demo import tiny_llama_config
 
-        model = AutoModelForCausalLM.from_config(tiny_llama_config(), dtype=dtype)
+        # the embedded model with --tokenizer of your own: an embedding table for that tokenizer's ids
+        vocab = {"vocab_size": len(tokenizer)} if isinstance(tokenizer, PreTrainedTokenizerBase) else {}
+        model = AutoModelForCausalLM.from_config(tiny_llama_config(**vocab), dtype=dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=dtype)
     if args.peft == "lora":
@@ -254,8 +256,8 @@ def main(argv=None) -> int:
         # the embedded default on CPU: the demo's settings, with a cost profile measured on a CPU
         config_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "atac_cpu.yaml")
     atac_config = ATACConfig.from_sources(config_file, overrides=overrides)
-    train, evals, _ = load_dataset_and_tokenizer(args)
-    model = build_model(args)
+    train, evals, tokenizer = load_dataset_and_tokenizer(args)
+    model = build_model(args, tokenizer)
     baseline_model = copy.deepcopy(model) if args.compare else None
 
     import tempfile

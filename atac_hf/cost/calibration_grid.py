@@ -138,10 +138,19 @@ def probe_rates(block: Any, cuda: bool, sync: Callable[[], None]) -> tuple[float
 
 
 def progress_bar(total_s: float):
-    """A tqdm bar on stderr counting estimated seconds of work (its ETA is the time left)."""
+    """A tqdm bar on stderr counting estimated seconds of work (its ETA is the time left); None where stderr
+    is not a terminal."""
     import sys
 
     from tqdm.auto import tqdm
 
+    # only on a terminal: redrawn into a log file it is one line of thousands of carriage returns; without it
+    # (None) calibrate prints the time estimate and each round as lines
+    isatty = getattr(sys.stderr, "isatty", None)
+    try:
+        if not (isatty and isatty()):
+            return None
+    except (OSError, ValueError):  # a closed or odd stream is no terminal
+        return None
     return tqdm(total=total_s, file=sys.stderr, desc="calibrate", unit="s",
                 bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining} {postfix}")

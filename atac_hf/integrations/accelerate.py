@@ -52,6 +52,7 @@ from .config import ATACConfig
 from .accelerate_resume import LayoutResumeMixin
 from .config_files import check_count
 from .forward_check import PreparedForwardCheck, UnusedParameterCheck
+from .launch_env import one_process_launch, warn_one_process_launch
 from .layout import check_tp_layout, warn_placement
 from .kv_bytes import HALF_AUTOCAST, kv_element_bytes, model_kv_bytes_per_token
 from .plain_modules import runs_no_attention
@@ -131,18 +132,19 @@ def build_parallelism_config(config: ATACConfig, world_size: int, *, fsdp: bool 
     tp = int(tp_size) if tp_size is not None else launch_tp
     if tp < 1:
         raise ValueError(f"tp_size={tp} must be >= 1 (parallelism_config_tp_size)")
+    hint = f"; {one_process_launch(env, world)}" if one_process_launch(env, world) else ""
     if world % (cp * tp):
         divisors = [d for d in range(1, world + 1) if world % d == 0]
         if tp == 1:
             raise ValueError(
                 f"cp_size={cp} does not divide the world size {world} (processes launched): set cp_size to one of "
                 f"{divisors}, or launch a multiple of {cp} processes (accelerate launch --num_processes)"
-            )
+                + hint)
         raise ValueError(
             f"cp_size={cp} x tp_size={tp} = {cp * tp} does not divide the world size {world} (processes launched): "
             f"choose sizes whose product is one of {divisors}, or launch a multiple of {cp * tp} processes "
-            "(accelerate launch --num_processes)"
-        )
+            "(accelerate launch --num_processes)" + hint)
+    warn_one_process_launch(env, world)  # asked for several processes, started one: say so
     dp = world // (cp * tp)
     nested = cp > 1 or tp > 1 or fsdp
     if launch:

@@ -5,7 +5,7 @@ loss masks, pre-packed samples refused). Used by :mod:`atac_hf.integrations.data
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -30,7 +30,7 @@ _PADDING_FIX = ("tokenize without padding (padding=False), or strip the padding 
                 "(dataset.remove_columns('attention_mask'))")
 
 
-def _check_token_columns(dataset: Any, name: str) -> None:
+def _check_token_columns(dataset: Any, name: str, *, targets: bool = False) -> None:
     """Arrow checks of the per-token columns of a ``datasets.Dataset`` (see
     :func:`check_dataset_columns`); other datasets are left to the collator."""
     from ..packing.data.collator import LOSS_MASK_COLUMNS
@@ -66,6 +66,8 @@ def _check_token_columns(dataset: Any, name: str) -> None:
                 "such rows in its Arrow chunk): packing concatenates the rows without padding, so the pad tokens "
                 f"would be trained on as tokens of the document. Legal attention_mask values here: all 1. To fix: "
                 f"{_PADDING_FIX}")
+    if targets:
+        _refuse_no_target(table, names, name, len(dataset))
     if "labels" in names:
         return
     for col in LOSS_MASK_COLUMNS:
@@ -149,3 +151,31 @@ def checked_stream(dataset: Any) -> Any:
 
     check_reiterable(dataset, "the streamed dataset")
     return _CheckedStream(dataset)
+
+
+def _refuse_no_target(table: Any, names: Sequence[str], name: str, num_rows: int) -> None:
+    """Refuse a dataset none of whose tokens is a target: ``labels`` all -100, or (without ``labels``) a loss mask
+    all 0, e.g. ``assistant_masks`` from a chat template without ``{% generation %}`` blocks. Every loss would be
+    0 and nothing trained, with no error. Read chunk by chunk over the whole Arrow column (a selection's rows
+    among them), stopping at the first target: sound for a selection, which has none where the column has none."""
+    import pyarrow.compute as pc
+
+    from ..packing.data.arrow_source import _is_list
+    from ..packing.data.collator import LOSS_MASK_COLUMNS
+
+    cols = [("labels", -100)] if "labels" in names else [(c, 0) for c in LOSS_MASK_COLUMNS if c in names]
+    for col, none in cols:
+        column = table.column(col)
+        if not _is_list(column.type) or column.null_count:  # a null row's labels are its tokens
+            continue
+        if any(pc.any(pc.not_equal(chunk.flatten(), none)).as_py() for chunk in column.chunks if len(chunk)):
+            continue
+        if sum(len(chunk.flatten()) for chunk in column.chunks) == 0:
+            continue  # no tokens at all: the sampler's "every sample is empty" says so
+        fix = ("put the token ids to train in labels (-100 only where no loss), or drop the column (every token is "
+               "then a target)" if col == "labels" else
+               "a chat template's assistant mask is all 0 where the template has no {% generation %} ... "
+               "{% endgeneration %} around the assistant's turns (transformers warns: 'chat template does not "
+               "contain `{% generation %}` keyword'): add them, or build labels yourself (-100 on the prompt)")
+        raise ValueError(f"{name} has no token to train: every {col!r} entry of its {num_rows} row(s) is {none}, so "
+                         f"every loss would be 0 and the weights would not learn. To fix: {fix}")

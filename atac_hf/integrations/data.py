@@ -40,7 +40,8 @@ def is_streaming_dataset(dataset: Any) -> bool:
     return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
 
 
-def check_dataset_columns(dataset: Any, *, name: str = "dataset", streaming: bool = False) -> None:
+def check_dataset_columns(dataset: Any, *, name: str = "dataset", streaming: bool = False,
+                          targets: bool = False) -> None:
     """Refuse a dataset the feeder cannot pack.
 
     Needs a map-style dataset (``datasets.Dataset`` or any indexable of dicts) with an
@@ -55,7 +56,8 @@ def check_dataset_columns(dataset: Any, *, name: str = "dataset", streaming: boo
     ``attention_mask`` must be all ones (a packed row has no padding: the pad tokens would be
     trained on), and without ``labels`` the ``completion_mask`` / ``assistant_masks`` (from
     which the collator builds the labels, as TRL does) must be 0/1. Other indexables are
-    checked batch by batch by the collator.
+    checked batch by batch by the collator. With ``targets`` (ATACTrainer's ``train_dataset``) a
+    ``datasets.Dataset`` with no token to train is refused: ``labels`` all -100 or a loss mask all 0.
 
     Raises:
         ValueError: a ``DatasetDict`` (names its splits), an iterable dataset (unless
@@ -88,7 +90,7 @@ def check_dataset_columns(dataset: Any, *, name: str = "dataset", streaming: boo
         first = dataset[0]
         names = list(first) if hasattr(first, "keys") else [type(first).__name__]
     _check_names(names, name)
-    _check_token_columns(dataset, name)
+    _check_token_columns(dataset, name, targets=targets)
 
 
 def _splits_of(dataset: Any) -> list | None:
@@ -111,7 +113,14 @@ def _check_names(names: Any, name: str, *, packed_ok: bool = True) -> None:
         raise ValueError(
             f"{name} has no {missing} column; columns found: {list(names)}. Tokenize it first, e.g. "
             "dataset.map(lambda b: tokenizer(b['text']), batched=True), or rename the token column to 'input_ids'"
-        )
+            + (_CHAT_HINT if "messages" in names else ""))
+
+
+_CHAT_HINT = (  # TRL-style conversational data: ATACTrainer (and ATACSFTTrainer) refuse it before SFTTrainer tokenizes
+    "; chat data: dataset.map(lambda ex: tokenizer.apply_chat_template(ex['messages'], tokenize=True, "
+    "return_dict=True, return_assistant_tokens_mask=True)) gives 'input_ids' and 'assistant_masks', from which "
+    "labels are built (-100 on the prompt; the chat template needs {% generation %} blocks), see docs/INTEGRATION.md "
+    "\"TRL's SFTTrainer\"")
 
 
 _COLLATOR_CONTRACT = (

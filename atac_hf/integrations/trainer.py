@@ -155,7 +155,7 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
         if isinstance(model, torch.nn.Module):  # its kind first: a check below would refuse it for another reason
             check_static(model)
         if train_dataset is not None:
-            check_dataset_columns(train_dataset, name="train_dataset", streaming=True)
+            check_dataset_columns(train_dataset, name="train_dataset", streaming=True, targets=True)
         evals = eval_dataset if isinstance(eval_dataset, dict) else {"": eval_dataset}
         for key, ds in evals.items():
             if ds is not None:
@@ -424,6 +424,9 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
         steps = None if initial is None else max(self.state.global_step - initial, 1)
         num_train_samples = real if steps is None else real * max(self.state.max_steps, 1) / steps
         self._atac_docs_trained = 0
+        if torch.is_tensor(getattr(self, "_tr_loss", None)) and self.args.world_size > 1 and dist.is_initialized():
+            dist.all_reduce(self._tr_loss)  # the steps since the last log: each rank's share under CP, so the mean
+            self._tr_loss /= self.args.world_size  # over the world, as the logs take it (train_loss was rank-local)
         return super()._finalize_training(trial, num_train_samples, start_time, *args, **kwargs)
 
     def _maybe_log_save_evaluate(self, *args: Any, **kwargs: Any) -> None:

@@ -436,6 +436,13 @@ def check_training_args(args: Any, config: Any) -> None:
         warnings.warn(f"{', '.join(f'{k}={v}' for k, v in ignored.items())} is ignored by ATACTrainer: each "
                       "micro-batch is one WFAP pack of at most max_tokens tokens (raise max_tokens for bigger "
                       "micro-batches)", stacklevel=3)
+    cut = getattr(args, "max_length", None)  # TRL's SFTConfig (default 1024): SFTTrainer cuts each sample to it
+    if (type(cut) is int and cut < int(config.max_tokens) and args.process_index == 0
+            and not (getattr(args, "dataset_kwargs", None) or {}).get("skip_prepare_dataset")):
+        warnings.warn(f"max_length={cut} (SFTConfig) is below max_tokens={config.max_tokens}: SFTTrainer cuts each "
+                      f"sample to {cut} tokens before ATACTrainer packs it, and drops the rest; set SFTConfig("
+                      "max_length=None) to keep whole samples (one longer than max_tokens is split: ATACConfig "
+                      "packing_options 'overlength')", stacklevel=3)
     strategy = sampling_strategy(args)
     if strategy not in ("random", "sequential") and args.process_index == 0:
         warnings.warn(f"train_sampling_strategy={strategy!r} is ignored by ATACTrainer: its WFAP sampler already "

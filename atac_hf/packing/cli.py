@@ -114,8 +114,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"  no packs: every sample is empty (zero-length skipped {m['zero_length_skipped']}), so there is "
               "no balance, padding or time to report")
         return 0
+    est = m["est_time_s"]  # a pack of a few K tokens takes well under a second a layer: ms there, not "0.00 s"
     print(f"  pack cost max/mean per window: mean {m['imbalance_mean']:.3f}, worst {m['imbalance_worst']:.3f}; "
-          f"CV {m['cost_cv']:.3f}; est. time {m['est_time_s']:.2f} s/layer")
+          f"CV {m['cost_cv']:.3f}; est. time {f'{est:.2f} s' if est >= 1 else f'{est * 1e3:.3g} ms'}/layer")
     print(f"  padding {100 * m['padding']:.2f}%  split samples {100 * m['fragmentation']:.2f}%  "
           f"truncated tokens {m['truncated_tokens']}  zero-length skipped {m['zero_length_skipped']}")
     print(f"  deferred {100 * m['deferred_share']:.2f}% of samples, delay mean {m['delay_mean_deferred']:.2f} "

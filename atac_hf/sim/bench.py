@@ -121,7 +121,7 @@ def default_grid(workload_file: str | None = None) -> list[Scenario]:
         ValueError: ``workload_file`` does not exist (nothing falls back silently).
     """
     wl = workload_file or wlbllm_path()
-    if not os.path.exists(wl):
+    if not wl.startswith("dataset:") and not os.path.exists(wl):  # a dataset spec: load_workload checks it
         raise ValueError(f"workload file {wl!r} does not exist (check --workload-file; the default is the shipped "
                          "wlbllm sample)")
     real, tag = wl, "wlbllm"

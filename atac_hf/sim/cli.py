@@ -225,7 +225,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
                                    "With --output FILE.md, (re)write that file's '## Simulator (pipeline-level)' "
                                    "section and put the PNG plots beside it; without it nothing is written.")
     p.add_argument("--workload-file", default=None,
-                   help=f"wlbllm-style JSON array of lengths (default: the shipped sample, {wlbllm_path()})")
+                   help=f"wlbllm-style JSON array of lengths, or a length column of a parquet/csv/jsonl/arrow file or "
+                        f"saved dataset as dataset:<path>[:<column>] (default: the shipped sample, {wlbllm_path()})")
     p.add_argument("--output", default=None, metavar="FILE.md",
                    help="markdown file whose simulator section is (re)written, e.g. docs/BENCHMARKS.md "
                         "(default: print only, write nothing)")
@@ -282,7 +283,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from .report import COMBO_LEGEND, combo_table, grid_table, headline, markdown_section, summarise_grid, write_section
 
     _check_bench_args(args)
-    if args.workload_file and not os.path.exists(args.workload_file):
+    if args.workload_file and not args.workload_file.startswith("dataset:") and not os.path.exists(args.workload_file):
         raise ValueError(f"--workload-file {args.workload_file!r} does not exist")
     if args.plots_dir and not args.output:
         raise ValueError(f"--plots-dir {args.plots_dir!r} needs --output FILE.md (the report the plots belong to); "
