@@ -25,19 +25,11 @@ import torch.nn.functional as F
 
 torch.set_num_threads(1)
 sys.path.insert(0, os.path.dirname(__file__))
+from _redteam41_worker import _fp64_loss  # noqa: E402  (Transformers' causal-LM loss in fp64)
 
 VOCAB = 64
 LR = 0.2
 MAX_TOKENS = 96
-
-
-def _fp64_loss(logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100, shift_labels=None, **_):
-    """Transformers' ForCausalLMLoss with the logits upcast to fp64 instead of fp32."""
-    if shift_labels is None:
-        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
-    loss = F.cross_entropy(logits.double().reshape(-1, vocab_size), shift_labels.reshape(-1).to(logits.device),
-                           ignore_index=ignore_index, reduction="sum" if num_items_in_batch is not None else "mean")
-    return loss / num_items_in_batch if num_items_in_batch is not None else loss
 
 
 def build_model(lora: bool = False, layers: int = 2):
