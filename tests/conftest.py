@@ -43,6 +43,18 @@ if os.environ.get("MUTANT_UNDER_TEST"):
 
 
 @pytest.fixture
+def one_thread():
+    """One torch thread for the test (tiny kernels: intra-op threads only add overhead, and two threads
+    contending on the shared 2-core CI machine made such tests up to 15x slower)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
 def no_contiguous_candidate(monkeypatch):
     """ATP without its contiguous candidate (``atac_hf.sharding.atp.CONTIGUOUS_CANDIDATE``), for
     tests that pin the other candidates' choices on packs of a few tokens, where one contiguous run

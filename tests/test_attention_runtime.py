@@ -22,12 +22,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import _dist  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread
 
 
 def _ctx(lengths=(5, 3), backend="sdpa"):

@@ -27,14 +27,6 @@ import _dist  # noqa: E402
 from atac_hf.attention import cpu_kernels as ck  # noqa: E402
 
 
-@pytest.fixture
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 # ------------------------------------------------------------------------------ cpu_kernels
 def _naive(q, k, v, p0, lo, window, scale, softcap=None, sinks=None):
     """Explicit-score attention in float64: queries at positions [p0, p0 + Lq), keys at [lo, lo + Lk),
@@ -88,7 +80,7 @@ needs_flash = pytest.mark.skipif(not ck.prefix_merge_available("cpu"), reason="n
 
 @needs_flash
 @pytest.mark.parametrize("H,K,with_sinks", [(4, 2, True), (4, 4, False), (6, 3, False), (2, 1, True)])
-def test_the_prefix_chunk_kernel_equals_explicit_scores_with_its_gradients(H, K, with_sinks, _one_thread):
+def test_the_prefix_chunk_kernel_equals_explicit_scores_with_its_gradients(H, K, with_sinks, one_thread):
     """A chunk's queries at the last Lq of n_pre + Lq keys: the unmasked prefix merged with the causal
     square, with and without sinks, with GQA; every gradient (the sinks' too)."""
     n_pre, Lq = 13, 9
@@ -100,7 +92,7 @@ def test_the_prefix_chunk_kernel_equals_explicit_scores_with_its_gradients(H, K,
 @needs_flash
 @pytest.mark.parametrize("H,K", [(4, 2), (3, 3)])
 @pytest.mark.parametrize("masked", [False, True])
-def test_the_sink_flash_kernel_equals_explicit_scores_with_its_gradients(H, K, masked, _one_thread):
+def test_the_sink_flash_kernel_equals_explicit_scores_with_its_gradients(H, K, masked, one_thread):
     """Plain causal (no mask, Lq == Lk) and an explicit bool mask (a chunk at positions [p0, p0 + Lq) over
     keys from lo, windowed): output, dq, dk, dv and the sinks' gradient."""
     if masked:
@@ -120,7 +112,7 @@ def test_the_sink_flash_kernel_equals_explicit_scores_with_its_gradients(H, K, m
 @pytest.mark.parametrize("H,K", [(4, 2), (2, 2)])
 @pytest.mark.parametrize("window,softcap,with_sinks", [(None, 1.5, False), (5, 2.0, True), (None, None, True),
                                                         (4, None, False)])
-def test_the_explicit_score_block_equals_the_reference(H, K, window, softcap, with_sinks, _one_thread):
+def test_the_explicit_score_block_equals_the_reference(H, K, window, softcap, with_sinks, one_thread):
     """``_math_block``: queries at [p0, p0 + Lq) over keys at [lo, lo + Lk), windowed, soft-capped,
     with sinks joining the softmax; forward and gradients."""
     p0, lo, Lq = 9, 3, 6
@@ -131,7 +123,7 @@ def test_the_explicit_score_block_equals_the_reference(H, K, window, softcap, wi
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_explicit_score_block_computes_in_fp32_and_returns_the_inputs_dtype(dtype, _one_thread):
+def test_the_explicit_score_block_computes_in_fp32_and_returns_the_inputs_dtype(dtype, one_thread):
     """Low-precision inputs: scores and softmax in fp32 at least (the error is the output's rounding,
     not the scores'), the result in the input dtype."""
     q, k, v, sinks, _ = _leaves(4, 2, 6, 10, D=16, seed=3, dtype=dtype)
@@ -666,7 +658,7 @@ def test_dataset_dict_cache_name_refusals_are_whole(tmp_path):
 
 
 @pytest.mark.parametrize("q_dtype,sink_dtype", [(torch.float32, torch.float64), (torch.bfloat16, torch.float32)])
-def test_sinks_in_another_dtype_than_the_queries_are_taken_in_the_compute_dtype(q_dtype, sink_dtype, _one_thread):
+def test_sinks_in_another_dtype_than_the_queries_are_taken_in_the_compute_dtype(q_dtype, sink_dtype, one_thread):
     """GPT-OSS keeps its sinks in fp32 under a bf16 model; every kernel that takes sinks returns the
     queries' dtype and gives the sinks a gradient in their own dtype."""
     q, k, v, _, gout = _leaves(4, 2, 6, 6, D=16, seed=5, dtype=q_dtype)

@@ -41,15 +41,6 @@ def _edge_packs(C: int) -> list[list[int]]:
             [30, 7, 1, 2, 60], [57], [103, 66, 4, 92]]
 
 
-@pytest.fixture
-def one_thread():
-    """One torch thread (the 2-core CI machine is shared: two threads contending made this test 15x slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.mark.parametrize("C", [3, 5, 6])
 def test_emulated_odd_cp_sizes_equal_whole_row_attention(C, one_thread):
     """Every plan of the edge packs, windows 1 / 2 / none / longer than the pack, MQA with an odd

@@ -27,12 +27,7 @@ from atac_hf.sharding.plan import ShardPlan
 from atac_hf.sharding.subgroups import plan_subgroups
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread
 
 
 def _owners(plan, d):

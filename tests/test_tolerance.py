@@ -14,12 +14,7 @@ from atac_hf.attention.tolerance import FACTOR, check_against_plain, check_error
 LENS = [700, 40, 1, 90, 3]  # one long document: a dropped key is one of ~700
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread
 
 
 def _kernel(q, k, v, lens, window=None, *, drop_key=None, window_shift=0):
