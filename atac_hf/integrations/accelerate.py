@@ -132,7 +132,8 @@ def build_parallelism_config(config: ATACConfig, world_size: int, *, fsdp: bool 
     tp = int(tp_size) if tp_size is not None else launch_tp
     if tp < 1:
         raise ValueError(f"tp_size={tp} must be >= 1 (parallelism_config_tp_size)")
-    hint = f"; {one_process_launch(env, world)}" if one_process_launch(env, world) else ""
+    one_process = one_process_launch(env, world)  # accelerate launch started one of several processes
+    hint = f"; {one_process}" if one_process else ""
     if world % (cp * tp):
         divisors = [d for d in range(1, world + 1) if world % d == 0]
         if tp == 1:
@@ -144,7 +145,7 @@ def build_parallelism_config(config: ATACConfig, world_size: int, *, fsdp: bool 
             f"cp_size={cp} x tp_size={tp} = {cp * tp} does not divide the world size {world} (processes launched): "
             f"choose sizes whose product is one of {divisors}, or launch a multiple of {cp * tp} processes "
             "(accelerate launch --num_processes)" + hint)
-    warn_one_process_launch(env, world)  # asked for several processes, started one: say so
+    warn_one_process_launch(one_process)  # asked for several processes, started one: say so
     dp = world // (cp * tp)
     nested = cp > 1 or tp > 1 or fsdp
     if launch:

@@ -37,9 +37,9 @@ def one_process_launch(environ: Mapping[str, str], world_size: int) -> str:
     return "" if any(environ.get(k) for k in _STARTED_SEVERAL) else ONE_PROCESS_HINT
 
 
-def warn_one_process_launch(environ: Mapping[str, str], world_size: int) -> None:
-    """Warn (once per process) where :func:`one_process_launch` finds the case: the run goes on as one process."""
-    hint = one_process_launch(environ, world_size)
+def warn_one_process_launch(hint: str) -> None:
+    """Warn with ``hint``, what :func:`one_process_launch` returned, where it found the case (not empty): the run
+    goes on as one process."""
     if hint:
         warnings.warn(f"{hint}. This run goes on as a single process (no data or context parallelism).",
                       UserWarning, stacklevel=3)

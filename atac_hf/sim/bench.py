@@ -110,6 +110,12 @@ def _profile_tp_size(path: str, tp_size: Any) -> int:
     return tp_size
 
 
+def workload_file_missing(path: str) -> bool:
+    """Whether ``path``, a ``--workload-file``, names a file that does not exist (a ``dataset:`` spec is
+    :func:`~atac_hf.workloads.load_workload`'s to check)."""
+    return not path.startswith("dataset:") and not os.path.exists(path)
+
+
 def default_grid(workload_file: str | None = None) -> list[Scenario]:
     """Model sizes 1B-70B; 32K/64K/128K packs; CP 2/4/8; TP 1/2/8; PP 1 and 4; DP 2-8; the
     built-in workloads, plus the ``wlbllm`` lengths (``workload_file``, default the shipped
@@ -121,7 +127,7 @@ def default_grid(workload_file: str | None = None) -> list[Scenario]:
         ValueError: ``workload_file`` does not exist (nothing falls back silently).
     """
     wl = workload_file or wlbllm_path()
-    if not wl.startswith("dataset:") and not os.path.exists(wl):  # a dataset spec: load_workload checks it
+    if workload_file_missing(wl):
         raise ValueError(f"workload file {wl!r} does not exist (check --workload-file; the default is the shipped "
                          "wlbllm sample)")
     real, tag = wl, "wlbllm"

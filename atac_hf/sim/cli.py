@@ -278,12 +278,13 @@ def _check_bench_args(args: argparse.Namespace) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from .bench import FEATURED_SCENARIO, PAPER_SCENARIO, PAPER_SPLIT, _lengths, default_grid, run_grid
+    from .bench import (FEATURED_SCENARIO, PAPER_SCENARIO, PAPER_SPLIT, _lengths, default_grid, run_grid,
+                        workload_file_missing)
     from .plots import have_matplotlib, plot_all
     from .report import COMBO_LEGEND, combo_table, grid_table, headline, markdown_section, summarise_grid, write_section
 
     _check_bench_args(args)
-    if args.workload_file and not args.workload_file.startswith("dataset:") and not os.path.exists(args.workload_file):
+    if args.workload_file and workload_file_missing(args.workload_file):
         raise ValueError(f"--workload-file {args.workload_file!r} does not exist")
     if args.plots_dir and not args.output:
         raise ValueError(f"--plots-dir {args.plots_dir!r} needs --output FILE.md (the report the plots belong to); "
