@@ -107,6 +107,68 @@ def test_mistral_window_is_probed_across_documents():
     assert verdict.exact
 
 
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "smollm3"])
+def test_check_model_window_variant_slides(family):
+    """`atac-hf check-model`'s "sliding_window" variant of a family whose default has no window must run layers
+    with one. Qwen2/Qwen3/SmolLM3 derive ``layer_types`` from the unset window at init (all full_attention): setting
+    ``sliding_window`` afterwards slid no layer, so the variant re-ran the default while the verdict said
+    "probed: default and sliding_window" (white-box review 50)."""
+    from atac_hf.attention.model_probe import PROBE_WINDOW
+    from atac_hf.integrations.check_cli import _variants, _verdict
+
+    variants = dict(_variants({"family": family, "config": None}))
+    assert set(variants) == {"default", "sliding_window"}
+    assert set(variants["default"].layer_types) == {"full_attention"}  # the default is left as it is
+    tiny = shrink_config(variants["sliding_window"])
+    model = transformers.AutoModelForCausalLM.from_config(tiny)
+    windows = [getattr(m, "sliding_window", None) for n, m in model.named_modules() if n.endswith("self_attn")]
+    assert PROBE_WINDOW in windows and None in windows, windows  # sliding and full layers both probed
+    row = _verdict({"family": family, "config": None}, 0, 1)
+    assert row["exact"] and "probed: default and sliding_window" in row["reason"], row
+
+
+@pytest.mark.parametrize("family", ["musicgen", "musicgen_melody"])
+def test_check_model_family_with_several_text_configs(family):
+    """MusicGen's config has two text configs (text encoder, decoder): ``get_text_config()`` raises, and
+    `atac-hf check-model` reported "its config could not be built" for a config that builds; the decoder's is
+    used now, and the verdict gives the probe's own reason (white-box review 50)."""
+    from atac_hf.integrations.check_cli import _variants, _verdict
+
+    (label, cfg), = _variants({"family": family, "config": None})
+    assert label == "default" and cfg.get_text_config(decoder=True).dropout == 0.0
+    row = _verdict({"family": family, "config": None}, 0, 1)
+    assert "could not be built" not in row["reason"] and row["model_class"], row
+
+
+def test_check_model_worker_times_a_family_whose_check_raised(monkeypatch):
+    """A family whose check raised was reported as taking 0 s (its start time was taken after it failed);
+    white-box review 50. The worker runs in-process with the process-group calls stubbed out."""
+    import queue as queue_mod
+    import time
+
+    import torch.distributed as dist
+
+    import atac_hf.integrations.check_cli as cc
+
+    clock = [100.0]
+
+    def failing_verdict(item, rank, world):
+        clock[0] += 42.0  # the check ran 42 s before it raised
+        raise RuntimeError("injected")
+
+    for name in ("init_process_group", "barrier", "destroy_process_group"):
+        monkeypatch.setattr(dist, name, lambda *a, **k: None)
+    monkeypatch.setattr(cc, "_verdict", failing_verdict)
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    q = queue_mod.Queue()
+    cc._worker(0, 1, "unused", [{"family": "llama", "config": None}], q)
+    got = [q.get_nowait() for _ in range(q.qsize())]
+    assert [k for k, _, _ in got] == ["start", "done"]
+    row = got[1][2]
+    assert not row["exact"] and "the check itself failed (RuntimeError: injected)" in row["reason"]
+    assert row["seconds"] == 42.0, row
+
+
 @pytest.mark.parametrize("family,overrides,exc,match", [
     ("phimoe", {"sliding_window": 64}, NotImplementedError,
      r"PhimoeForCausalLM \(model_type 'phimoe'\) applies its sliding window .* only through the attention mask"),

@@ -97,6 +97,23 @@ def test_a_function_registered_after_the_guard_is_wrapped_at_the_next_shard():
         AttentionInterface._global_mapping.pop("rt23_mine", None)
 
 
+def test_a_stock_attention_is_refused_for_a_plan_whose_cp_size_is_a_numpy_integer():
+    """A hand-built ShardPlan may hold ``cp_size=np.int64(2)`` (validate and shard_batch take it); the guard
+    checked ``isinstance(cp_size, int)`` and let a stock attention run on such a shard (white-box review 50)."""
+    import numpy as np
+
+    from atac_hf.sharding import ShardPlan, plan_shards
+
+    guard_stock_attention()
+    p = plan_shards([5, 7], 2, "per_doc")
+    plan = ShardPlan(doc_lengths=p.doc_lengths, cp_size=np.int64(2), strategy="hand", segments=p.segments,
+                     gathered_docs=p.gathered_docs, rank_compute_s=p.rank_compute_s)
+    plan.validate()
+    ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), pytest.raises(ValueError, match="on a pack sharded over 2 CP ranks"):
+        _llama("sdpa")(input_ids=ids, position_ids=torch.arange(6)[None], atac_shard=SimpleNamespace(plan=plan))
+
+
 # ---------------------------------------------------------------------------- the forward check
 def test_the_wrapped_module_outside_its_wrapper_is_refused_also_after_the_wrapper_is_freed():
     import gc

@@ -19,6 +19,7 @@ prepare.
 from __future__ import annotations
 
 import functools
+import numbers
 from typing import Any, Callable
 
 __all__ = ["guard_stock_attention", "is_guarded"]
@@ -38,7 +39,8 @@ def _guard(name: str, fn: Callable) -> Callable:
     def guarded(module: Any, *args: Any, **kwargs: Any) -> Any:
         ctx = kwargs.get(_KWARG)
         cp_size = getattr(getattr(ctx, "plan", None), "cp_size", 1)
-        if isinstance(cp_size, int) and cp_size > 1:
+        # numbers.Integral: a hand-built ShardPlan may hold a numpy integer (np.int64 is no int)
+        if isinstance(cp_size, numbers.Integral) and not isinstance(cp_size, bool) and cp_size > 1:
             raise ValueError(
                 f"{type(module).__name__} runs attn_implementation={name!r} on a pack sharded over {cp_size} CP "
                 f"ranks (its keywords carry {_KWARG}=): that attention ignores the shard, so each document split "

@@ -87,22 +87,36 @@ def _variants(item: dict) -> list[tuple[str, Any]]:
         d = dict(item["config"])
         return [("config", AutoConfig.for_model(d.pop("model_type"), **d))]
     cfg = CONFIG_MAPPING[item["family"]]()
-    for c in {id(c): c for c in (cfg, cfg.get_text_config())}.values():
+    for c in {id(c): c for c in (cfg, _text_config(cfg))}.values():
         for k, v in list(c.to_dict().items()):
             if isinstance(v, float) and ("dropout" in k or "pdrop" in k) and hasattr(c, k):
                 setattr(c, k, 0.0)
     out = [("default", cfg)]
-    text = cfg.get_text_config()
+    text = _text_config(cfg)
     if hasattr(text, "sliding_window") and getattr(text, "sliding_window") is None:
         import copy
 
         win = copy.deepcopy(cfg)
-        wtext = win.get_text_config()
+        wtext = _text_config(win)
         if hasattr(wtext, "use_sliding_window"):
             wtext.use_sliding_window = True
         wtext.sliding_window = _WINDOW_VARIANT
+        types = getattr(wtext, "layer_types", None)
+        if isinstance(types, list) and types and set(types) == {"full_attention"}:
+            # the layer types were derived from the unset window at init (Qwen2/3, SmolLM3): no layer would
+            # slide, and this variant would re-run the default; alternate them (sliding first) instead
+            wtext.layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(len(types))]
         out.append(("sliding_window", win))
     return out
+
+
+def _text_config(cfg: Any) -> Any:
+    """The config's text config; the decoder's where it has several (MusicGen: a text encoder and a decoder),
+    where plain ``get_text_config()`` raises."""
+    try:
+        return cfg.get_text_config()
+    except ValueError:
+        return cfg.get_text_config(decoder=True)
 
 
 def _verdict(item: dict, rank: int, world: int) -> dict:
@@ -164,11 +178,12 @@ def _worker(rank: int, world: int, init_file: str, items: list[dict], queue: Any
         for i, item in enumerate(items):
             if rank == 0:
                 queue.put(("start", i, None))
+            t0 = time.perf_counter()
             try:
                 row = _verdict(item, rank, world)
             except Exception as e:  # noqa: BLE001 - this family's verdict, the loop goes on
                 row = _row(item, None, False, None, f"the check itself failed ({type(e).__name__}: {str(e)[:200]})",
-                           "NotImplementedError", time.perf_counter())
+                           "NotImplementedError", t0)
             if rank == 0:
                 queue.put(("done", i, row))
         dist.barrier()
