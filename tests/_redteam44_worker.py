@@ -140,6 +140,7 @@ def make_trainer(cp: int, out_dir: str, name: str):
     if s.get("best"):
         extra.update(load_best_model_at_end=True, metric_for_best_model="eval_loss", greater_is_better=False,
                      save_total_limit=None)
+    extra.update(s.get("args", {}))  # more TrainingArguments (red-team 49: bf16)
     if "optim" in s:  # AdamW, warm-up and linear decay (compared with the uninterrupted run only)
         extra.update(optim=s["optim"], learning_rate=1e-2, lr_scheduler_type="linear", warmup_steps=2)
     else:  # plain SGD at a constant rate (replayed on one device)

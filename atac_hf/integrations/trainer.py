@@ -32,9 +32,9 @@ What it changes, and where:
   settings) and restores the sampler's epoch and seed, and Trainer skips the batches already
   seen. A streaming run's ``atac_stream.json`` holds the packed stream's pass and position; on
   resume it is checked and restored and Trainer skips nothing (:mod:`.stream_state`).
-* guards (:mod:`.trainer_guards`): a ``compute_loss`` override that bypasses Trainer's, a loss that
-  ignores ``num_items_in_batch``, a best metric never reported under CP, and an ``evaluate()``
-  before ``train()`` that would keep DDP off.
+* guards (:mod:`.trainer_guards`): a ``compute_loss`` override that bypasses Trainer's, a loss that ignores
+  ``num_items_in_batch``, a best metric never reported under CP, an ``evaluate()`` before ``train()`` that
+  would keep DDP off; another trainer's ``prediction_step`` (TRL's) gets the pack sharded too.
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ from transformers import Trainer, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, get_last_checkpoint
 from transformers.utils import logging as hf_logging
 
-from .accelerate import as_atac_parallelism_config, build_parallelism_config, bypass_torch_cp_hooks, check_tp_layout
+from .accelerate import (as_atac_parallelism_config, build_parallelism_config, bypass_torch_cp_hooks, check_tp_layout,
+                         cp_coordinates)
 from ._hf_compat import drain_gloo_workers, release_loader, track_group_holder
-from .accelerate import cp_coordinates
 from .config import ATACConfig
 from .forward_check import UnusedParameterCheck
 from .data import build_packed_dataloader, check_collator, check_dataset_columns, is_streaming_dataset
@@ -66,8 +66,8 @@ from .rollback import refused_changes_nothing
 from .tensor_parallel import (apply_tensor_parallel, check_optimizers_unstepped, check_tp_refusals, dp_cp_group,
                               full_state_dict, remap_optimizer_params, sync_tp_gradients, tp_head_split)
 from .trainer_guards import (LossGuardMixin, check_best_metric, check_label_names, check_late_loss_settings,
-                             check_step_model, install_loss_override_check, loss_scale_refusal,
-                             record_wrap_trainable, release_eval_preparation, watch_step_forwards)
+                             check_step_model, install_loss_override_check, loss_scale_refusal, record_wrap_trainable,
+                             release_eval_preparation, sharded_prediction_step, watch_step_forwards)
 from .trainer_guards import check_training_args as _check_args, sampling_strategy as _sampling_strategy  # noqa: F401
 
 __all__ = ["ATACTrainer", "SAMPLER_STATE_NAME", "STREAM_STATE_NAME"]
@@ -352,6 +352,8 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
     def _prepare_context_parallel_inputs(self, model: torch.nn.Module, inputs: dict[str, Any]):
         """Plan and shard the full packed batch (Trainer already counted ``num_items_in_batch`` on it). The caller,
         not model.training: Trainer shards before model.train(); a model no wrapper holds stays in eval mode."""
+        if getattr(self, "_atac_presharded", None) is not None:  # sharded by sharded_prediction_step already
+            return contextlib.nullcontext, inputs
         training = bool(getattr(self, "_atac_training_step", False))
         local = self.atac_sharder(inputs, record=training)
         self._atac_targets = {k: local[k].clone() for k in ("labels", "shift_labels")  # (check_target_edits)
@@ -408,7 +410,8 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
         check_label_names(self, inputs)
         install_loss_override_check(self, self.atac_config.cp_size)
         check_late_loss_settings(self, self.atac_config.cp_size)
-        return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+        return sharded_prediction_step(self, ATACTrainer, super().prediction_step, model, inputs, prediction_loss_only,
+                                       ignore_keys)  # (TRL's SFTTrainer's step too, after this one in the MRO)
 
     # ------------------------------------------------------------------ logging
     def _finalize_training(self, trial: Any, num_train_samples: Any, start_time: float, *args: Any, **kwargs: Any):

@@ -48,6 +48,9 @@ class LossGuardMixin:
     def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any):
         self._atac_loss_reached = True
         check_target_edits(getattr(self, "_atac_targets", None), inputs)
+        pre = getattr(self, "_atac_presharded", None)
+        if pre is not None and pre[0] is not None:  # (sharded_prediction_step: Trainer's count of the pack)
+            args, kwargs = args[:1], {**kwargs, "num_items_in_batch": pre[0]}
         return super().compute_loss(model, inputs, *args, **kwargs)
 
     @property
@@ -62,6 +65,26 @@ class LossGuardMixin:
 
 
 _TRAINER_LOSS_CODE = inspect.unwrap(Trainer.compute_loss).__code__
+
+
+def sharded_prediction_step(trainer: Any, owner: type, step: Any, model: Any, inputs: Any, *args: Any, **kwargs: Any):
+    """``step`` (``super().prediction_step`` of ``owner``, ATACTrainer) with the pack sharded. Trainer's own counts
+    the pack's targets and shards it (``_prepare_context_parallel_inputs``); another trainer's after ATACTrainer in
+    the MRO (TRL's ``SFTTrainer``: ``compute_loss`` only) skipped both, so evaluation failed ("needs the per-batch
+    shard context"), at cp_size 1 too (red-team 49). Then the count and sharding are done here, as Trainer does
+    them, the count reaches ``compute_loss`` (:class:`LossGuardMixin`), and a later call of the hook passes."""
+    mro = type(trainer).__mro__
+    nxt = next((c for c in mro[mro.index(owner) + 1:] if "prediction_step" in vars(c)), Trainer)
+    if nxt is Trainer or getattr(trainer, "_atac_presharded", None) is not None:
+        return step(model, inputs, *args, **kwargs)
+    inputs = trainer._prepare_inputs(inputs)
+    count = trainer._get_num_items_in_batch([inputs], trainer.args.device)
+    _, local = trainer._prepare_context_parallel_inputs(model, inputs)
+    trainer._atac_presharded = (count,)
+    try:
+        return step(model, local, *args, **kwargs)
+    finally:
+        trainer._atac_presharded = None
 
 
 def check_target_edits(sharded: Any, inputs: Any) -> None:
