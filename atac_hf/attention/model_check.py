@@ -198,8 +198,9 @@ def router_loss_refusal(config: Any, per_call: bool = False) -> tuple[type, str]
         return NotImplementedError, (
             f"adds a router load-balancing loss ({flag}, {named}): it averages routing statistics over every token "
             "of the batch and multiplies them, and under context parallelism each rank sees only its own tokens, so "
-            f"the loss and its gradients would differ from one device; {unset} (or set its coefficient to 0) to "
-            "train without it, or train with cp_size=1")
+            f"the loss and its gradients would differ from one device; {unset} (or set its coefficient to 0; TRL's "
+            "SFTTrainer turns the flag on itself: pass SFTConfig(router_aux_loss_coef=0.0)) to train without it, or "
+            "train with cp_size=1")
     return None
 
 

@@ -65,6 +65,7 @@ class LossGuardMixin:
 
 
 _TRAINER_LOSS_CODE = inspect.unwrap(Trainer.compute_loss).__code__
+_UNSET = object()
 
 
 def sharded_prediction_step(trainer: Any, owner: type, step: Any, model: Any, inputs: Any, *args: Any, **kwargs: Any):
@@ -72,7 +73,9 @@ def sharded_prediction_step(trainer: Any, owner: type, step: Any, model: Any, in
     the pack's targets and shards it (``_prepare_context_parallel_inputs``); another trainer's after ATACTrainer in
     the MRO (TRL's ``SFTTrainer``: ``compute_loss`` only) skipped both, so evaluation failed ("needs the per-batch
     shard context"), at cp_size 1 too (red-team 49). Then the count and sharding are done here, as Trainer does
-    them, the count reaches ``compute_loss`` (:class:`LossGuardMixin`), and a later call of the hook passes."""
+    them, the count reaches ``compute_loss`` (:class:`LossGuardMixin`), and a later call of the hook passes; the step
+    runs with ``current_gradient_accumulation_steps`` 1 (put back after), by which TRL divides its MoE router loss
+    wherever a count is given."""
     mro = type(trainer).__mro__
     nxt = next((c for c in mro[mro.index(owner) + 1:] if "prediction_step" in vars(c)), Trainer)
     if nxt is Trainer or getattr(trainer, "_atac_presharded", None) is not None:
@@ -80,11 +83,18 @@ def sharded_prediction_step(trainer: Any, owner: type, step: Any, model: Any, in
     inputs = trainer._prepare_inputs(inputs)
     count = trainer._get_num_items_in_batch([inputs], trainer.args.device)
     _, local = trainer._prepare_context_parallel_inputs(model, inputs)
-    trainer._atac_presharded = (count,)
+    # TRL's loss divides its MoE router loss by current_gradient_accumulation_steps where a count is given (a training
+    # rule; the training loop sets it): an evaluation batch is its own (red-team 51: AttributeError before train())
+    held = trainer.__dict__.get("current_gradient_accumulation_steps", _UNSET)
+    trainer._atac_presharded, trainer.current_gradient_accumulation_steps = (count,), 1
     try:
         return step(model, local, *args, **kwargs)
     finally:
         trainer._atac_presharded = None
+        if held is _UNSET:
+            trainer.__dict__.pop("current_gradient_accumulation_steps", None)
+        else:
+            trainer.current_gradient_accumulation_steps = held
 
 
 def check_target_edits(sharded: Any, inputs: Any) -> None:
