@@ -50,7 +50,7 @@ def entry(rank: int, world: int, cp: int, port: int, out_dir: str) -> None:
         res["cp_rank"], res["dp_size"], res["shard_mesh_size"] = acc.cp_rank, acc.dp_size, shard_mesh.size()
         model = build_model(layers=2)
         prepare_model(model, config)
-        for block in model.transformer.h:
+        for block in _blocks(model):
             fully_shard(block, mesh=shard_mesh)
         fully_shard(model, mesh=shard_mesh)
         res["sharded"] = all(isinstance(p, DTensor) for p in model.parameters())
@@ -80,6 +80,11 @@ def entry(rank: int, world: int, cp: int, port: int, out_dir: str) -> None:
         res["setup_error"] = _dist.error_text(e)
     torch.save(res, os.path.join(out_dir, f"{rank}.pt"))
     os._exit(0)
+
+
+def _blocks(model):
+    """The decoder blocks (GPT-2's ``transformer.h``; ``model.layers`` of the Llama-like families, red-team 52)."""
+    return model.transformer.h if hasattr(model, "transformer") else model.model.layers
 
 
 def reference(dp: int) -> dict:
@@ -155,7 +160,7 @@ def accel_entry(rank: int, world: int, cp: int, port: int, out_dir: str, counted
     import contextlib
 
     _dist.launch_env(rank, world, port)
-    res: dict = {"packs": []}
+    res: dict = {"packs": [], "losses": []}  # losses: reduce_loss per micro-batch (its share of the step's)
     try:
         from atac_hf.integrations import ATACAccelerator, ATACConfig
 
@@ -174,7 +179,9 @@ def accel_entry(rank: int, world: int, cp: int, port: int, out_dir: str, counted
                 for i, b in enumerate(batches):
                     res["packs"].append((step, _keep(b)))
                     with contextlib.nullcontext() if i == len(batches) - 1 else acc.no_sync(model):
-                        acc.backward(model(**acc.shard(b, num_items_in_batch=n_items)).loss)
+                        loss = model(**acc.shard(b, num_items_in_batch=n_items)).loss
+                        acc.backward(loss)
+                    res["losses"].append(float(acc.reduce_loss(loss)))
                 opt.step()
                 opt.zero_grad()
                 step += 1
@@ -182,9 +189,11 @@ def accel_entry(rank: int, world: int, cp: int, port: int, out_dir: str, counted
             for b in loader:
                 res["packs"].append((step, _keep(b)))
                 with acc.accumulate(model):
-                    acc.backward(model(**acc.shard(b)).loss)
+                    loss = model(**acc.shard(b)).loss
+                    acc.backward(loss)
                     opt.step()
                     opt.zero_grad()
+                res["losses"].append(float(acc.reduce_loss(loss)))
                 step += acc.sync_gradients
         res["cp_rank"] = acc.cp_rank
         res["final"] = {k.removeprefix("module."): p.detach().clone() for k, p in model.named_parameters()}
@@ -210,27 +219,33 @@ def accel_reference(res: list[dict], counted: bool) -> dict:
     """One device: per step, the replicas' packs (first CP rank of each); ``counted``: every target of the step
     weighs the same; else each micro-batch's token mean (over the replicas' packs) / GA, as stock Accelerate."""
     model = build_model(layers=1)
-    model.load_state_dict(res[0]["init"], strict=False)  # (lm_head tied to wte: named once)
-    assert model.lm_head.weight is model.transformer.wte.weight
+    model.load_state_dict(res[0]["init"], strict=False)  # (tied lm_head: named once)
+    assert model.config.tie_word_embeddings == (model.lm_head.weight is model.get_input_embeddings().weight)
     replicas = [r for r in res if r["cp_rank"] == 0]
     steps = sorted({s for s, _ in replicas[0]["packs"]})
+    losses: list[float] = []  # each micro-batch's share of its step's loss
     for step in steps:
         per_rep = [[b for s, b in r["packs"] if s == step] for r in replicas]
         assert len({len(p) for p in per_rep}) == 1, "the replicas' micro-batch counts differ"
         total = 0.0
         if counted:
-            sums, ns = zip(*(_pack_loss_sum(model, b) for p in per_rep for b in p))
-            total = sum(sums) / max(sum(ns), 1)
+            per_micro = [list(zip(*(_pack_loss_sum(model, p[i]) for p in per_rep))) for i in range(len(per_rep[0]))]
+            n_step = max(sum(sum(ns) for _, ns in per_micro), 1)
+            shares = [sum(sums) / n_step for sums, _ in per_micro]
         else:
+            shares = []
             for i in range(len(per_rep[0])):
                 sums, ns = zip(*(_pack_loss_sum(model, p[i]) for p in per_rep))
-                total = total + sum(sums) / max(sum(ns), 1) / ACC_GA
+                shares.append(sum(sums) / max(sum(ns), 1) / ACC_GA)
+        losses.extend(float(x) for x in shares)
+        total = sum(shares)
         model.zero_grad(set_to_none=True)
         total.backward()
         with torch.no_grad():
             for p in model.parameters():
                 p -= LR * p.grad
     return {"final": {k: p.detach().clone() for k, p in model.named_parameters()}, "steps": len(steps),
+            "losses": losses,
             "micro": [len([1 for s, _ in replicas[0]["packs"] if s == st]) for st in steps]}
 
 
@@ -249,7 +264,13 @@ def run_accel(world: int, cp: int, counted: bool, out_dir: str, timeout_s: float
     return {"params": max(rel(res[0]["final"][k], v) for k, v in ref["final"].items()),
             "rank_spread": max(rel(r["final"][k], res[0]["final"][k]) for r in res for k in r["final"]),
             "moved": max(rel(res[0]["final"][k], res[0]["init"][k]) for k in res[0]["init"]),
-            "steps": ref["steps"], "micro": ref["micro"]}
+            "loss": loss_error(res, ref), "steps": ref["steps"], "micro": ref["micro"]}
+
+
+def loss_error(res: list[dict], ref: dict) -> float:
+    """Largest relative difference of ``reduce_loss`` (every rank) from the replay's micro-batch shares."""
+    assert all(len(r["losses"]) == len(ref["losses"]) for r in res), "one loss per micro-batch"
+    return max(abs(a - b) / abs(b) for r in res for a, b in zip(r["losses"], ref["losses"]))
 
 
 if __name__ == "__main__":

@@ -74,6 +74,14 @@ Each says why and when it can go. Checked against accelerate 1.15 and transforme
    evaluation (red-team 27: +1 process and +6 file descriptors an evaluation). ``ATACTrainer``
    keeps one eval loader per dataset and releases the one it replaces. Can go when Accelerate
    holds its loaders weakly.
+10. :class:`ConvertedCheckpointMixin` - ``save_pretrained`` writes a checkpoint in the Hub's layout
+   (per-expert ``block_sparse_moe.experts.0.w1.weight``, ...), but Trainer's resume and
+   ``load_best_model_at_end`` read it with ``load_state_dict(strict=False)`` and no conversion, so the
+   fused MoE experts (and Mixtral's router) kept the weights they had before the load, with a warning only
+   (red-team 52: Mixtral and Qwen2-MoE resumed 28-38% off the uninterrupted run, stock Trainer too;
+   transformers #48805). Where the file's keys do not cover the model's, the checkpoint is read through
+   ``from_pretrained`` (its conversion; a second copy of the weights on CPU for the call). Can go when
+   Trainer converts on load.
 """
 
 from __future__ import annotations
@@ -82,10 +90,11 @@ import atexit
 import gc
 import time
 import types
+import warnings
 import weakref
 from typing import Any
 
-__all__ = ["bypass_torch_cp_hooks", "drain_gloo_workers", "loss_num_items_refusal", "release_groups_after_shutdown", "release_loader", "track_group_holder", "validate_parallelism_on_cpu"]
+__all__ = ["ConvertedCheckpointMixin", "bypass_torch_cp_hooks", "drain_gloo_workers", "load_converted_checkpoint", "loss_num_items_refusal", "release_groups_after_shutdown", "release_loader", "track_group_holder", "validate_parallelism_on_cpu"]
 
 
 def validate_parallelism_on_cpu(config: Any, accelerator: Any) -> None:
@@ -224,3 +233,65 @@ def release_loader(accelerator: Any, loader: Any) -> None:
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):
         iterator._shutdown_workers()
         loader._iterator = None
+
+
+def _checkpoint_keys(folder: str) -> set[str] | None:
+    """The tensor names of a checkpoint's ``model.safetensors`` (or its index); None without one."""
+    import json
+    import os
+
+    from safetensors import safe_open
+
+    single, index = os.path.join(folder, "model.safetensors"), os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(single):
+        with safe_open(single, "pt") as f:
+            return set(f.keys())
+    if os.path.isfile(index):
+        with open(index) as f:
+            return set(json.load(f)["weight_map"])
+    return None
+
+
+def load_converted_checkpoint(trainer: Any, model: Any, folder: str) -> bool:
+    """Load ``folder``'s weights into ``model`` through ``from_pretrained``'s weight conversion when the file's
+    tensor names do not cover the model's (item 10); False where Trainer's own load is right (or not this
+    case: FSDP, DeepSpeed, PEFT adapters, a model that is not a ``PreTrainedModel``)."""
+    import copy
+
+    from transformers import PreTrainedModel
+
+    base = getattr(model, "module", model)
+    if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled or not isinstance(base, PreTrainedModel):
+        return False
+    keys = _checkpoint_keys(folder)
+    own = {name for name, _ in base.named_parameters()}  # (a tied weight once, under the name saved)
+    if keys is None or own <= keys:
+        return False
+    dtype = next(base.parameters()).dtype
+    try:
+        loaded, info = type(base).from_pretrained(folder, config=copy.deepcopy(base.config), dtype=dtype,
+                                                  output_loading_info=True)
+    except Exception as e:  # noqa: BLE001 - a class from_pretrained cannot build: Trainer's load, as without atac-hf
+        warnings.warn(f"could not read the checkpoint {folder!r} through {type(base).__name__}.from_pretrained "
+                      f"({type(e).__name__}: {str(e)[:200]}); Trainer's own load follows, which leaves weights whose "
+                      "names differ on disk (fused MoE experts) at their pre-load values (transformers #48805)",
+                      UserWarning, stacklevel=2)
+        return False
+    state = loaded.state_dict()
+    if info.get("missing_keys") or not own <= set(state):  # not a conversion: Trainer's load (and its warning)
+        return False
+    base.load_state_dict(state, strict=False)
+    del loaded, state
+    return True
+
+
+class ConvertedCheckpointMixin:
+    """Trainer's resume and best-model loads through the checkpoint's weight conversion (item 10)."""
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        if not load_converted_checkpoint(self, self.model if model is None else model, resume_from_checkpoint):
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
+
+    def _load_best_model(self) -> None:
+        if not load_converted_checkpoint(self, self.model, self.state.best_model_checkpoint):
+            super()._load_best_model()

@@ -52,7 +52,7 @@ from transformers.utils import logging as hf_logging
 
 from .accelerate import (as_atac_parallelism_config, build_parallelism_config, bypass_torch_cp_hooks, check_tp_layout,
                          cp_coordinates)
-from ._hf_compat import drain_gloo_workers, release_loader, track_group_holder
+from ._hf_compat import ConvertedCheckpointMixin, drain_gloo_workers, release_loader, track_group_holder
 from .config import ATACConfig
 from .forward_check import UnusedParameterCheck
 from .data import build_packed_dataloader, check_collator, check_dataset_columns, is_streaming_dataset
@@ -106,7 +106,7 @@ def _default_device_args(args: TrainingArguments, model: torch.nn.Module) -> Non
             args.ddp_find_unused_parameters = False
 
 
-class ATACTrainer(StreamResumeMixin, LossGuardMixin, Trainer):
+class ATACTrainer(StreamResumeMixin, LossGuardMixin, ConvertedCheckpointMixin, Trainer):
     """``Trainer`` that packs with WFAP and shards every pack over a CP group with ATP-CP.
 
     Args:
