@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 
 import pytest
 import torch
@@ -29,27 +28,33 @@ TOL = 1e-12
 WORKER49 = ROOT / "tests" / "_redteam49_worker.py"
 
 
+def _fresh(path):
+    """``path`` created (a run's own output folder under pytest's tmp_path), as a str."""
+    path.mkdir(parents=True)
+    return str(path)
+
+
 @pytest.mark.slow  # ~35 s on the shared 2-core machine
-def test_atac_accelerator_loop_equals_one_device_per_family():
+def test_atac_accelerator_loop_equals_one_device_per_family(tmp_path):
     """One epoch of ``packed_dataloader`` at GA 2: Qwen2 (sliding window) at CP 3 inside ``accumulate(model)``,
     Mixtral at CP 2 with the step's count; parameters and every ``reduce_loss`` against the replay."""
     import _redteam52_worker as r52
 
     for family, cp, counted in (("qwen2_sw", 3, False), ("mixtral", 2, True)):
-        e = r52.run_accel(family, cp, cp, 2, counted, tempfile.mkdtemp(prefix="rt52_acc_"))
+        e = r52.run_accel(family, cp, cp, 2, counted, _fresh(tmp_path / f"acc_{family}"))
         print(f"\nATACAccelerator {family} CP {cp} GA 2 counted={counted}: {e}")
         assert e["steps"] >= 3 and e["moved"] > 1e-2, e
         assert e["params"] <= TOL and e["loss"] <= TOL and e["rank_spread"] == 0.0, e
 
 
 @pytest.mark.slow  # ~45 s
-def test_fsdp2_dp2_x_cp2_equals_one_device_per_family():
+def test_fsdp2_dp2_x_cp2_equals_one_device_per_family(tmp_path):
     """``fully_shard`` over ``dp_shard_cp`` (4 ranks, DP 2 x CP 2), Gemma2 (soft-capping, sliding layers, tied
     embeddings) and Mixtral: every step's loss, full gradients and parameters against one device."""
     import _redteam52_worker as r52
 
     for family in ("gemma2", "mixtral"):
-        res, e = r52.run_fsdp(family, 4, 2, tempfile.mkdtemp(prefix="rt52_fsdp_"))
+        res, e = r52.run_fsdp(family, 4, 2, _fresh(tmp_path / f"fsdp_{family}"))
         print(f"\nFSDP2 {family} DP 2 x CP 2: {e}")
         assert e["sharded"] and e["mesh"] == 4 and all(n > 0 for n in e["split"]), e
         assert [r["cp_rank"] for r in res] == [0, 1, 0, 1]
