@@ -169,3 +169,41 @@ def test_checkpoint_from_pretrained_cannot_read_falls_back_to_trainers_load(tmp_
     with pytest.warns(UserWarning, match=r"MixtralForCausalLM\.from_pretrained \(OSError: no such file\)"):
         assert load_converted_checkpoint(trainer, model, str(tmp_path)) is False
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+
+
+def test_mixed_dtype_moe_checkpoint_restores_every_weight_exactly(tmp_path):
+    """A bf16 Mixtral whose routers are kept in fp32: read through ``from_pretrained`` in the widest dtype, every
+    weight (the fp32 routers included) comes back bitwise, each in its own dtype (read in the first parameter's
+    dtype, the routers were rounded to bf16); a compiled model's wrapper is looked through."""
+    from atac_hf.integrations._hf_compat import load_converted_checkpoint
+
+    saved = _moe(1).to(torch.bfloat16)
+    torch.manual_seed(2)
+    for name, module in saved.named_modules():
+        if name.endswith(".gate"):  # fp32 router weights no bf16 holds
+            module.float()
+            with torch.no_grad():
+                module.weight.copy_(torch.randn(module.weight.shape))
+    saved.save_pretrained(tmp_path)
+    model = _moe(0).to(torch.bfloat16)
+    for name, module in model.named_modules():
+        if name.endswith(".gate"):
+            module.float()
+    trainer = type("T", (), {"is_fsdp_enabled": False, "is_deepspeed_enabled": False})()
+    assert load_converted_checkpoint(trainer, torch.compile(model), str(tmp_path)) is True
+    want, got = saved.state_dict(), model.state_dict()
+    assert {v.dtype for v in got.values()} == {torch.bfloat16, torch.float32}
+    assert {k: (got[k].dtype, bool(torch.equal(got[k], v))) for k, v in want.items()} == \
+        {k: (v.dtype, True) for k, v in want.items()}
+
+
+def test_tensor_parallel_trainer_keeps_trainers_load(tmp_path):
+    """Under TP (DTensor parameters) the checkpoint is Trainer's own load and refusals, not a full reload."""
+    from atac_hf.integrations._hf_compat import load_converted_checkpoint
+
+    _moe(1).save_pretrained(tmp_path)
+    model = _moe(0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = type("T", (), {"is_fsdp_enabled": False, "is_deepspeed_enabled": False, "atac_tp_size": 2})()
+    assert load_converted_checkpoint(trainer, model, str(tmp_path)) is False
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())

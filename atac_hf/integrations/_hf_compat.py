@@ -80,7 +80,9 @@ Each says why and when it can go. Checked against accelerate 1.15 and transforme
    fused MoE experts (and Mixtral's router) kept the weights they had before the load, with a warning only
    (red-team 52: Mixtral and Qwen2-MoE resumed 28-38% off the uninterrupted run, stock Trainer too;
    transformers #48805). Where the file's keys do not cover the model's, the checkpoint is read through
-   ``from_pretrained`` (its conversion; a second copy of the weights on CPU for the call). Can go when
+   ``from_pretrained`` (its conversion; a second copy of the weights on CPU for the call, in the widest
+   of the parameters' dtypes). That also loads checkpoints whose names the Hub layout renames (Llava's
+   ``language_model.model.*``, Gemma3, Qwen2-VL), which Trainer's load skipped too. Can go when
    Trainer converts on load.
 """
 
@@ -258,16 +260,23 @@ def load_converted_checkpoint(trainer: Any, model: Any, folder: str) -> bool:
     case: FSDP, DeepSpeed, PEFT adapters, a model that is not a ``PreTrainedModel``)."""
     import copy
 
+    import torch
     from transformers import PreTrainedModel
 
     base = getattr(model, "module", model)
-    if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled or not isinstance(base, PreTrainedModel):
+    while hasattr(base, "_orig_mod"):  # a model handed in torch.compile'd
+        base = base._orig_mod
+    if (trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled or getattr(trainer, "atac_tp_size", 1) > 1
+            or not isinstance(base, PreTrainedModel)):  # (TP: DTensor parameters, Trainer's load and its refusals)
         return False
     keys = _checkpoint_keys(folder)
     own = {name for name, _ in base.named_parameters()}  # (a tied weight once, under the name saved)
     if keys is None or own <= keys:
         return False
-    dtype = next(base.parameters()).dtype
+    # read in the parameters' dtype; where they mix (a bf16 MoE with fp32 routers), in the widest, so no weight
+    # is rounded on the way (load_state_dict casts each back to its parameter's)
+    floats = {p.dtype for p in base.parameters() if p.is_floating_point()}
+    dtype = floats.pop() if len(floats) == 1 else max(floats | {torch.float32}, key=lambda d: torch.finfo(d).bits)
     try:
         loaded, info = type(base).from_pretrained(folder, config=copy.deepcopy(base.config), dtype=dtype,
                                                   output_loading_info=True)
