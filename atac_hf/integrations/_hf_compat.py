@@ -243,8 +243,9 @@ def _checkpoint_keys(folder: str) -> set[str] | None:
     import os
 
     from safetensors import safe_open
+    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
-    single, index = os.path.join(folder, "model.safetensors"), os.path.join(folder, "model.safetensors.index.json")
+    single, index = os.path.join(folder, SAFE_WEIGHTS_NAME), os.path.join(folder, SAFE_WEIGHTS_INDEX_NAME)
     if os.path.isfile(single):
         with safe_open(single, "pt") as f:
             return set(f.keys())
