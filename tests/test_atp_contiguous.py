@@ -100,3 +100,44 @@ def test_the_cap_is_kept():
     L = np.array([40, 25, 60])
     plan = plan_shards(L, 4, "atp", cm, max_tokens_per_rank=32)
     assert plan.rank_num_tokens().max() <= 32
+
+
+def test_a_run_refused_against_the_flat_plan_competes_with_the_fewer_anchors_that_replace_it():
+    """Cross-node 8b@H100, C=8 (a Hypothesis counterexample of the property above): the flat plan
+    (1.596 ms, 1.018 off level) refused the contiguous run (1.501 ms, 1.031: less level, and slower
+    at some attention price), then its fewer anchors (1.548 ms, 1.070) replaced it, being no slower at
+    every price. The run, 3% faster and more level than that plan, was left out: ATP returned a plan
+    slower and less level than one contiguous run a rank. The run now competes with the plan that
+    replaced the one it lost to."""
+    cm = MODELS["cross-node"]
+    L = np.array([103, 530, 530, 1819, 100, 695])
+    run = finish_plan(L, 8, "atp", contiguous_segments(L, 8), None, cm, "auto")
+    with mock.patch.object(atp_mod, "ANCHOR_SHARES", ()):
+        atp = plan_shards(L, 8, "atp", cm)
+    assert atp.block_time_s == pytest.approx(run.block_time_s) and atp.imbalance == pytest.approx(run.imbalance)
+    assert [s.tolist() for s in atp.segments] == [s.tolist() for s in run.segments]
+    # the hierarchical candidates still beat it
+    assert plan_shards(L, 8, "atp", cm).block_time_s < run.block_time_s
+
+
+@pytest.mark.parametrize("model, C, lengths", [
+    ("7b@A800", 8, [1, 12]),  # a Hypothesis counterexample: the run was refused against the idle plan
+    ("8b@H100", 16, [30, 40, 25]),
+    ("overhead-heavy", 8, [5, 9, 3]),
+])
+def test_candidates_are_judged_against_the_flat_plan_with_its_idle_ranks_filled(model, C, lengths):
+    """Documents too short to split (under 2 x C tokens) are kept whole, leaving ranks idle; plan_shards
+    then gives each a token, which costs time. ATP judged the contiguous run and the per_doc layout
+    against the plan before that fill: at 7b@A800, C=8, [1, 12] it kept the 12-token document whole
+    (0.114 ms, 6 ranks idle; 0.186 ms filled) and refused the run (0.178 ms), so plan_shards returned a
+    plan 4% slower than one run a rank. plan_atp now fills its flat plan before the candidates after it."""
+    cm = MODELS[model]
+    L = np.array(lengths)
+    plan = plan_atp(L, C, cm)
+    assert int(plan.rank_num_tokens().min()) > 0
+    shards = plan_shards(L, C, "atp", cm)
+    assert shards.block_time_s == pytest.approx(plan.block_time_s)
+    run = finish_plan(L, C, "atp", contiguous_segments(L, C), None, cm, "auto")
+    assert shards.block_time_s <= run.block_time_s * (1 + TWO_WAY_TOLERANCE) * (1 + 1e-9) or (
+        run.imbalance > shards.imbalance and not _robustly_no_worse(run, shards, cm))
+    assert shards.block_time_s <= plan_shards(L, C, "per_doc", cm).block_time_s * (1 + 1e-9)

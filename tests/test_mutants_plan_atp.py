@@ -107,12 +107,14 @@ def test_plan_atp_min_chunk_defaults_to_one():
     """A 4-token document over 2 ranks: with min_chunk 1 (the default) it is an anchor candidate
     (4 >= 2 x 2 x 1) and costlier than a rank's share, so it is split head-tail: rank 0 [0, 1) +
     [3, 4) (2 tokens, 1 + 4 pairs, 2 calls: 207 s with the exchange's 20 us), rank 1 [1, 3); with
-    min_chunk 2 it is no candidate and stays whole on rank 0 (4 + 10 + 100 = 114 s)."""
+    min_chunk 2 it is no candidate and is kept whole (4 + 10 + 100 = 114 s on rank 0), which leaves rank
+    1 idle: ``plan_atp`` fills it as ``plan_shards`` does, moving [2, 4) there (109 s)."""
     split = [[[0, 0, 1], [0, 3, 4]], [[0, 1, 3]]]
     got = plan_atp(np.array([4]), 2, CM_CALL)
     assert [s.tolist() for s in got.segments] == split and got.block_time_s == pytest.approx(207.00002)
     whole = plan_atp(np.array([4]), 2, CM_CALL, min_chunk=2)
-    assert [s.tolist() for s in whole.segments] == [[[0, 0, 4]], []] and whole.block_time_s == 114.0
+    assert [s.tolist() for s in whole.segments] == [[[0, 0, 2]], [[0, 2, 4]]]
+    assert whole.block_time_s == pytest.approx(109.00002)
 
 
 #: 1 s a token, 0.05 s a causal pair, exact pairs

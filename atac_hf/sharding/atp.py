@@ -253,13 +253,21 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
             if worst > 1 + TWO_WAY_TOLERANCE:
                 others = [build(j, *attempt(j)[1:3], False)[0] for j in extras if attempt(j) is not None]
                 anchor_plan = _least_price_error(anchor_plan, worst, others, cm)
+    # Every candidate below is judged against the plan as plan_shards returns it: a rank left idle
+    # (documents kept whole on fewer ranks than C) filled, which costs time.
+    if anchor_plan is not None:
+        anchor_plan = fill_empty_ranks(anchor_plan, cm, kv_exchange)
     # Head-tail inside every document, moving only the K/V of documents it splits,
     # is a candidate too (ATP is never worse than per_doc); its block time is costed
-    # without building it first, and the plan is built only if it can win.
-    if anchor_plan is None or _per_doc_may_win(lengths, C, cm, work_bound, anchor_plan.block_time_s * (1 + 1e-6)):
+    # without building it first, and the plan is built only if it can win (or where it may leave a rank
+    # idle: no document of 2C tokens; then its bound is not that of the plan filled).
+    may_idle = int(lengths.max()) < 2 * C
+    if anchor_plan is None or (may_idle and work_bound < anchor_plan.block_time_s) or _per_doc_may_win(
+            lengths, C, cm, work_bound, anchor_plan.block_time_s * (1 + 1e-6)):
         # (its node-routed all-to-all only where counting its rows stays cheap; see PER_DOC_ROUTE_LIMIT)
         route = "auto" if int(np.count_nonzero(lengths >= 2)) * C * C <= PER_DOC_ROUTE_LIMIT else None
-        even = finish_flat(lengths, C, "atp", *per_doc_flat(lengths, C), None, cm, exchange, route=route)
+        even = fill_empty_ranks(finish_flat(lengths, C, "atp", *per_doc_flat(lengths, C), None, cm, exchange,
+                                            route=route), cm, kv_exchange)
         if even.rank_num_tokens().max() <= cap and (anchor_plan is None
                                                       or even.block_time_s < anchor_plan.block_time_s):
             anchor_plan = even
@@ -272,15 +280,21 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
         # (_robustly_no_worse): either keeps the plan right where prices are off.
         # Decided before the hierarchical candidates, which must beat it at the estimate and stay no
         # slower than the flat plan at every price.
+        run = None  # the contiguous run, where built and refused
         if (CONTIGUOUS_CANDIDATE and C > 1 and work_bound * (1 + TWO_WAY_TOLERANCE) < anchor_plan.block_time_s
                 and contiguous_compute_floor(lengths, C, cm) * (1 + TWO_WAY_TOLERANCE) < anchor_plan.block_time_s):
             run = finish_plan(lengths, C, "atp", contiguous_segments(lengths, C), None, cm, exchange)
-            if (run.rank_num_tokens().max() <= cap and run.block_time_s * (1 + TWO_WAY_TOLERANCE) < anchor_plan.block_time_s
-                    and (run.imbalance <= anchor_plan.imbalance or _robustly_no_worse(run, anchor_plan, cm))):
-                anchor_plan = run
-        # fewer anchors (documents costlier than a share kept whole), judged against this flat plan
+            if run.rank_num_tokens().max() > cap:
+                run = None
+            elif _takes_over(run, anchor_plan, cm):
+                anchor_plan, run = run, None
+        # fewer anchors (documents costlier than a share kept whole), judged against this flat plan; where
+        # they replace it, a run it refused competes again (the fewer anchors' plan can be less level)
         flat_fewer = None if best is None else _fewer_anchors(anchor_plan, best[1], whole, cand, attempt, build, cm,
                                                               kv_exchange)
+        if run is not None and flat_fewer is not None and flat_fewer is not anchor_plan and _takes_over(
+                run, flat_fewer, cm):
+            flat_fewer = run
     # Hierarchical placement: anchors over sub-groups of just enough ranks (only those move
     # their K/V; see atac_hf.sharding.subgroups), taken where it is estimated no slower than the
     # flat (or per_doc) plan, at the estimate's attention price and at 0.25x-4x of it. No plan's
@@ -406,7 +420,7 @@ def _fewer_anchors(plan: ShardPlan, j_best: int, whole, cand, attempt, build, cm
     (a split levels ranks whatever the price, a document kept whole does not); never where it leaves
     a rank idle (filling it is another plan).
     """
-    incumbent = fill_empty_ranks(plan, cm, kv_exchange)
+    incumbent = plan  # (its idle ranks filled by plan_atp)
     below, least = None, incumbent.block_time_s
     for j in range(j_best - 1, -1, -1):
         if float(whole[cand[j]]) >= incumbent.block_time_s * (1 - 1e-9):
@@ -417,10 +431,17 @@ def _fewer_anchors(plan: ShardPlan, j_best: int, whole, cand, attempt, build, cm
     if below is None:
         return plan
     fewer = resolve_exchange(build(*below)[0], cm)
-    if (fill_empty_ranks(fewer, cm, kv_exchange) is not fewer  # an idle rank: filled, it is another plan
-            or fewer.block_time_s * (1 + TWO_WAY_TOLERANCE) >= incumbent.block_time_s):
+    if fill_empty_ranks(fewer, cm, kv_exchange) is not fewer:  # an idle rank: filled, it is another plan
         return plan
-    return fewer if fewer.imbalance <= incumbent.imbalance or _robustly_no_worse(fewer, incumbent, cm) else plan
+    return fewer if _takes_over(fewer, incumbent, cm) else plan
+
+
+def _takes_over(new: ShardPlan, incumbent: ShardPlan, cm: CostModel) -> bool:
+    """The rule a contiguous run or a plan of fewer anchors replaces a flat plan by: over
+    :data:`TWO_WAY_TOLERANCE` faster by the estimate, and no less level or no slower at 0.25x-4x
+    the attention price (:func:`_robustly_no_worse`)."""
+    return (new.block_time_s * (1 + TWO_WAY_TOLERANCE) < incumbent.block_time_s
+            and (new.imbalance <= incumbent.imbalance or _robustly_no_worse(new, incumbent, cm)))
 
 
 def _robustly_no_worse(a: ShardPlan, b: ShardPlan, cm: CostModel, b_blocks: dict | None = None) -> bool:
