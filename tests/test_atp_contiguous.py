@@ -141,3 +141,19 @@ def test_candidates_are_judged_against_the_flat_plan_with_its_idle_ranks_filled(
     assert shards.block_time_s <= run.block_time_s * (1 + TWO_WAY_TOLERANCE) * (1 + 1e-9) or (
         run.imbalance > shards.imbalance and not _robustly_no_worse(run, shards, cm))
     assert shards.block_time_s <= plan_shards(L, C, "per_doc", cm).block_time_s * (1 + 1e-9)
+
+
+def test_under_a_cap_no_flat_plan_fits_the_contiguous_run_competes_with_the_sub_groups():
+    """[16, 3, 11, 13, 26, 9] over 4 ranks under a cap of 21 (78 tokens; a random campaign's case): no
+    flat plan fits the cap, so the first sub-group plan was taken unopposed (8.19 s, 1.20 off level),
+    though one contiguous run a rank fits (20 tokens a rank) and takes 5.47 s. The run is now the plan
+    the sub-group candidates must beat, at the estimate (there is no level flat plan to be robust
+    against: tests/test_mutants_pass7.py keeps a sub-group plan faster than the run)."""
+    cm = CostModel(linear_s_per_token=0.00174, attn_s_per_pair=0.000166, tile=128, kv_bytes_per_token=6869.0,
+                   link_bandwidth=1.43e9, link_latency_s=0.0)
+    L = np.array([16, 3, 11, 13, 26, 9])
+    run = finish_plan(L, 4, "atp", contiguous_segments(L, 4), None, cm, "auto")
+    assert int(run.rank_num_tokens().max()) <= 21
+    plan = plan_shards(L, 4, "atp", cm, min_chunk=4, max_tokens_per_rank=21)
+    assert plan.block_time_s == pytest.approx(run.block_time_s) and plan.block_time_s < 5.5
+    assert [s.tolist() for s in plan.segments] == [s.tolist() for s in run.segments]

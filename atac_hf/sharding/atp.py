@@ -295,6 +295,12 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
         if run is not None and flat_fewer is not None and flat_fewer is not anchor_plan and _takes_over(
                 run, flat_fewer, cm):
             flat_fewer = run
+    elif C > 1:
+        # no flat plan fits the cap: one contiguous run a rank (it fits every cap >= ceil(tokens / C), i.e.
+        # every cap any placement can respect) is the plan the hierarchical ones must beat, at the estimate
+        # (robust_ref stays None: there is no level flat plan to stay no slower than at other prices)
+        run = finish_plan(lengths, C, "atp", contiguous_segments(lengths, C), None, cm, exchange)
+        anchor_plan = run if run.rank_num_tokens().max() <= cap else None
     # Hierarchical placement: anchors over sub-groups of just enough ranks (only those move
     # their K/V; see atac_hf.sharding.subgroups), taken where it is estimated no slower than the
     # flat (or per_doc) plan, at the estimate's attention price and at 0.25x-4x of it. No plan's
@@ -316,8 +322,8 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
             # a candidate whose slowest rank computes more than the incumbent's block time loses: not finished
             sub = _plan_subgroups(lengths, C, cm, share, max_tokens_per_rank, min_chunk, "atp", True,
                                   np.inf if anchor_plan is None else anchor_plan.block_time_s, doc_costs, exchange)
-            if sub is not None and (anchor_plan is None or sub.block_time_s <= anchor_plan.block_time_s
-                                    and _robustly_no_worse(sub, robust_ref, cm, alt_blocks)):
+            if sub is not None and (anchor_plan is None or sub.block_time_s <= anchor_plan.block_time_s and (
+                    robust_ref is None or _robustly_no_worse(sub, robust_ref, cm, alt_blocks))):
                 anchor_plan, robust_ref, alt_blocks = sub, sub, {}
     # the faster of the hierarchical plan and the flat plan's fewer anchors: each family is judged against
     # the flat plan, so neither makes a plan slower than it is without it. (The step run again on a
