@@ -110,7 +110,8 @@ def test_the_step_never_makes_a_plan_slower_or_fragile(monkeypatch):
     """Random small packs under varied prices, with and without the step: never slower at the
     estimate; every rank holding a token; the step changes some plans (it is not dead code); and
     each time it runs, the plan it returns is its input, or over TWO_WAY_TOLERANCE faster and no
-    less level or no slower at 0.25x-4x the attention price than that input.
+    less level, or no slower at 0.25x-4x the attention price than that input, or exceeding it there
+    by a smaller worst factor than the input exceeds it (the fifty-sixth stop's rule, _less_regret).
 
     The step is judged against the flat plan, as the sub-group candidates are, and the faster of its
     result and theirs is kept. So a plan that changed is checked against the plan the step was
@@ -147,9 +148,27 @@ def test_the_step_never_makes_a_plan_slower_or_fragile(monkeypatch):
         took += 1
         assert got.block_time_s * (1 + TWO_WAY_TOLERANCE) < given.block_time_s
         assert (got.rank_num_tokens() > 0).all()
-        assert got.imbalance <= given.imbalance or all(
-            _block_at(got, _scaled(cm, k)) <= _block_at(given, _scaled(cm, k)) for k in (0.25, 0.5, 2.0, 4.0))
+        alt = [(_block_at(got, _scaled(cm, k)), _block_at(given, _scaled(cm, k))) for k in (0.25, 0.5, 2.0, 4.0)]
+        ratios = [(g / h, h / g) for g, h in alt if g > 0 and h > 0]
+        safer = max([1.0] + [r[0] for r in ratios]) < max([1.0] + [r[1] for r in ratios])
+        assert got.imbalance <= given.imbalance or all(g <= h for g, h in alt) or safer
     assert took >= 10
+
+
+def test_a_plan_of_whole_documents_beats_a_split_bound_by_its_exchange():
+    """20 documents, one of 74,642 tokens, over 4 ranks; 181 KB of K/V a token over a 0.42 GB/s link
+    (scripts/planner_campaign.py, seed 4). Splitting the long document leaves a 1.14 s all-to-all
+    exposed (1.28 s); kept whole it takes 0.50 s, as ATP forced to the all-gather planned it. Whole, it
+    is 16% slower with attention priced 4x and 1.1-9x faster at every other price: more level or no
+    slower at every price it is not, so ATP kept the split, 2.6x slower than the all-gather's plan. The
+    fewer anchors are now taken where theirs is the smaller worst excess (_less_regret)."""
+    cm = CostModel(linear_s_per_token=2.827e-08, attn_s_per_pair=5.097e-09, segment_overhead_s=1.536e-05, tile=1,
+                   kv_bytes_per_token=181084.0, link_bandwidth=4.182e8, link_latency_s=1e-05, sliding_window=1317)
+    L = [1792, 13, 2033, 260, 74642, 197, 4246, 19, 132, 30, 98, 671, 1357, 28, 49, 70, 318, 29, 50, 9]
+    auto = plan_shards(L, 4, "atp", cm, min_chunk=4)
+    gather = plan_shards(L, 4, "atp", cm, min_chunk=4, kv_exchange="all_gather")
+    assert auto.block_time_s <= gather.block_time_s * (1 + 1e-9)
+    assert auto.block_time_s == pytest.approx(0.4987, rel=1e-3) and not len(auto.gathered_docs)
 
 
 def _sub_groups_off_plan(L, C, cm, **kw):

@@ -444,10 +444,25 @@ def _fewer_anchors(plan: ShardPlan, j_best: int, whole, cand, attempt, build, cm
 
 def _takes_over(new: ShardPlan, incumbent: ShardPlan, cm: CostModel) -> bool:
     """The rule a contiguous run or a plan of fewer anchors replaces a flat plan by: over
-    :data:`TWO_WAY_TOLERANCE` faster by the estimate, and no less level or no slower at 0.25x-4x
-    the attention price (:func:`_robustly_no_worse`)."""
+    :data:`TWO_WAY_TOLERANCE` faster by the estimate, and no less level, or no slower at 0.25x-4x
+    the attention price (:func:`_robustly_no_worse`), or the safer bet there (:func:`_less_regret`)."""
     return (new.block_time_s * (1 + TWO_WAY_TOLERANCE) < incumbent.block_time_s
-            and (new.imbalance <= incumbent.imbalance or _robustly_no_worse(new, incumbent, cm)))
+            and (new.imbalance <= incumbent.imbalance or _robustly_no_worse(new, incumbent, cm)
+                 or _less_regret(new, incumbent, cm)))
+
+
+def _less_regret(a: ShardPlan, b: ShardPlan, cm: CostModel) -> bool:
+    """Whether plan ``a`` exceeds ``b``'s block time, at worst over attention priced 0.25x-4x, by a
+    smaller factor than ``b`` exceeds its own. Where ``b`` waits on a K/V exchange no attention price
+    moves, keeping its longest document whole can cost a little at 4x and save several times elsewhere
+    (ATP kept ``b``, up to 2.6x slower than the all-gather's plan: scripts/planner_campaign.py)."""
+    worst_a = worst_b = 1.0
+    for k in (0.25, 0.5, 2.0, 4.0):
+        alt = _scaled(cm, k)
+        ta, tb = _block_at(a, alt), _block_at(b, alt)
+        if ta > 0 and tb > 0:
+            worst_a, worst_b = max(worst_a, ta / tb), max(worst_b, tb / ta)
+    return worst_a < worst_b
 
 
 def _robustly_no_worse(a: ShardPlan, b: ShardPlan, cm: CostModel, b_blocks: dict | None = None) -> bool:
