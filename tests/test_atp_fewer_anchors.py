@@ -219,3 +219,17 @@ def test_sub_groups_never_make_a_plan_slower():
         flat = _sub_groups_off_plan(L, C, cm, **kw)
         assert with_sub.block_time_s <= flat.block_time_s * (1 + 1e-9), (L.tolist(), C, cm, kw)
 
+
+
+def test_fewer_anchors_are_judged_against_the_flat_plan_when_the_run_replaced_it():
+    """20 documents over 16 ranks, 67 KB of K/V a token over a 0.21 GB/s link (the review of the
+    fifty-sixth stop): the contiguous run (10.55 s, 1.36 off level) takes over the flat plan (15.66 s)
+    as the safer bet; the step's estimates were then held against the run's block time and never built
+    the plan of fewer anchors (8.57 s, 1.21), and a sub-group plan of 8.95 s won. The step is judged
+    against the flat plan, and its plan must then take over the run: 8.57 s."""
+    cm = CostModel(linear_s_per_token=2.6e-05, attn_s_per_pair=2.377e-06, tile=128, kv_bytes_per_token=66545.0,
+                   link_bandwidth=2.0987e8, link_latency_s=0.001, sliding_window=1388)
+    L = [10928, 590, 1487, 1973, 2832, 2743, 554, 862, 2178, 511, 1244, 2550, 2003, 2995, 836, 1651, 2627, 313,
+         2825, 824]
+    plan = plan_shards(L, 16, "atp", cm, min_chunk=4)
+    assert plan.block_time_s == pytest.approx(8.5747, rel=1e-4)

@@ -134,8 +134,9 @@ def plan_shards(
     # >= 1 token per rank whenever the pack has >= cp_size tokens (costed for the exchange asked for)
     filled = fill_empty_ranks(plan, cm, kv_exchange)
     if filled is not plan and strategy == "atp":
-        # atp chose a layout with an idle rank, costed before the fill; its per_doc candidate,
-        # filled the same way, may now be faster (atp is never worse than per_doc)
+        # atp chose a layout with an idle rank, costed before the fill (plan_atp fills its flat plans
+        # itself; a guard for any other): its per_doc candidate, filled the same way, may now be faster
+        # (atp is never worse than per_doc)
         even = fill_empty_ranks(finish_plan(lengths, int(cp_size), "atp", per_doc_segments(lengths, int(cp_size)),
                                             None, cm, kv_exchange or "auto"), cm, kv_exchange)
         fits = max_tokens_per_rank is None or int(even.rank_num_tokens().max()) <= max_tokens_per_rank

@@ -253,15 +253,12 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
             if worst > 1 + TWO_WAY_TOLERANCE:
                 others = [build(j, *attempt(j)[1:3], False)[0] for j in extras if attempt(j) is not None]
                 anchor_plan = _least_price_error(anchor_plan, worst, others, cm)
-    # Every candidate below is judged against the plan as plan_shards returns it: a rank left idle
-    # (documents kept whole on fewer ranks than C) filled, which costs time.
-    if anchor_plan is not None:
-        anchor_plan = fill_empty_ranks(anchor_plan, cm, kv_exchange)
-    # Head-tail inside every document, moving only the K/V of documents it splits,
-    # is a candidate too (ATP is never worse than per_doc); its block time is costed
-    # without building it first, and the plan is built only if it can win (or where it may leave a rank
-    # idle: no document of 2C tokens; then its bound is not that of the plan filled).
-    may_idle = int(lengths.max()) < 2 * C
+    # Candidates below are judged against the plan as plan_shards returns it (an idle rank filled).
+    anchor_plan = None if anchor_plan is None else fill_empty_ranks(anchor_plan, cm, kv_exchange)
+    # Head-tail inside every document, moving only the K/V of documents it splits, is a candidate too
+    # (ATP is never worse than per_doc); built only where its bound says it can win, or where it leaves a
+    # rank idle (no document of C tokens: its bound is not that of the plan filled).
+    may_idle = int(lengths.max()) < C
     if anchor_plan is None or (may_idle and work_bound < anchor_plan.block_time_s) or _per_doc_may_win(
             lengths, C, cm, work_bound, anchor_plan.block_time_s * (1 + 1e-6)):
         # (its node-routed all-to-all only where counting its rows stays cheap; see PER_DOC_ROUTE_LIMIT)
@@ -277,28 +274,28 @@ def plan_atp(lengths, C, cm: CostModel, *, max_tokens_per_rank=None, min_chunk=1
         # One contiguous run per rank (the fewest kernel calls; only cut documents gathered) competes:
         # built where the work bound and its slowest rank's compute leave it a chance, taken where over
         # TWO_WAY_TOLERANCE faster and no less level, or no slower at 0.25x-4x the attention price
-        # (_robustly_no_worse): either keeps the plan right where prices are off.
+        # (_robustly_no_worse), or the safer bet there (_less_regret; all three: _takes_over).
         # Decided before the hierarchical candidates, which must beat it at the estimate and stay no
         # slower than the flat plan at every price.
-        run = None  # the contiguous run, where built and refused
-        if (CONTIGUOUS_CANDIDATE and C > 1 and work_bound * (1 + TWO_WAY_TOLERANCE) < anchor_plan.block_time_s
-                and contiguous_compute_floor(lengths, C, cm) * (1 + TWO_WAY_TOLERANCE) < anchor_plan.block_time_s):
+        flat, run = anchor_plan, None
+        if (CONTIGUOUS_CANDIDATE and C > 1 and work_bound * (1 + TWO_WAY_TOLERANCE) < flat.block_time_s
+                and contiguous_compute_floor(lengths, C, cm) * (1 + TWO_WAY_TOLERANCE) < flat.block_time_s):
             run = finish_plan(lengths, C, "atp", contiguous_segments(lengths, C), None, cm, exchange)
-            if run.rank_num_tokens().max() > cap:
-                run = None
-            elif _takes_over(run, anchor_plan, cm):
-                anchor_plan, run = run, None
-        # fewer anchors (documents costlier than a share kept whole), judged against this flat plan; where
-        # they replace it, a run it refused competes again (the fewer anchors' plan can be less level)
-        flat_fewer = None if best is None else _fewer_anchors(anchor_plan, best[1], whole, cand, attempt, build, cm,
-                                                              kv_exchange)
-        if run is not None and flat_fewer is not None and flat_fewer is not anchor_plan and _takes_over(
-                run, flat_fewer, cm):
-            flat_fewer = run
+            run = run if run.rank_num_tokens().max() <= cap else None
+        why = _takes_over(run, flat, cm) if run is not None else ""
+        anchor_plan = flat_fewer = run if why else flat
+        # fewer anchors (documents costlier than a share kept whole), judged against that plan, or the flat
+        # one where the run took over as the safer bet only (then they must also take over the run); a run
+        # refused competes again where they replace the flat plan (their plan can be less level than it)
+        given = flat if why == "regret" else anchor_plan
+        fewer = given if best is None else _fewer_anchors(given, best[1], whole, cand, attempt, build, cm, kv_exchange)
+        if fewer is not given:
+            keep_run = (not _takes_over(fewer, run, cm)) if why == "regret" else (
+                not why and run is not None and _takes_over(run, fewer, cm))
+            flat_fewer = run if keep_run else fewer
     elif C > 1:
-        # no flat plan fits the cap: one contiguous run a rank (it fits every cap >= ceil(tokens / C), i.e.
-        # every cap any placement can respect) is the plan the hierarchical ones must beat, at the estimate
-        # (robust_ref stays None: there is no level flat plan to stay no slower than at other prices)
+        # no flat plan fits the cap: one contiguous run a rank (it fits every cap any placement can) is the
+        # plan the hierarchical ones must beat, at the estimate only (no level flat plan: robust_ref None)
         run = finish_plan(lengths, C, "atp", contiguous_segments(lengths, C), None, cm, exchange)
         anchor_plan = run if run.rank_num_tokens().max() <= cap else None
     # Hierarchical placement: anchors over sub-groups of just enough ranks (only those move
@@ -442,20 +439,24 @@ def _fewer_anchors(plan: ShardPlan, j_best: int, whole, cand, attempt, build, cm
     return fewer if _takes_over(fewer, incumbent, cm) else plan
 
 
-def _takes_over(new: ShardPlan, incumbent: ShardPlan, cm: CostModel) -> bool:
+def _takes_over(new: ShardPlan, incumbent: ShardPlan, cm: CostModel) -> str:
     """The rule a contiguous run or a plan of fewer anchors replaces a flat plan by: over
     :data:`TWO_WAY_TOLERANCE` faster by the estimate, and no less level, or no slower at 0.25x-4x
-    the attention price (:func:`_robustly_no_worse`), or the safer bet there (:func:`_less_regret`)."""
-    return (new.block_time_s * (1 + TWO_WAY_TOLERANCE) < incumbent.block_time_s
-            and (new.imbalance <= incumbent.imbalance or _robustly_no_worse(new, incumbent, cm)
-                 or _less_regret(new, incumbent, cm)))
+    the attention price (:func:`_robustly_no_worse`), or the safer bet there (:func:`_less_regret`).
+    Returns which ("level", "robust", "regret"), or "" where it does not."""
+    if not new.block_time_s * (1 + TWO_WAY_TOLERANCE) < incumbent.block_time_s:
+        return ""
+    if new.imbalance <= incumbent.imbalance:
+        return "level"
+    if _robustly_no_worse(new, incumbent, cm):
+        return "robust"
+    return "regret" if _less_regret(new, incumbent, cm) else ""
 
 
 def _less_regret(a: ShardPlan, b: ShardPlan, cm: CostModel) -> bool:
-    """Whether plan ``a`` exceeds ``b``'s block time, at worst over attention priced 0.25x-4x, by a
-    smaller factor than ``b`` exceeds its own. Where ``b`` waits on a K/V exchange no attention price
-    moves, keeping its longest document whole can cost a little at 4x and save several times elsewhere
-    (ATP kept ``b``, up to 2.6x slower than the all-gather's plan: scripts/planner_campaign.py)."""
+    """Whether plan ``a`` exceeds ``b``'s block time, at worst over attention priced 0.25x-4x, by a smaller
+    factor than ``b`` exceeds its own (where ``b`` waits on an exchange no attention price moves, keeping
+    a document whole can cost a little at 4x and save several times elsewhere: scripts/planner_campaign.py)."""
     worst_a = worst_b = 1.0
     for k in (0.25, 0.5, 2.0, 4.0):
         alt = _scaled(cm, k)
