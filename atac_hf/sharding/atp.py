@@ -418,10 +418,10 @@ def _fewer_anchors(plan: ShardPlan, j_best: int, whole, cand, attempt, build, cm
     document they keep whole (its rank computes at least its cost; lower counts keep costlier ones)
     costs less than ``plan``'s block time (with a token on every rank, as
     :func:`~atac_hf.sharding.plan_shards` returns it); the one of least estimate is built where that
-    estimate is under it. It is taken by the contiguous candidate's rule: over
-    :data:`TWO_WAY_TOLERANCE` faster, and no less level or no slower at 0.25x-4x the attention price
-    (a split levels ranks whatever the price, a document kept whole does not); never where it leaves
-    a rank idle (filling it is another plan).
+    estimate is under it. It is taken by the contiguous candidate's rule (:func:`_takes_over`: over
+    :data:`TWO_WAY_TOLERANCE` faster, and no less level, no slower or the safer bet at 0.25x-4x the
+    attention price: a split levels ranks whatever the price, a document kept whole does not); never
+    where it leaves a rank idle (filling it is another plan).
     """
     incumbent = plan  # (its idle ranks filled by plan_atp)
     below, least = None, incumbent.block_time_s
