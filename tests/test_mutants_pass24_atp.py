@@ -82,9 +82,9 @@ def test_price_error_imbalance_of_a_plan_that_costs_nothing_is_level():
     and not "unlevel"). ATP then checks that plan against the price error (the extra anchor's two-way
     split costs more): ``plan_atp`` and ``plan_shards`` must plan it. Kills
     ``x__price_error_imbalance__mutmut_32`` and ``_36`` (``mean > 0`` as ``or True`` / ``>= 0``:
-    ZeroDivisionError in both) and ``_38`` (2.0 for a zero mean). Its idle rank is then filled (which
-    splits the document: 26 s of masked attention) as ``plan_shards`` returns it; ``plan_atp`` fills
-    it itself since the fifty-sixth stop, so that the candidates after it are judged against that."""
+    ZeroDivisionError in both) and ``_38`` (2.0 for a zero mean). Its idle rank is then filled, and the
+    per_doc head-tail split (26 s of masked attention) wins against that, as ``plan_shards`` returned
+    before; ``plan_atp`` fills its plan itself since the fifty-sixth stop, so it returns that split too."""
     whole = finish_plan(np.array([8]), 2, "atp", [np.array([[0, 0, 8]]), np.zeros((0, 3), np.int64)], None,
                         MASKED_ONLY)
     assert whole.rank_compute_s.tolist() == [0.0, 0.0] and whole.imbalance == 1.0
