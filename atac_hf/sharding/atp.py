@@ -423,10 +423,9 @@ def _fewer_anchors(plan: ShardPlan, j_best: int, whole, cand, attempt, build, cm
     attention price: a split levels ranks whatever the price, a document kept whole does not); never
     where it leaves a rank idle (filling it is another plan).
     """
-    incumbent = plan  # (its idle ranks filled by plan_atp)
-    below, least = None, incumbent.block_time_s
+    below, least = None, plan.block_time_s  # (plan's idle ranks filled by plan_atp)
     for j in range(j_best - 1, -1, -1):
-        if float(whole[cand[j]]) >= incumbent.block_time_s * (1 - 1e-9):
+        if float(whole[cand[j]]) >= plan.block_time_s * (1 - 1e-9):
             break
         got = attempt(j)
         if got is not None and got[0] < least * (1 - 1e-9):
@@ -436,7 +435,7 @@ def _fewer_anchors(plan: ShardPlan, j_best: int, whole, cand, attempt, build, cm
     fewer = resolve_exchange(build(*below)[0], cm)
     if fill_empty_ranks(fewer, cm, kv_exchange) is not fewer:  # an idle rank: filled, it is another plan
         return plan
-    return fewer if _takes_over(fewer, incumbent, cm) else plan
+    return fewer if _takes_over(fewer, plan, cm) else plan
 
 
 def _takes_over(new: ShardPlan, incumbent: ShardPlan, cm: CostModel) -> str:
