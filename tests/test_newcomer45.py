@@ -268,6 +268,42 @@ def test_a_dataset_with_no_token_to_train_is_refused_not_trained_at_loss_0():
                           name="test_dataset")
 
 
+def test_a_list_of_samples_with_no_token_to_train_is_refused_too():
+    """The same refusal for a list of dicts (read row by row until one has a target), which was trained at loss 0."""
+    import torch
+
+    from atac_hf.integrations.data import check_dataset_columns
+
+    ids = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
+    masked = [{"input_ids": x, "labels": [-100] * len(x)} for x in ids]
+    with pytest.raises(ValueError, match=r"^train_dataset has no token to train: every 'labels' entry of its 3 "
+                                         r"row\(s\) is -100, so every loss would be 0.*drop the column"):
+        check_dataset_columns(masked, name="train_dataset", targets=True)
+    as_tensors = [{"input_ids": torch.tensor(x), "labels": torch.full((len(x),), -100)} for x in ids]
+    with pytest.raises(ValueError, match=r"^train_dataset has no token to train"):
+        check_dataset_columns(as_tensors, name="train_dataset", targets=True)
+    with pytest.raises(ValueError, match=r"every 'completion_mask' entry of its 3 row\(s\) is 0.*\{% generation %\}"):
+        check_dataset_columns([{"input_ids": x, "completion_mask": [0] * len(x)} for x in ids],
+                              name="train_dataset", targets=True)
+    # one target anywhere, a row without labels (its tokens are targets), no labels at all, or an evaluation set
+    check_dataset_columns(masked[:2] + [{"input_ids": ids[2], "labels": [-100, -100, 13]}], name="train_dataset",
+                          targets=True)
+    check_dataset_columns(masked + [{"input_ids": [1, 2], "labels": None}], name="train_dataset", targets=True)
+    check_dataset_columns([{"input_ids": x} for x in ids], name="train_dataset", targets=True)
+    check_dataset_columns(masked, name="eval_dataset")
+    # the refusal reads no further than the first target: a long list with one up front is read once
+    reads = []
+
+    class Rows(list):
+        def __getitem__(self, i):
+            reads.append(i)
+            return list.__getitem__(self, i)
+
+    check_dataset_columns(Rows([{"input_ids": [1, 2], "labels": [1, 2]}] + masked * 1000), name="train_dataset",
+                          targets=True)
+    assert reads == [0, 0]  # the column names, then the scan
+
+
 def test_atac_trainer_refuses_a_train_set_without_targets_and_predicts_on_one(tmp_path):
     datasets = pytest.importorskip("datasets")
     import torch

@@ -172,10 +172,40 @@ def _refuse_no_target(table: Any, names: Sequence[str], name: str, num_rows: int
             continue
         if sum(len(chunk.flatten()) for chunk in column.chunks) == 0:
             continue  # no tokens at all: the sampler's "every sample is empty" says so
-        fix = ("put the token ids to train in labels (-100 only where no loss), or drop the column (every token is "
-               "then a target)" if col == "labels" else
-               "a chat template's assistant mask is all 0 where the template has no {% generation %} ... "
-               "{% endgeneration %} around the assistant's turns (transformers warns: 'chat template does not "
-               "contain `{% generation %}` keyword'): add them, or build labels yourself (-100 on the prompt)")
-        raise ValueError(f"{name} has no token to train: every {col!r} entry of its {num_rows} row(s) is {none}, so "
-                         f"every loss would be 0 and the weights would not learn. To fix: {fix}")
+        raise _no_target_error(name, col, none, num_rows)
+
+
+def _refuse_no_target_rows(dataset: Any, names: Sequence[str], name: str) -> None:
+    """:func:`_refuse_no_target` of an indexable of dicts (a list of samples): rows read in turn until one
+    has a target (a row without the column, or with a value other than -100 / 0 in it: its tokens are)."""
+    from ..packing.data.collator import LOSS_MASK_COLUMNS
+
+    cols = [("labels", -100)] if "labels" in names else [(c, 0) for c in LOSS_MASK_COLUMNS if c in names]
+    if not cols:
+        return
+    seen = 0
+    for i in range(len(dataset)):
+        row = dataset[i]
+        for col, none in cols:
+            value = row.get(col) if hasattr(row, "get") else None
+            if value is None:
+                return
+            try:
+                entries = np.asarray(value)
+            except Exception:  # noqa: BLE001 - not numbers: the collator names what is wrong with it
+                return
+            if entries.size and (entries.dtype == object or (entries != none).any()):
+                return
+            seen += entries.size
+    if seen:  # no tokens at all: the sampler's "every sample is empty" says so
+        raise _no_target_error(name, cols[0][0], cols[0][1], len(dataset))
+
+
+def _no_target_error(name: str, col: str, none: int, num_rows: int) -> ValueError:
+    fix = ("put the token ids to train in labels (-100 only where no loss), or drop the column (every token is "
+           "then a target)" if col == "labels" else
+           "a chat template's assistant mask is all 0 where the template has no {% generation %} ... "
+           "{% endgeneration %} around the assistant's turns (transformers warns: 'chat template does not "
+           "contain `{% generation %}` keyword'): add them, or build labels yourself (-100 on the prompt)")
+    return ValueError(f"{name} has no token to train: every {col!r} entry of its {num_rows} row(s) is {none}, so "
+                      f"every loss would be 0 and the weights would not learn. To fix: {fix}")

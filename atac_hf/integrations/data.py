@@ -14,7 +14,8 @@ import numpy as np
 from torch.utils.data import DataLoader, IterableDataset
 
 from ..packing.data.arrow_source import refuse_transform
-from .columns import _check_token_columns, _list_chunks, checked_stream, prepare_stream_sample  # noqa: F401
+from .columns import (_check_token_columns, _list_chunks, _refuse_no_target_rows, checked_stream,  # noqa: F401
+                      prepare_stream_sample)
 from .config import ATACConfig
 from .config_files import check_count, short_repr
 from .targets import DocumentTargets
@@ -57,7 +58,8 @@ def check_dataset_columns(dataset: Any, *, name: str = "dataset", streaming: boo
     trained on), and without ``labels`` the ``completion_mask`` / ``assistant_masks`` (from
     which the collator builds the labels, as TRL does) must be 0/1. Other indexables are
     checked batch by batch by the collator. With ``targets`` (ATACTrainer's ``train_dataset``) a
-    ``datasets.Dataset`` with no token to train is refused: ``labels`` all -100 or a loss mask all 0.
+    dataset with no token to train is refused: ``labels`` all -100 or a loss mask all 0 (a list of dicts
+    is read row by row until one has a target).
 
     Raises:
         ValueError: a ``DatasetDict`` (names its splits), an iterable dataset (unless
@@ -91,6 +93,8 @@ def check_dataset_columns(dataset: Any, *, name: str = "dataset", streaming: boo
         names = list(first) if hasattr(first, "keys") else [type(first).__name__]
     _check_names(names, name)
     _check_token_columns(dataset, name, targets=targets)
+    if targets and getattr(dataset, "column_names", None) is None:
+        _refuse_no_target_rows(dataset, names, name)
 
 
 def _splits_of(dataset: Any) -> list | None:
