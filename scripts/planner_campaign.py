@@ -12,7 +12,9 @@ a forced exchange or none, and sometimes a token cap, and checks what ATP promis
 - with the automatic exchange, no more than TWO_WAY_TOLERANCE slower than one contiguous run a
   rank, unless that run is less level and not robustly no worse (tests/test_atp_contiguous.py);
 - with the automatic exchange, no slower than ATP forced to the all-gather (not a guarantee:
-  docs/RELIABILITY.md, "Not covered", counts it).
+  docs/RELIABILITY.md, "Not covered", counts it); a pack where it is, counted apart where ATP's plan is
+  the safer bet (a smaller worst excess over the all-gather's plan at the estimate and at 0.25x-4x the
+  attention price than the all-gather's over it).
 
 Prints each broken promise's count and its first cases (lengths, cp_size, min_chunk, exchange,
 cap, cost-model fields, ratio).
@@ -31,9 +33,10 @@ from tqdm.auto import tqdm
 import atac_hf.sharding.atp as atp_mod
 from atac_hf.cost import CostModel
 from atac_hf.sharding import plan_shards
-from atac_hf.sharding.atp import TWO_WAY_TOLERANCE, _robustly_no_worse
+from atac_hf.sharding.atp import TWO_WAY_TOLERANCE, _block_at, _robustly_no_worse
 from atac_hf.sharding.baselines import contiguous_segments
 from atac_hf.sharding.segments import finish_plan
+from atac_hf.sharding.subgroups import _scaled
 
 
 def draw_cost_model(rng: np.random.Generator) -> dict:
@@ -93,13 +96,27 @@ def check(L, C, cm, min_chunk, kv, cap) -> list[tuple[str, float]]:
     if kv is None:
         gather = plan_shards(L, C, "atp", cm, **{**kw, "kv_exchange": "all_gather"})
         if plan.block_time_s > gather.block_time_s * (1 + 1e-9):
-            broken.append(("automatic exchange slower than the all-gather", plan.block_time_s / gather.block_time_s))
+            safer = " (the safer bet)" if _safer_bet(plan, gather, cm) else ""
+            broken.append((f"automatic exchange slower than the all-gather{safer}",
+                           plan.block_time_s / gather.block_time_s))
         run = finish_plan(L, C, "atp", contiguous_segments(L, C), None, cm, "auto")
         if (cap is None or run.rank_num_tokens().max() <= cap) and not (
                 plan.block_time_s <= run.block_time_s * (1 + TWO_WAY_TOLERANCE) * (1 + 1e-9)
                 or (run.imbalance > plan.imbalance and not _robustly_no_worse(run, plan, cm))):
             broken.append(("contiguous rule", plan.block_time_s / run.block_time_s))
     return broken
+
+
+def _safer_bet(a, b, cm: CostModel) -> bool:
+    """Whether plan ``a``'s worst excess over ``b``'s block time, at the estimate and with attention priced
+    0.25x-4x, is smaller than ``b``'s worst excess over ``a``'s (ATP's rules prefer such a plan)."""
+    worst_a = worst_b = 1.0
+    for k in (0.25, 0.5, 1.0, 2.0, 4.0):
+        alt = _scaled(cm, k)
+        ta, tb = _block_at(a, alt), _block_at(b, alt)
+        if ta > 0 and tb > 0:
+            worst_a, worst_b = max(worst_a, ta / tb), max(worst_b, tb / ta)
+    return worst_a < worst_b
 
 
 def main(argv=None) -> int:
