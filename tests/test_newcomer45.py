@@ -45,12 +45,15 @@ SIMPLE_LAUNCHER = {"ACCELERATE_USE_CPU": "True", "MASTER_ADDR": "127.0.0.1", "MA
 
 
 def test_cp_refusal_on_a_one_process_launch_says_how_to_launch_several():
-    with pytest.raises(ValueError, match=r"cp_size=2 does not divide the world size 1 .*--num_processes\); "
+    with pytest.raises(ValueError, match=r"cp_size=2 does not divide the world size 1 .*--num_processes N; on a machine "
+                                         r"without GPUs add --multi_gpu, as configs/cpu_cp2.yaml does, or Accelerate "
+                                         r"starts one process\); "
                                          r"accelerate launch was asked for several processes but started this one "
                                          r"alone .*MULTI_CPU.*--multi_gpu --num_processes N.*use_cpu: true"):
         build_parallelism_config(ATACConfig(cp_size=2), 1, environ=SIMPLE_LAUNCHER)
     # any other single process: the message as before, nothing added
-    with pytest.raises(ValueError, match=r"launch a multiple of 2 processes \(accelerate launch --num_processes\)$"):
+    with pytest.raises(ValueError, match=r"launch a multiple of 2 processes \(accelerate launch --num_processes N; .*"
+                                         r"--multi_gpu.*starts one process\)$"):
         build_parallelism_config(ATACConfig(cp_size=2), 1, environ={})
 
 

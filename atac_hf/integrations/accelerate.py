@@ -136,15 +136,16 @@ def build_parallelism_config(config: ATACConfig, world_size: int, *, fsdp: bool 
     hint = f"; {one_process}" if one_process else ""
     if world % (cp * tp):
         divisors = [d for d in range(1, world + 1) if world % d == 0]
+        how = ("accelerate launch --num_processes N; on a machine without GPUs add --multi_gpu, as "
+               "configs/cpu_cp2.yaml does, or Accelerate starts one process")
         if tp == 1:
             raise ValueError(
                 f"cp_size={cp} does not divide the world size {world} (processes launched): set cp_size to one of "
-                f"{divisors}, or launch a multiple of {cp} processes (accelerate launch --num_processes)"
-                + hint)
+                f"{divisors}, or launch a multiple of {cp} processes ({how})" + hint)
         raise ValueError(
             f"cp_size={cp} x tp_size={tp} = {cp * tp} does not divide the world size {world} (processes launched): "
             f"choose sizes whose product is one of {divisors}, or launch a multiple of {cp * tp} processes "
-            "(accelerate launch --num_processes)" + hint)
+            f"({how})" + hint)
     warn_one_process_launch(one_process)  # asked for several processes, started one: say so
     dp = world // (cp * tp)
     nested = cp > 1 or tp > 1 or fsdp
