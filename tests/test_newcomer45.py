@@ -156,6 +156,38 @@ def test_untokenized_chat_data_gets_the_chat_template_recipe():
         check_dataset_columns([{"messages": [{"role": "user", "content": "hi"}]}], name="train_dataset")
 
 
+def test_untokenized_prompt_completion_data_gets_a_recipe_that_runs():
+    """Red-team 57: raw prompt/completion text got only the plain-text hint (tokenizer(b['text'])), which drops
+    the completion-only loss; the hint for such columns runs as given and builds data the trainer takes."""
+    datasets = pytest.importorskip("datasets")
+    import re
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers.processors import TemplateProcessing
+    from transformers import PreTrainedTokenizerFast
+
+    from atac_hf.integrations.data import check_dataset_columns
+
+    words = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["[UNK]", "[BOS]", "a", "b", "c"])},
+                                       unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    words.post_processor = TemplateProcessing(single="[BOS] $A", special_tokens=[("[BOS]", 1)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]", bos_token="[BOS]")
+    dataset = datasets.Dataset.from_dict({"prompt": ["a b", "c"], "completion": ["c c", "a b c"]})
+    with pytest.raises(ValueError, match=r"columns found: \['prompt', 'completion'\]\. .*prompt-completion data: "
+                                         r".*'completion_mask'") as caught:
+        check_dataset_columns(dataset, name="train_dataset")
+    recipe = re.search(r"e\.g\. (dataset\.map\(lambda ex: .*\}\)), see", str(caught.value)).group(1)
+    # the message's own example, run as a user would paste it
+    tokenized = eval(recipe, {"dataset": dataset, "tokenizer": tokenizer})  # noqa: S307
+    assert tokenized[0]["input_ids"] == [1, 2, 3, 4, 4] and tokenized[0]["completion_mask"] == [0, 0, 0, 1, 1]
+    assert tokenized[1]["input_ids"] == [1, 4, 2, 3, 4] and tokenized[1]["completion_mask"] == [0, 0, 1, 1, 1]
+    check_dataset_columns(tokenized, name="train_dataset", targets=True)
+    # the plain-text hint alone for other columns, as before
+    with pytest.raises(ValueError, match=r"rename the token column to 'input_ids'$"):
+        check_dataset_columns([{"text": "a b"}], name="train_dataset")
+
+
 def test_atac_sft_trainer_trains_the_assistant_tokens_only(tmp_path):
     pytest.importorskip("trl")
     pytest.importorskip("datasets")

@@ -117,7 +117,8 @@ def _check_names(names: Any, name: str, *, packed_ok: bool = True) -> None:
         raise ValueError(
             f"{name} has no {missing} column; columns found: {list(names)}. Tokenize it first, e.g. "
             "dataset.map(lambda b: tokenizer(b['text']), batched=True), or rename the token column to 'input_ids'"
-            + (_CHAT_HINT if "messages" in names else ""))
+            + (_CHAT_HINT if "messages" in names else "")
+            + (_COMPLETION_HINT if "prompt" in names and "completion" in names else ""))
 
 
 _CHAT_HINT = (  # TRL-style conversational data: ATACTrainer (and ATACSFTTrainer) refuse it before SFTTrainer tokenizes
@@ -125,6 +126,13 @@ _CHAT_HINT = (  # TRL-style conversational data: ATACTrainer (and ATACSFTTrainer
     "return_dict=True, return_assistant_tokens_mask=True)) gives 'input_ids' and 'assistant_masks', from which "
     "labels are built (-100 on the prompt; the chat template needs {% generation %} blocks), see docs/INTEGRATION.md "
     "\"TRL's SFTTrainer\"")
+
+_COMPLETION_HINT = (  # TRL-style prompt-completion data: the loss on the completion only, as SFTTrainer's default
+    "; prompt-completion data: tokenize both into 'input_ids' with a 'completion_mask' (0 on the prompt's tokens, 1 "
+    "on the completion's), from which labels are built (-100 on the prompt), e.g. dataset.map(lambda ex: "
+    "{'input_ids': (p := tokenizer(ex['prompt'])['input_ids']) + (c := tokenizer(ex['completion'], "
+    "add_special_tokens=False)['input_ids']), 'completion_mask': [0] * len(p) + [1] * len(c)}), see "
+    "docs/INTEGRATION.md \"TRL's SFTTrainer\"")
 
 
 _COLLATOR_CONTRACT = (
