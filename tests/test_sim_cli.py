@@ -70,6 +70,14 @@ def test_simulate_bad_settings():
         _run(["simulate", "--model", "gpt9"])
 
 
+def test_simulate_takes_the_size_spellings_of_plan_and_atac_config():
+    """`atac-hf plan --cp-size`, `calibrate --tp-size` and ATACConfig(cp_size=...) spell the sizes so; simulate's
+    --cp / --dp / --pp / --tp refused --cp-size as an unknown argument."""
+    short = _parser().parse_args(["simulate", "--dp", "2", "--pp", "1", "--cp", "4", "--tp", "2"])
+    long = _parser().parse_args(["simulate", "--dp-size", "2", "--pp-size", "1", "--cp-size", "4", "--tp-size", "2"])
+    assert (long.dp, long.pp, long.cp, long.tp) == (short.dp, short.pp, short.cp, short.tp) == (2, 1, 4, 2)
+
+
 def _tiny_grid(workload_file=None):
     c = dict(model="1b", hardware="H100", max_tokens=8192, cp_size=2, pp_size=2, dp_size=2, num_micro_batches=2)
     return [Scenario("tiny-a", c, "longtail", 3), Scenario("tiny-b", {**c, "cp_size": 4, "pp_size": 1}, "sft", 3)]

@@ -35,10 +35,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _cluster_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cluster")
-    g.add_argument("--dp", type=parse_int, default=4, help="data-parallel replicas (default 4)")
-    g.add_argument("--pp", type=parse_int, default=4, help="pipeline stages (default 4)")
-    g.add_argument("--cp", type=parse_int, default=8, help="context-parallel ranks per pack (default 8)")
-    g.add_argument("--tp", type=parse_int, default=1, help="tensor-parallel ranks (default 1)")
+    # (--cp-size etc. as aliases: `atac-hf plan --cp-size`, `calibrate --tp-size` and ATACConfig spell them so)
+    g.add_argument("--dp", "--dp-size", type=parse_int, default=4, help="data-parallel replicas (default 4)")
+    g.add_argument("--pp", "--pp-size", type=parse_int, default=4, help="pipeline stages (default 4)")
+    g.add_argument("--cp", "--cp-size", type=parse_int, default=8, help="context-parallel ranks per pack (default 8)")
+    g.add_argument("--tp", "--tp-size", type=parse_int, default=1, help="tensor-parallel ranks (default 1)")
     g.add_argument("--micro-batches", type=parse_int, default=8, help="packs per DP replica per step (default 8)")
     g.add_argument("--max-tokens", type=parse_tokens, default=131072,
                    help="token cap per pack, e.g. 128K (default 131072)")
