@@ -78,6 +78,23 @@ def test_simulate_takes_the_size_spellings_of_plan_and_atac_config():
     assert (long.dp, long.pp, long.cp, long.tp) == (short.dp, short.pp, short.cp, short.tp) == (2, 1, 4, 2)
 
 
+def test_every_command_takes_the_other_commands_spelling_of_a_profile_and_of_lengths():
+    """pack said --cost-profile and --lengths, plan and simulate --profile and plan --doc-lengths: each now takes
+    the other spelling too (the same setting)."""
+    from atac_hf.cli import build_parser
+
+    parse = build_parser().parse_args
+    for command, canonical, alias, dest, rest in (
+            ("pack", "--cost-profile", "--profile", "cost_profile", ["--workload", "sft", "--max-tokens", "4K"]),
+            ("plan", "--profile", "--cost-profile", "profile", ["--doc-lengths", "5,6", "--cp-size", "2"]),
+            ("simulate", "--profile", "--cost-profile", "profile", []),
+            ("bench", "--profile", "--cost-profile", "profile", []),
+            ("plan", "--doc-lengths", "--lengths", "doc_lengths", ["--cp-size", "2"])):
+        a = parse([command, canonical, "p.json", *rest])
+        b = parse([command, alias, "p.json", *rest])
+        assert getattr(a, dest) == getattr(b, dest) == "p.json", (command, alias)
+
+
 def _tiny_grid(workload_file=None):
     c = dict(model="1b", hardware="H100", max_tokens=8192, cp_size=2, pp_size=2, dp_size=2, num_micro_batches=2)
     return [Scenario("tiny-a", c, "longtail", 3), Scenario("tiny-b", {**c, "cp_size": 4, "pp_size": 1}, "sft", 3)]

@@ -55,7 +55,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    f"path of an HF config.json (default {DEFAULT_MODEL}; with --cost-profile: the profile's model, "
                    "and a --model given must be the one it was measured for)")
     p.add_argument("--hardware", default="H100", help=f"hardware preset: {sorted(HARDWARE_PRESETS)} (default H100)")
-    p.add_argument("--cost-profile", default=None, help="calibrated cost profile JSON (replaces --hardware and the "
+    p.add_argument("--cost-profile", "--profile", default=None,
+                   help="calibrated cost profile JSON (replaces --hardware and the "
                    "model's preset prices; refused with a --model it was not measured for)")
     p.add_argument("--json", action="store_true", help="print one JSON object {packs, deferred, metrics}")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,

@@ -18,7 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="shard one pack over a CP group (ATP-CP and baselines)",
         description="Plan how one pack's documents are spread over cp_size ranks, for each strategy.",
     )
-    p.add_argument("--doc-lengths", required=True,
+    p.add_argument("--doc-lengths", "--lengths", required=True,
                    help="comma-separated document lengths of one pack, or a JSON file holding an array of ints")
     p.add_argument("--cp-size", type=parse_int, required=True, help="ranks in the context-parallel group")
     p.add_argument("--strategy", choices=[*STRATEGIES, "all"], default="all", help="default: all, side by side")
@@ -27,7 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "--model given must be the one it was measured for)")
     p.add_argument("--hardware", default="H100", choices=sorted(HARDWARE_PRESETS),
                    help="hardware preset (default H100)")
-    p.add_argument("--profile", help="calibration profile JSON (replaces --hardware and the model's preset prices; "
+    p.add_argument("--profile", "--cost-profile",
+                   help="calibration profile JSON (replaces --hardware and the model's preset prices; "
                    "refused with a --model it was not measured for)")
     p.add_argument("--max-tokens-per-rank", type=parse_tokens, default=None, metavar="N",
                    help="token cap of one rank, e.g. 16384 or 16K (default: none)")

@@ -49,7 +49,8 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
                         "or --eval-profile must have been measured for it)")
     g.add_argument("--hardware", default="A800", choices=sorted(HARDWARE_PRESETS),
                    help="hardware preset (default A800)")
-    g.add_argument("--profile", default=None, help="calibration profile JSON (replaces the preset's compute)")
+    g.add_argument("--profile", "--cost-profile", default=None,
+                   help="calibration profile JSON (replaces the preset's compute)")
     g.add_argument("--efficiency", type=parse_float, default=0.5, help="share of peak FLOP/s for presets (default 0.5)")
 
 
@@ -233,7 +234,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
                         "(default: print only, write nothing)")
     p.add_argument("--plots-dir", default=None, help="where the PNG plots go (default: the --output file's folder)")
     p.add_argument("--no-write", action="store_true", help="print only, even with --output")
-    p.add_argument("--profile", default=None,
+    p.add_argument("--profile", "--cost-profile", default=None,
                    help="calibration profile: every scenario then runs the profile's model and tp_size on its "
                         "measured compute (links still from each scenario's hardware preset)")
     p.add_argument("--workers", type=parse_int, default=None, help="processes (default: CPU count)")
