@@ -118,6 +118,9 @@ def accelerate_cases() -> dict:
     res["adalora_loss_err"] = abs(float(acc.reduce_loss(loss)) - ref_loss) / abs(ref_loss)
     res["adalora_grad_err"] = max(float((got[n].grad - g).norm() / g.norm()) for n, g in ref_grads.items())
     res["adalora_grads"] = len(ref_grads)
+    res["adalora_compared"] = sorted(n.split(".self_attn.")[1].rsplit(".", 1)[0] + "@" + n.split(".layers.")[1][0]
+                                     for n in ref_grads)  # e.g. "q_proj.lora_A@0"
+    res["adalora_trainable"] = sum(1 for p in acc.unwrap_model(pm).parameters() if p.requires_grad)
 
     from transformers import LlamaModel
 
