@@ -4,9 +4,10 @@ Under CP 2 (2 gloo processes, ``tests/_redteam13_worker.py``): an ``evaluate()``
 before ``train()`` left the model without DDP (Accelerate's evaluation-mode prepare marks it
 prepared), so the CP ranks' gradient shares were never summed and their weights drifted apart; a
 ``compute_loss`` override returning ``model(**inputs).loss`` trained on half the loss; a model whose
-loss ignores ``num_items_in_batch`` trained on twice it. In one process: ``metric_for_best_model``
-naming a ``compute_metrics`` metric (never reported under CP) and ``label_names`` the packed batch
-does not hold failed late or in other words.
+loss ignores ``num_items_in_batch`` trained on twice it. In one process: ``label_names`` the packed
+batch does not hold failed late or in other words. (``metric_for_best_model`` naming a
+``compute_metrics`` metric was refused under CP while evaluation there returned the loss only; it is
+taken since predictions are gathered into full rows: ``tests/test_cp_predictions.py``.)
 """
 
 from __future__ import annotations
@@ -87,28 +88,6 @@ def _args(tmp_path, **kw):
     kw = {"save_strategy": "no", **kw}
     return TrainingArguments(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=1, report_to="none",
                              disable_tqdm=True, use_cpu=True, **kw)
-
-
-@pytest.mark.parametrize("metric", ["accuracy", "eval_accuracy"])
-def test_metric_for_best_model_from_compute_metrics_is_refused_under_cp(tmp_path, metric):
-    from atac_hf.integrations import ATACConfig, ATACTrainer
-
-    model = _tiny()
-    args = _args(tmp_path, eval_strategy="steps", eval_steps=1, save_strategy="steps", save_steps=1, load_best_model_at_end=True,
-                 metric_for_best_model=metric)
-    with pytest.raises(ValueError, match=rf"metric_for_best_model='{metric}' with cp_size=2: .*compute_metrics is "
-                                         r"not run.*Set metric_for_best_model='loss'"):
-        ATACTrainer(model=model, args=args, train_dataset=_ds(), eval_dataset=_ds(),
-                    compute_metrics=lambda p: {"accuracy": 1.0}, atac_config=ATACConfig(cp_size=2, max_tokens=128))
-    assert model.config._attn_implementation != "atac_cp"  # a refused operation changes nothing
-
-
-def test_metric_for_best_model_on_the_loss_is_taken(tmp_path):
-    from atac_hf.integrations.trainer_guards import check_best_metric
-
-    for name in ("loss", "eval_loss", "eval_valid_loss", None):
-        check_best_metric(type("A", (), {"metric_for_best_model": name})(), cp_size=2)
-    check_best_metric(type("A", (), {"metric_for_best_model": "accuracy"})(), cp_size=1)  # metrics run at CP 1
 
 
 def test_label_names_the_packed_batch_lacks_are_refused_in_words(tmp_path):

@@ -67,8 +67,9 @@ def test_docs_no_longer_list_soft_capping_among_the_refused_features():
     text = (Path(__file__).resolve().parents[1] / "docs" / "INTEGRATION.md").read_text()
     assert "attention dropout, logit soft-capping and" not in text
     assert "logit soft-capping runs\n  exactly on the `sdpa` backend" in text
-    # and what predict / compute_metrics get (found undocumented: a pack per row at CP 1, nothing under CP)
-    assert "`compute_metrics` is not called" in text and "one packed row per batch" in text
+    # and what predict / compute_metrics get (found undocumented: a pack per row; under CP, loss-only then, full rows
+    # gathered since tests/test_cp_predictions.py)
+    assert "one packed row per batch" in text and "gathered back into the pack's row order" in text
 
 
 

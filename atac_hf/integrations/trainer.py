@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import warnings
 from typing import Any
 
 import torch
@@ -63,9 +62,10 @@ from .sharded_check import check_model_sharded
 from .sharder import BatchSharder, check_position_limit, prepare_model, unwrap_base_model
 from .stream_state import SAMPLER_STATE_NAME, STREAM_STATE_NAME, StreamResumeMixin, stream_dispatch
 from .rollback import refused_changes_nothing
+from .predictions import full_row_predictions, replica_gather, wants_predictions
 from .tensor_parallel import (apply_tensor_parallel, check_optimizers_unstepped, check_tp_refusals, dp_cp_group,
                               full_state_dict, remap_optimizer_params, sync_tp_gradients, tp_head_split)
-from .trainer_guards import (LossGuardMixin, check_best_metric, check_label_names, check_late_loss_settings,
+from .trainer_guards import (LossGuardMixin, check_label_names, check_late_loss_settings,
                              check_step_model, install_loss_override_check, loss_scale_refusal, record_wrap_trainable,
                              release_eval_preparation, sharded_prediction_step, watch_step_forwards)
 from .trainer_guards import check_training_args as _check_args, sampling_strategy as _sampling_strategy  # noqa: F401
@@ -177,7 +177,6 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, ConvertedCheckpointMixin, T
         stream_dispatch(args, streaming)
         _default_device_args(args, model)
         _check_args(args, config)
-        check_best_metric(args, config.cp_size)
         config.check_runtime(args.device.type)
         fsdp = bool(args.fsdp) or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
         # every refusal comes before the model and args change (a refused operation changes nothing)
@@ -258,7 +257,6 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, ConvertedCheckpointMixin, T
         self._atac_base = base  # the model every check above ran on: each step must run it (check_step_model)
         self.atac_sampler = None
         self._atac_resume_dir: str | None = None
-        self._atac_warned_logits = False
         self._atac_docs_trained = 0  # documents in the training packs of this rank (train_samples_per_second)
         self._atac_stream_init()
 
@@ -341,8 +339,10 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, ConvertedCheckpointMixin, T
     def evaluation_loop(self, *args: Any, **kwargs: Any):
         """Trainer's loop (``evaluate`` and ``predict``), every CP rank's loss gathered: each is a
         share of the same pack, which ``gather_for_metrics`` (Trainer's reset after every loop)
-        would drop as "duplicates" at the end of the loader."""
-        self.gather_function = self.accelerator.gather
+        would drop as "duplicates" at the end of the loader. With predictions under CP or TP, every rank of a
+        replica returns the same pack's: one copy kept (:func:`~atac_hf.integrations.predictions.replica_gather`)."""
+        shared = (self.atac_config.cp_size > 1 or self.atac_tp_size > 1) and wants_predictions(self, args, kwargs)
+        self.gather_function = replica_gather(self) if shared else self.accelerator.gather
         try:
             return super().evaluation_loop(*args, **kwargs)
         finally:
@@ -400,18 +400,16 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, ConvertedCheckpointMixin, T
         return loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        if self.atac_config.cp_size > 1 and not prediction_loss_only:
-            if not self._atac_warned_logits:
-                warnings.warn("under context parallelism each rank holds logits of its own tokens only: evaluation "
-                              "returns the loss (prediction_loss_only=True)", stacklevel=2)
-                self._atac_warned_logits = True
-            prediction_loss_only = True
+        """Trainer's step on this rank's shard; with predictions under CP, the pack's loss, logits in row order and
+        labels on every CP rank (:func:`~atac_hf.integrations.predictions.full_row_predictions`)."""
         check_step_model(self, model, training=False)
         check_label_names(self, inputs)
         install_loss_override_check(self, self.atac_config.cp_size)
         check_late_loss_settings(self, self.atac_config.cp_size)
-        return sharded_prediction_step(self, ATACTrainer, super().prediction_step, model, inputs, prediction_loss_only,
-                                       ignore_keys)  # (TRL's SFTTrainer's step too, after this one in the MRO)
+        out = sharded_prediction_step(self, ATACTrainer, super().prediction_step, model, inputs, prediction_loss_only,
+                                      ignore_keys)  # (TRL's SFTTrainer's step too, after this one in the MRO)
+        return full_row_predictions(self, inputs, out) if self.atac_config.cp_size > 1 and not prediction_loss_only \
+            else out
 
     # ------------------------------------------------------------------ logging
     def _finalize_training(self, trial: Any, num_train_samples: Any, start_time: float, *args: Any, **kwargs: Any):

@@ -10,8 +10,6 @@ shares. What would break that silently is refused, in words, before it changes a
   shifts itself are a shard's, not a row's; refused at its first call, before any backward;
 * a model whose loss ignores ``num_items_in_batch`` (a per-rank mean; ``cp_size`` times the loss
   and gradients): refused at construction (a 4-token check under ``no_grad``);
-* ``metric_for_best_model`` naming a ``compute_metrics`` metric: evaluation under CP returns the
-  loss only, so the metric would never be reported (Trainer fails at the first evaluation);
 * ``label_names`` the packed batch does not hold.
 
 And one repair: ``Trainer.evaluate()`` / ``predict()`` before ``train()`` prepares the model in
@@ -403,16 +401,6 @@ def loss_shift_refusal(model: Any) -> str | None:
             "are its shard's tokens and only shift_labels hold the row's targets. Compute the loss with the model's "
             "loss_function(logits, labels, vocab_size, num_items_in_batch=..., shift_labels=...), or a loss of your "
             "own that reads its targets from shift_labels where given, or train with cp_size=1")
-
-
-def check_best_metric(args: Any, cp_size: int) -> None:
-    name = args.metric_for_best_model
-    if cp_size > 1 and name and not str(name).endswith("loss"):
-        raise ValueError(
-            f"metric_for_best_model={name!r} with cp_size={cp_size}: under context parallelism each rank holds the "
-            "logits of its own tokens only, so evaluation returns the loss and compute_metrics is not run; the "
-            "metric would never be reported. Set metric_for_best_model='loss' (or 'eval_<name>_loss' for one of "
-            "several eval datasets), or evaluate with cp_size=1")
 
 
 def check_label_names(trainer: Any, inputs: Any) -> None:

@@ -1,0 +1,146 @@
+"""``predict()`` and ``compute_metrics`` under context parallelism get what they get at ``cp_size=1``.
+
+Each CP rank's model run yields its own tokens' logits; ``ATACTrainer`` gathers every per-token output back
+into the pack's row order, with the pack's labels and loss, and keeps one copy per DP replica (every CP and TP
+rank of a replica returns the same row). Each setting runs ``tests/_predictions_worker.py`` (gloo on CPU)
+against the same script at CP 1 on the same DP size: ``evaluate()`` with ``compute_metrics``,
+``preprocess_logits_for_metrics`` and ``include_for_metrics=["inputs"]``; ``predict()``'s logits, labels
+and a tuple of per-token outputs (hidden states); the same through TRL's ``SFTTrainer`` after
+``ATACTrainer`` (its own ``prediction_step``); the best checkpoint by a ``compute_metrics`` metric; and
+outputs that cannot be put back in row order (refused on every rank, in words). Before, evaluation under CP
+returned the loss only (``compute_metrics`` skipped, ``metric_for_best_model='accuracy'`` refused), and at
+TP 2 every pack's predictions came twice (once per TP rank).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _launch import ROOT, accelerate_launch, torchrun  # noqa: E402
+
+WORKER = ROOT / "tests" / "_predictions_worker.py"
+
+
+def _read(path) -> tuple[dict, dict]:
+    arrays = np.load(str(path)[: -len(".json")] + ".npz")
+    return json.loads(path.read_text()), {k: arrays[k] for k in arrays.files}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """{setting: (JSON, arrays)}: CP 1 and CP 2 at DP 1 and DP 2, and TP 2 at CP 1 and CP 2 (DP 1)."""
+    out = {}
+    d = tmp_path_factory.mktemp("cp_predictions")
+    for name, nproc, cp in (("cp1", 1, 1), ("cp2", 2, 2), ("dp2_cp1", 2, 1), ("dp2_cp2", 4, 2)):
+        torchrun(nproc, WORKER, d / f"{name}.json", cp, timeout=600)
+        out[name] = _read(d / f"{name}.json")
+    tp2 = d / "tp2.yaml"  # configs/cpu_tp2_cp2.yaml at CP 1 (2 processes)
+    tp2.write_text((ROOT / "configs" / "cpu_tp2_cp2.yaml").read_text().replace("num_processes: 4", "num_processes: 2")
+                   .replace("parallelism_config_cp_size: 2", "parallelism_config_cp_size: 1"))
+    for name, config, cp in (("tp2_cp1", tp2, 1), ("tp2_cp2", ROOT / "configs" / "cpu_tp2_cp2.yaml", 2)):
+        accelerate_launch(str(config), WORKER, d / f"{name}.json", cp, timeout=600)
+        out[name] = _read(d / f"{name}.json")
+    return out
+
+
+def _same_predictions(got: tuple, ref: tuple, rtol: float) -> None:
+    (g, ga), (r, ra) = got, ref
+    ev, rev = g["evaluate"], r["evaluate"]
+    # compute_metrics saw the same rows, targets, inputs and argmax predictions
+    for k in ("eval_rows", "eval_targets", "eval_input_tokens", "eval_accuracy"):
+        assert ev[k] == rev[k], k
+    np.testing.assert_allclose(ev["eval_loss"], rev["eval_loss"], rtol=rtol)
+    np.testing.assert_allclose(g["predict_metrics"]["test_loss"], r["predict_metrics"]["test_loss"], rtol=rtol)
+    if "sft_evaluate" in r:  # TRL's SFTTrainer after ATACTrainer (its prediction_step returns the shard's labels)
+        for k in ("eval_rows", "eval_targets", "eval_accuracy", "eval_mean_token_accuracy"):
+            assert g["sft_evaluate"][k] == r["sft_evaluate"][k], k
+        np.testing.assert_allclose(g["sft_evaluate"]["eval_loss"], r["sft_evaluate"]["eval_loss"], rtol=rtol)
+    assert set(ga) == set(ra)
+    for k in ra:
+        assert ga[k].shape == ra[k].shape, k
+        if k == "label_ids":
+            np.testing.assert_array_equal(ga[k], ra[k])
+        else:  # logits padded with -100 where a pack is shorter than the longest: in the same places
+            np.testing.assert_allclose(ga[k], ra[k], rtol=rtol, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting,ref", [("cp2", "cp1"), ("dp2_cp2", "dp2_cp1"), ("tp2_cp2", "cp1"),
+                                         ("tp2_cp1", "cp1")])
+def test_predictions_and_metrics_under_cp_and_tp_equal_one_cp_rank(runs, setting, ref):
+    got, want = runs[setting], runs[ref]
+    assert got[0]["world"] == {"cp2": 2, "dp2_cp2": 4, "tp2_cp2": 4, "tp2_cp1": 2}[setting]
+    _same_predictions(got, want, rtol=1e-5)
+    assert got[1]["logits"].shape[0] == got[0]["evaluate"]["eval_rows"]  # one row per pack (TP: not twice)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting,ref", [("cp2", "cp1"), ("dp2_cp2", "dp2_cp1")])
+def test_the_best_checkpoint_by_a_compute_metrics_metric_is_the_one_of_one_cp_rank(runs, setting, ref):
+    got, want = runs[setting][0]["best"], runs[ref][0]["best"]
+    assert got["accuracies"] == want["accuracies"] and len(got["accuracies"]) == 3
+    assert got["checkpoint"] == want["checkpoint"] and got["metric"] == want["metric"]
+    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_outputs_that_are_not_per_token_are_refused_on_every_cp_rank(runs):
+    assert runs["cp1"][0]["refusals"] == {"scalar": [None], "rank0": [None]}  # at CP 1 every output is the row's
+    for setting in ("cp2", "dp2_cp2"):
+        got = runs[setting][0]["refusals"]
+        for kind, messages in got.items():
+            assert len(messages) == runs[setting][0]["world"] and all(messages), (setting, kind)
+            for m in messages:
+                assert "only per-token outputs" in m and "ignore_keys=[...]" in m and "prediction_loss_only=True" in m
+        assert "has shape ()" in got["scalar"][0]
+        # the tensor is per-token on CP rank 0 only: rank 0 names the other rank, rank 1 its own output
+        assert got["rank0"][0].startswith("a prediction output of another CP rank is not per-token")
+        assert got["rank0"][1].startswith("prediction output 1 (") and ", 2): under context parallelism" in got["rank0"][1]
+        assert runs[setting][0]["ignored"] == runs["cp1" if setting == "cp2" else "dp2_cp1"][0]["ignored"]
+
+
+# ---------------------------------------------------------------------------- in one process
+def test_predictions_are_wanted_by_trainers_own_rule():
+    """``evaluation_loop(dataloader, description, prediction_loss_only=None, ...)``: as passed, else the argument."""
+    from types import SimpleNamespace
+
+    from atac_hf.integrations.predictions import wants_predictions
+
+    for default in (False, True):
+        t = SimpleNamespace(args=SimpleNamespace(prediction_loss_only=default))
+        assert wants_predictions(t, ("loader", "Evaluation"), {}) is (not default)
+        assert wants_predictions(t, ("loader", "Evaluation", None), {}) is (not default)
+        assert wants_predictions(t, ("loader", "Evaluation", True), {}) is False
+        assert wants_predictions(t, ("loader", "Evaluation"), {"prediction_loss_only": False}) is True
+        assert wants_predictions(t, (), {"bogus": 1}) is False  # a call Trainer's loop refuses itself
+
+
+def test_the_replica_gather_keeps_each_replicas_first_cp_and_tp_rank():
+    """World 4 = DP 2 x CP 2 (ranks 0 and 2 are CP rank 0): of every gathered tensor, ranks 0 and 2's rows."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from atac_hf.integrations.predictions import replica_gather
+
+    calls = []
+
+    def gather(x):  # the world's tensors concatenated: first the "first rank" flags, then given pre-gathered
+        calls.append(x)
+        return torch.tensor([1, 0, 1, 0]) if len(calls) == 1 else x
+
+    t = SimpleNamespace(accelerator=SimpleNamespace(gather=gather, device="cpu"), cp_rank=0, atac_tp_rank=0)
+    g = replica_gather(t)
+    rows = torch.arange(8 * 3).reshape(8, 3)  # 2 rows a rank
+    np.testing.assert_array_equal(g(rows), rows[[0, 1, 4, 5]])
+    got = g((rows, {"h": rows[:4]}, torch.tensor(7.0)))  # nested; one row a rank; a 0-dim value passes
+    np.testing.assert_array_equal(got[0], rows[[0, 1, 4, 5]])
+    np.testing.assert_array_equal(got[1]["h"], rows[[0, 2]])
+    assert float(got[2]) == 7.0
+    assert calls[0].tolist() == [1]  # this rank (CP 0, TP 0) said it is a replica's first
