@@ -69,8 +69,8 @@ def main(out_path: str, cp: int) -> None:
     t.model.config.output_hidden_states = False
     arrays["hidden_last"] = np.asarray(hidden[1][-1])
     arrays["hidden_logits"] = np.asarray(hidden[0])
-    # 4. outputs that cannot be put back in row order: a scalar (every rank), a tensor per-token on CP rank 0 only;
-    # every rank refuses (none waits in a collective the others left)
+    # 4. outputs that cannot be put back in row order: a scalar (every rank), a tensor per-token on CP rank 0 only,
+    # or on the first DP replica only; every rank refuses (none waits in a collective the others left)
     import torch.distributed as dist
 
     from atac_hf.integrations import ATACTrainer
@@ -81,12 +81,15 @@ def main(out_path: str, cp: int) -> None:
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             loss, out = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
             n0 = int(self.atac_sharder.last_plan.rank_num_tokens()[0])
-            out["extra"] = loss.detach() * 0 if self.extra == "scalar" else torch.zeros(1, n0, 2)
+            here = int(self.atac_sharder.last_plan.rank_num_tokens()[self.cp_rank])
+            first_replica = int(os.environ.get("RANK", "0")) < self.atac_config.cp_size
+            out["extra"] = (loss.detach() * 0 if self.extra == "scalar" else torch.zeros(1, n0, 2)
+                            if self.extra == "rank0" else torch.zeros(1, here if first_replica else 7, 2))
             return (loss, out) if return_outputs else loss
 
     t.__class__ = ExtraOutputs
     refusals = {}
-    for kind in ("scalar", "rank0"):
+    for kind in ("scalar", "rank0", "replica0"):  # replica0: per-token on the first DP replica's ranks only
         t.extra = kind
         try:
             t.predict(dataset(8, seed=3))

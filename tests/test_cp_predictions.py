@@ -91,17 +91,24 @@ def test_the_best_checkpoint_by_a_compute_metrics_metric_is_the_one_of_one_cp_ra
 
 @pytest.mark.slow
 def test_outputs_that_are_not_per_token_are_refused_on_every_cp_rank(runs):
-    assert runs["cp1"][0]["refusals"] == {"scalar": [None], "rank0": [None]}  # at CP 1 every output is the row's
+    assert runs["cp1"][0]["refusals"] == {"scalar": [None], "rank0": [None], "replica0": [None]}  # at CP 1: passed on
+    assert runs["dp2_cp1"][0]["refusals"] == {"scalar": [None] * 2, "rank0": [None] * 2, "replica0": [None] * 2}
+    assert runs["cp2"][0]["refusals"]["replica0"] == [None, None]  # one replica: per-token on both ranks, taken
     for setting in ("cp2", "dp2_cp2"):
         got = runs[setting][0]["refusals"]
         for kind, messages in got.items():
+            if (setting, kind) == ("cp2", "replica0"):
+                continue
             assert len(messages) == runs[setting][0]["world"] and all(messages), (setting, kind)
             for m in messages:
                 assert "only per-token outputs" in m and "ignore_keys=[...]" in m and "prediction_loss_only=True" in m
         assert "has shape ()" in got["scalar"][0]
         # the tensor is per-token on CP rank 0 only: rank 0 names the other rank, rank 1 its own output
-        assert got["rank0"][0].startswith("a prediction output of another CP rank is not per-token")
+        assert got["rank0"][0].startswith("a prediction output of another rank is not per-token")
         assert got["rank0"][1].startswith("prediction output 1 (") and ", 2): under context parallelism" in got["rank0"][1]
+        if setting == "dp2_cp2":  # per-token on replica 0 (ranks 0, 1), not on replica 1: all four refuse, none waits
+            assert [m.startswith("a prediction output of another rank") for m in got["replica0"]] == [1, 1, 0, 0]
+            assert "has shape (1, 7, 2)" in got["replica0"][2] and "has shape (1, 7, 2)" in got["replica0"][3]
         assert runs[setting][0]["ignored"] == runs["cp1" if setting == "cp2" else "dp2_cp1"][0]["ignored"]
 
 

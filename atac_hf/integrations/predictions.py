@@ -78,23 +78,24 @@ def full_row_predictions(trainer: Any, inputs: Mapping[str, Any], result: tuple)
     tensors = _tensors(logits)
     bad = next(((i, x) for i, x in enumerate(tensors) if x.dim() < 2 or x.shape[0] != 1 or x.shape[1] != counts[rank]),
                None)
-    # every CP rank refuses alike (an output can be per-token on one rank by chance), before any row is moved
+    # every process of the evaluation refuses alike (an output can be per-token on one rank or replica by chance),
+    # before any row is moved: none is left waiting in a collective the others skipped
     device = loss.device if isinstance(loss, torch.Tensor) else tensors[0].device if tensors else trainer.args.device
     flag = torch.tensor([0.0 if bad is None else 1.0], dtype=torch.float64, device=device)
-    if isinstance(loss, torch.Tensor):  # the pack's loss: the mean of the ranks' shares, in the same collective
-        flag = torch.cat([flag, loss.detach().reshape(1).to(torch.float64)])
-    dist.all_reduce(flag, group=group)
+    dist.all_reduce(flag)
     if float(flag[0]) > 0:
         i, x = bad if bad is not None else (None, None)
         where = (f"prediction output {i} (the model's outputs other than the loss and ignore_keys, in order) has shape "
-                 f"{tuple(x.shape)}" if bad is not None else "a prediction output of another CP rank is not per-token")
+                 f"{tuple(x.shape)}" if bad is not None else "a prediction output of another rank is not per-token")
         raise ValueError(
             f"{where}: under context parallelism (cp_size={cp}) only per-token outputs of shape (1, this rank's "
             "tokens, ...) can be gathered back into the pack's rows for predict() and compute_metrics; leave it out "
             "with ignore_keys=[...] (evaluate/predict, or the model config's keys_to_ignore_at_inference), or set "
             "TrainingArguments(prediction_loss_only=True)")
-    if isinstance(loss, torch.Tensor):
-        loss = (flag[1] / cp).to(loss.dtype).reshape(loss.shape)
+    if isinstance(loss, torch.Tensor):  # the pack's loss: the mean of the CP ranks' shares
+        total = loss.detach().reshape(1).to(torch.float64)
+        dist.all_reduce(total, group=group)
+        loss = (total[0] / cp).to(loss.dtype).reshape(loss.shape)
 
     def gather(x: Any) -> Any:
         if isinstance(x, Mapping):
