@@ -148,8 +148,11 @@ def test_even_batches_splits_the_last_window():
     # than let Accelerate repeat a batch (exactly-once)
     spans, offsets = plan_packs([3], _config(), num_replicas=2)
     assert sorted(spans.tolist()) == [[0, 0, 1], [0, 1, 3]] and len(offsets) - 1 == 2
-    with pytest.raises(ValueError, match=r"cannot be dealt to num_replicas=2 .*fewer tokens \(1\) than replicas"):
+    with pytest.raises(ValueError, match=r"cannot be dealt to num_replicas=2 .*fewer tokens \(1\) than replicas") as e:
         plan_packs([1], _config(), num_replicas=2)  # fewer tokens than replicas: refused (issue 13), not repeated
+    # even_batches=False is named where it can be set: ATACTrainer has no such setting (red-team 58: a Trainer user
+    # set accelerator_config={"even_batches": False} and got the same refusal)
+    assert "(build_packed_dataloader / ATACAccelerator.packed_dataloader; ATACTrainer always deals evenly)" in str(e.value)
     assert len(plan_packs([3], _config(), num_replicas=2, even_batches=False)[1]) - 1 == 1
 
 

@@ -399,7 +399,8 @@ def check_dealable(lengths: np.ndarray, config: PackingConfig, num_replicas: int
         raise ValueError(
             f"even_batches: this pass cannot be dealt to num_replicas={num_replicas} in equal batch counts without "
             f"repeating a batch (which trains samples twice): {why}; use fewer replicas, more data or a larger "
-            "max_tokens, or set even_batches=False to let Accelerate repeat batches"
+            "max_tokens, or set even_batches=False to let Accelerate repeat batches (build_packed_dataloader / "
+            "ATACAccelerator.packed_dataloader; ATACTrainer always deals evenly)"
         )
 
 

@@ -258,7 +258,8 @@ def _warn_cut(before: list[list[Span]], after: list[list[Span]], R: int) -> None
             f"that divides evenly among num_replicas={R} whole (each needs a pack of its own, say), so "
             f"{len(cut)} sample(s) that fit max_tokens (ids {cut[:5]}) were cut rather than let Accelerate "
             "repeat a batch (which trains its samples twice); set even_batches=False to let it repeat "
-            "instead, or use a number of replicas, max_tokens or data that divides evenly",
+            "instead (build_packed_dataloader / ATACAccelerator.packed_dataloader; ATACTrainer always deals "
+            "evenly), or use a number of replicas, max_tokens or data that divides evenly",
             SampleCutWarning, stacklevel=2,
         )
 
