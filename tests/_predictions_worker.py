@@ -63,6 +63,17 @@ def main(out_path: str, cp: int) -> None:
     pred = t.predict(dataset(24, seed=2))
     res["predict_metrics"] = pred.metrics
     arrays = {"logits": np.asarray(pred.predictions), "label_ids": np.asarray(pred.label_ids)}
+    # the packed rows split back into samples (dataset order), and which samples the packs kept whole
+    from atac_hf.integrations import predictions_by_sample
+
+    test_set = dataset(24, seed=2)
+    pred = t.predict(test_set)
+    by_sample = predictions_by_sample(t, pred.predictions, test_set)
+    arrays.update({f"sample_{i:02d}": x for i, x in enumerate(by_sample)})
+    spans = t._atac_eval_loaders["test"][2]._epoch_plan()[0]
+    whole = [sum(1 for s in spans.tolist() if s[0] == i) == 1 for i in range(len(test_set))]
+    arrays["whole"] = np.asarray(whole)
+    arrays["sample_labels_05"] = predictions_by_sample(t, pred.label_ids, test_set)[5]
     # 3. predict(ignore_keys=None) on a model that also returns its hidden states: a tuple of per-token outputs
     t.model.config.output_hidden_states = True
     hidden = t.predict(dataset(8, seed=3)).predictions

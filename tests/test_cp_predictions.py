@@ -81,6 +81,32 @@ def test_predictions_and_metrics_under_cp_and_tp_equal_one_cp_rank(runs, setting
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("setting", ["cp1", "cp2", "dp2_cp1", "dp2_cp2", "tp2_cp1", "tp2_cp2"])
+def test_predictions_by_sample_equal_each_sample_run_alone(runs, setting):
+    """``predictions_by_sample`` puts each sample's logits back together in dataset order: a sample its packs kept
+    whole has the logits of the model run on that sample alone (stock sdpa, one process), at every layout."""
+    import torch
+    from _integration_worker import dataset, model
+
+    _, arrays = runs[setting]
+    test_set, m = dataset(24, seed=2), model()
+    m.eval()
+    whole = arrays["whole"]
+    assert whole.sum() >= 18  # (the two samples longer than max_tokens are split; even_batches may cut others)
+    for i in range(len(test_set)):
+        ids = torch.tensor(test_set[i]["input_ids"])[None]
+        got = arrays[f"sample_{i:02d}"]
+        assert got.shape == (ids.shape[1], 128), i  # every token of the sample, fragments joined
+        if whole[i]:
+            with torch.no_grad():
+                want = m(input_ids=ids).logits[0].numpy()
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    labels = arrays["sample_labels_05"]  # a whole sample's labels: its tokens, the first one -100 (no context)
+    if whole[5]:
+        assert labels[0] == -100 and labels[1:].tolist() == test_set[5]["input_ids"][1:]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("setting,ref", [("cp2", "cp1"), ("dp2_cp2", "dp2_cp1")])
 def test_the_best_checkpoint_by_a_compute_metrics_metric_is_the_one_of_one_cp_rank(runs, setting, ref):
     got, want = runs[setting][0]["best"], runs[ref][0]["best"]
@@ -151,3 +177,51 @@ def test_the_replica_gather_keeps_each_replicas_first_cp_and_tp_rank():
     np.testing.assert_array_equal(got[1]["h"], rows[[0, 2]])
     assert float(got[2]) == 7.0
     assert calls[0].tolist() == [1]  # this rank (CP 0, TP 0) said it is a replica's first
+
+
+def test_predictions_by_sample_joins_fragments_in_dataset_order_and_refuses_what_it_cannot_split():
+    """On a sampler's own packs (no model): rows built from the spans come back per sample (fragments joined in
+    order, an empty sample empty, per-batch lists too); wrong inputs are refused in words, naming the fix."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from atac_hf.integrations import predictions_by_sample
+    from atac_hf.packing import PackingConfig
+    from atac_hf.packing.data.sampler import WFAPBatchSampler
+
+    lengths = np.array([5, 0, 40, 3, 17, 9, 26])  # 40 > max_tokens: split into fragments
+    sampler = WFAPBatchSampler(lengths, PackingConfig(max_tokens=16, packs_per_window=2), seed=0)
+    spans, offsets = sampler._epoch_plan()
+    packs = [spans[offsets[b]:offsets[b + 1]].tolist() for b in range(len(offsets) - 1)]
+    # each token's value: sample * 1000 + position in the sample; rows padded with -100 to the longest pack
+    width = max(sum(e - s for _, s, e in p) for p in packs)
+    rows = np.full((len(packs), width, 2), -100)
+    for b, p in enumerate(packs):
+        vals = np.concatenate([i * 1000 + np.arange(s, e) for i, s, e in p])
+        rows[b, :len(vals)] = np.stack([vals, -vals], 1)
+    data = object()
+    trainer = SimpleNamespace(_atac_eval_loaders={"test": (data, None, sampler)})
+    for values in (rows, [rows[:2], rows[2:]], torch.as_tensor(rows)):  # (per-batch arrays: eval_do_concat_batches=False)
+        got = predictions_by_sample(trainer, values)
+        assert len(got) == len(lengths)
+        for i, n in enumerate(lengths):
+            assert got[i].shape == (n, 2)
+            np.testing.assert_array_equal(got[i][:, 0], i * 1000 + np.arange(n))
+    assert predictions_by_sample(trainer, rows, data)[2].shape == (40, 2)  # the dataset object itself
+
+    with pytest.raises(ValueError, match=r"has no predict\(\) or evaluate\(\) loader of this object.*call "
+                                         r"trainer.predict\(dataset\)"):
+        predictions_by_sample(trainer, rows, object())
+    with pytest.raises(ValueError, match="no predict"):
+        predictions_by_sample(SimpleNamespace(), rows)
+    with pytest.raises(ValueError, match=rf"values have {len(packs) - 1} rows but the loader of the last predict\(\) "
+                                         rf"had {len(packs)} packs"):
+        predictions_by_sample(trainer, rows[1:])
+    with pytest.raises(ValueError, match=r"row 0 has shape \(3, 2\), shorter than its pack's"):
+        predictions_by_sample(trainer, rows[:, :3])
+    with pytest.raises(TypeError, match="values must be an array of rows"):
+        predictions_by_sample(trainer, {"logits": rows})
+    streamed = SimpleNamespace(_atac_eval_loaders={"test": (data, None, None)})
+    with pytest.raises(ValueError, match="a streaming dataset is packed window by window"):
+        predictions_by_sample(streamed, rows)

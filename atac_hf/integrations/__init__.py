@@ -6,6 +6,7 @@
   (:meth:`~ATACAccelerator.shard`, :meth:`~ATACAccelerator.reduce_loss`).
 * :func:`build_parallelism_config`, :func:`bypass_torch_cp_hooks`, :class:`BatchSharder`,
   :func:`sync_cp_gradients`, :func:`build_packed_dataloader` - the pieces, for custom loops.
+* :func:`predictions_by_sample` - ``ATACTrainer.predict()``'s packed rows split back into one array per sample.
 * :func:`apply_tensor_parallel`, :func:`sync_tp_gradients` - tensor parallel x CP (the model's
   own ``tp_plan`` on the mesh's "tp" axis); :func:`mesh_groups`, :func:`placement_warnings` -
   which ranks form each group, and whether they fit the nodes.
@@ -34,6 +35,7 @@ __all__ = [
     "check_model_shardable",
     "mesh_groups",
     "placement_warnings",
+    "predictions_by_sample",
     "prepare_model",
     "sync_cp_gradients",
     "sync_tp_gradients",
@@ -55,6 +57,7 @@ _LAZY = {
     "sync_tp_gradients": "tensor_parallel",
     "mesh_groups": "layout",
     "placement_warnings": "layout",
+    "predictions_by_sample": "predictions",
 }
 
 

@@ -16,12 +16,13 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from transformers import Trainer
 from transformers.trainer_pt_utils import nested_detach
 
-__all__ = ["full_row_predictions", "replica_gather", "wants_predictions"]
+__all__ = ["full_row_predictions", "predictions_by_sample", "replica_gather", "wants_predictions"]
 
 _LOOP_SIGNATURE = inspect.signature(Trainer.evaluation_loop)
 
@@ -136,3 +137,81 @@ def _row_order(local: torch.Tensor, plan: Any, rank: int, group: Any, counts: li
         dist.broadcast(buf, src=src, group=group)
         out[torch.as_tensor(plan.rank_token_indices(r), device=x.device)] = buf
     return out
+
+
+def predictions_by_sample(trainer: Any, values: Any, dataset: Any = None) -> list[np.ndarray]:
+    """``predict()``'s (or an evaluation's) packed rows split into one array per sample, in the dataset's order.
+
+    ``ATACTrainer`` evaluates packed rows: ``PredictionOutput.predictions`` and ``label_ids`` (and what
+    ``compute_metrics`` gets) hold one row per pack, a pack's samples concatenated and rows padded with -100 to
+    the longest. This puts each sample's tokens back together, from the packs the trainer's loader planned::
+
+        out = trainer.predict(test_set)
+        logits = predictions_by_sample(trainer, out.predictions, test_set)  # logits[i]: (len(test_set[i]), vocab)
+
+    Args:
+        trainer: the :class:`~atac_hf.integrations.ATACTrainer` that ran ``predict()`` / ``evaluate()``.
+        values: an array of rows ``(packs, tokens, ...)`` from it (``predictions``, ``label_ids``, what
+            ``preprocess_logits_for_metrics`` returned, ``include_for_metrics`` inputs; numpy or torch), or the list
+            of per-batch arrays ``eval_do_concat_batches=False`` gives.
+        dataset: the dataset given to ``predict()`` or evaluated by ``evaluate()`` (the same object); default: the
+            one of the trainer's last ``predict()``.
+
+    Returns:
+        one numpy array per sample: its tokens' values ``(n_i, ...)``, in order; a sample split over packs (longer
+        than ``max_tokens``) joined from its fragments (each computed without the others' context); a truncated
+        sample's kept tokens; an empty sample ``(0, ...)``.
+
+    Raises:
+        ValueError: no ``predict()`` / ``evaluate()`` of ``dataset`` by this trainer, a streaming dataset (its packs
+            are not planned up front), or ``values`` whose rows are not that loader's packs (counts, lengths).
+        TypeError: ``values`` is not an array or a list of arrays.
+    """
+    held = trainer.__dict__.get("_atac_eval_loaders", {})
+    if dataset is None:
+        entry = held.get("test")
+        what = "the last predict()"
+    else:
+        entry = next((e for e in held.values() if e[0] is dataset), None)
+        what = f"this {type(dataset).__name__}"
+    if entry is None:
+        raise ValueError(f"predictions_by_sample: this trainer has no predict() or evaluate() loader of {what}; "
+                         "call trainer.predict(dataset) (or evaluate) first and pass the same dataset object")
+    if entry[2] is None:
+        raise ValueError("predictions_by_sample: a streaming dataset is packed window by window, so its packs are not "
+                         "kept; predict on a map-style dataset (datasets.Dataset, a list of samples)")
+    spans, offsets = entry[2]._epoch_plan()
+    rows = _rows(values)
+    packs = len(offsets) - 1
+    if len(rows) != packs:
+        raise ValueError(f"predictions_by_sample: values have {len(rows)} rows but the loader of {what} had {packs} "
+                         "packs: pass an array from this trainer's predict()/evaluate() of that dataset, one row per pack")
+    n = int(entry[2].lengths.size)
+    pieces: list[list] = [[] for _ in range(n)]
+    for b, row in enumerate(rows):
+        at = 0
+        for sample, start, end in spans[offsets[b]:offsets[b + 1]].tolist():
+            if row.ndim < 1 or row.shape[0] < at + end - start:
+                raise ValueError(f"predictions_by_sample: row {b} has shape {tuple(row.shape)}, shorter than its pack's "
+                                 f"{int((spans[offsets[b]:offsets[b + 1], 2] - spans[offsets[b]:offsets[b + 1], 1]).sum())} "
+                                 "tokens: pass (packs, tokens, ...) rows from predict()/evaluate()")
+            pieces[sample].append((start, row[at:at + end - start]))
+            at += end - start
+    tail = rows[0].shape[1:] if len(rows) else ()
+    dtype = rows[0].dtype if len(rows) else np.float64
+    return [np.concatenate([x for _, x in sorted(p, key=lambda t: t[0])]) if p else np.zeros((0, *tail), dtype)
+            for p in pieces]
+
+
+def _rows(values: Any) -> list[np.ndarray]:
+    """The rows of an array (or of a list of per-batch arrays), as numpy arrays."""
+    def as_np(x: Any) -> np.ndarray:
+        if isinstance(x, torch.Tensor):
+            return x.detach().cpu().numpy()
+        if isinstance(x, np.ndarray):
+            return x
+        raise TypeError(f"predictions_by_sample: values must be an array of rows (packs, tokens, ...) or a list of "
+                        f"such arrays, got {type(x).__name__}")
+    if isinstance(values, (list, tuple)):
+        return [r for v in values for r in as_np(v)]
+    return list(as_np(values))

@@ -321,13 +321,13 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, ConvertedCheckpointMixin, T
         does; else made again and the one it replaces released (its plan, its workers: _hf_compat 9)."""
         held = self.__dict__.setdefault("_atac_eval_loaders", {})
         if kind in held:
-            dataset_then, loader = held.pop(kind)
+            dataset_then, loader, sampler = held.pop(kind)
             if dataset_then is dataset and self.args.dataloader_persistent_workers and self.args.dataloader_num_workers:
-                held[kind] = (dataset, loader)
+                held[kind] = (dataset, loader, sampler)
                 return loader
             release_loader(self.accelerator, loader)
-        loader = self._atac_loader(dataset, grad_accum=1, shuffle=False)[0]
-        held[kind] = (dataset, loader)
+        loader, sampler = self._atac_loader(dataset, grad_accum=1, shuffle=False)  # (its packs: predictions_by_sample)
+        held[kind] = (dataset, loader, sampler)
         return loader
 
     def get_test_dataloader(self, test_dataset: Any):
