@@ -20,6 +20,7 @@ from ...cost import CostModel
 from ..config import MAX_LENGTH, PackingConfig
 from ..validate import (InputTypeError, _is_int, _short, check_token_ids, state_bool, state_int, state_list,
                         state_spans, state_value_int)
+from .ranks import first_rank_warnings
 from .window_planner import WindowPlanner, _check_common, _config_parts, _fingerprint
 
 __all__ = ["PackedIterableDataset", "check_reiterable"]
@@ -216,7 +217,8 @@ class PackedIterableDataset(IterableDataset):
                     st["lookahead"].append(sid)
             ids, st["lookahead"] = st["lookahead"][:k], st["lookahead"][k:]
             lengths = [len(st["data"][sid]["input_ids"]) for sid in ids]
-            packs = self._planner.add(ids, lengths, last=st["exhausted"] and not st["lookahead"])
+            with first_rank_warnings():  # (every rank packs the same stream)
+                packs = self._planner.add(ids, lengths, last=st["exhausted"] and not st["lookahead"])
             st["pending"] = [[list(s) for s in p] for p in packs]
             self._keep_snapshot()
 

@@ -38,6 +38,7 @@ from ..validate import (InputTypeError, _is_int, _short, check_dealable, check_l
 from .window_planner import Span, _check_common, _config_parts, _fingerprint
 from .window_planner import plan_packs, replica_order
 from .iterable import PackedIterableDataset
+from .ranks import first_rank_warnings, is_first_rank
 
 __all__ = ["PackedIterableDataset", "SpanDataset", "WFAPBatchSampler", "plan_packs", "replica_order"]
 
@@ -163,7 +164,7 @@ class WFAPBatchSampler(Sampler[list[Span]]):
         from tqdm.auto import tqdm
 
         with tqdm(total=int((self.lengths > 0).sum()), desc=f"Planning WFAP packs (epoch {epoch})",
-                  unit="samples", disable=not self._show_progress(n)) as bar:
+                  unit="samples", disable=not self._show_progress(n)) as bar, first_rank_warnings():
             return plan_packs(self.lengths, self.config, order=order, cost_model=self.cost_model,
                               window_size=self.window_size, num_replicas=self.num_replicas,
                               even_batches=self.even_batches, progress=bar)
@@ -185,11 +186,7 @@ class WFAPBatchSampler(Sampler[list[Span]]):
     def _show_progress(self, num_samples: int) -> bool:
         if self.progress is not None:
             return self.progress
-        if num_samples < PROGRESS_MIN_SAMPLES:
-            return False
-        import torch.distributed as dist
-
-        return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+        return num_samples >= PROGRESS_MIN_SAMPLES and is_first_rank()
 
     def __len__(self) -> int:
         return len(self._epoch_plan()[1]) - 1
