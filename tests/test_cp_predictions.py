@@ -130,53 +130,34 @@ def test_outputs_that_are_not_per_token_are_refused_on_every_cp_rank(runs):
                 assert "only per-token outputs" in m and "ignore_keys=[...]" in m and "prediction_loss_only=True" in m
         assert "has shape ()" in got["scalar"][0]
         # the tensor is per-token on CP rank 0 only: rank 0 names the other rank, rank 1 its own output
-        assert got["rank0"][0].startswith("a prediction output of another rank is not per-token")
+        last = runs[setting][0]["world"] - 1  # (the highest rank refusing is named: CP rank 1 of the last replica)
+        assert got["rank0"][0].startswith(f"a prediction output of rank {last} is not per-token (its error names it)")
         assert got["rank0"][1].startswith("prediction output 1 (") and ", 2): under context parallelism" in got["rank0"][1]
         if setting == "dp2_cp2":  # per-token on replica 0 (ranks 0, 1), not on replica 1: all four refuse, none waits
-            assert [m.startswith("a prediction output of another rank") for m in got["replica0"]] == [1, 1, 0, 0]
+            assert [m.startswith("a prediction output of rank 3 is not") for m in got["replica0"]] == [1, 1, 0, 0]
             assert "has shape (1, 7, 2)" in got["replica0"][2] and "has shape (1, 7, 2)" in got["replica0"][3]
         assert runs[setting][0]["ignored"] == runs["cp1" if setting == "cp2" else "dp2_cp1"][0]["ignored"]
 
 
 # ---------------------------------------------------------------------------- in one process
-def test_predictions_are_wanted_by_trainers_own_rule():
-    """``evaluation_loop(dataloader, description, prediction_loss_only=None, ...)``: as passed, else the argument."""
-    from types import SimpleNamespace
-
-    from atac_hf.integrations.predictions import wants_predictions
-
-    for default in (False, True):
-        t = SimpleNamespace(args=SimpleNamespace(prediction_loss_only=default))
-        assert wants_predictions(t, ("loader", "Evaluation"), {}) is (not default)
-        assert wants_predictions(t, ("loader", "Evaluation", None), {}) is (not default)
-        assert wants_predictions(t, ("loader", "Evaluation", True), {}) is False
-        assert wants_predictions(t, ("loader", "Evaluation"), {"prediction_loss_only": False}) is True
-        assert wants_predictions(t, (), {"bogus": 1}) is False  # a call Trainer's loop refuses itself
-
-
-def test_the_replica_gather_keeps_each_replicas_first_cp_and_tp_rank():
-    """World 4 = DP 2 x CP 2 (ranks 0 and 2 are CP rank 0): of every gathered tensor, ranks 0 and 2's rows."""
+def test_the_replica_gather_with_one_replica_returns_each_rank_its_own_rows():
+    """With one DP replica (no "dp" mesh axis) every CP and TP rank already holds the replica's row: nothing moves;
+    a scalar becomes one row, as ``accelerator.gather`` makes it; nests keep their structure."""
     from types import SimpleNamespace
 
     import torch
 
     from atac_hf.integrations.predictions import replica_gather
 
-    calls = []
+    class Mesh:  # a CP x TP mesh: no "dp" axis
+        def __getitem__(self, name):
+            raise KeyError(name)
 
-    def gather(x):  # the world's tensors concatenated: first the "first rank" flags, then given pre-gathered
-        calls.append(x)
-        return torch.tensor([1, 0, 1, 0]) if len(calls) == 1 else x
-
-    t = SimpleNamespace(accelerator=SimpleNamespace(gather=gather, device="cpu"), cp_rank=0, atac_tp_rank=0)
-    g = replica_gather(t)
-    rows = torch.arange(8 * 3).reshape(8, 3)  # 2 rows a rank
-    np.testing.assert_array_equal(g(rows), rows[[0, 1, 4, 5]])
-    got = g((rows, {"h": rows[:4]}, torch.tensor(7.0)))  # nested; one row a rank; a 0-dim value passes
-    np.testing.assert_array_equal(got[0], rows[[0, 1, 4, 5]])
-    np.testing.assert_array_equal(got[1]["h"], rows[[0, 2]])
-    assert float(got[2]) == 7.0
-    assert calls[0].tolist() == [1]  # this rank (CP 0, TP 0) said it is a replica's first
+    g = replica_gather(SimpleNamespace(accelerator=SimpleNamespace(torch_device_mesh=Mesh())))
+    rows = torch.arange(6.0).reshape(2, 3)
+    got = g((rows, {"h": rows[:1]}, torch.tensor(7.0), "text"))
+    assert torch.equal(got[0], rows) and torch.equal(got[1]["h"], rows[:1]) and got[3] == "text"
+    assert got[2].shape == (1,) and float(got[2][0]) == 7.0
 
 
 def test_predictions_by_sample_joins_fragments_in_dataset_order_and_refuses_what_it_cannot_split():
@@ -210,13 +191,20 @@ def test_predictions_by_sample_joins_fragments_in_dataset_order_and_refuses_what
             np.testing.assert_array_equal(got[i][:, 0], i * 1000 + np.arange(n))
     assert predictions_by_sample(trainer, rows, data)[2].shape == (40, 2)  # the dataset object itself
 
-    with pytest.raises(ValueError, match=r"has no predict\(\) or evaluate\(\) loader of this object.*call "
-                                         r"trainer.predict\(dataset\)"):
+    with pytest.raises(ValueError, match=r"has no predict\(\) or evaluate\(\) loader of this object \(it holds: "
+                                         r"test \(object\)\); call trainer.predict\(dataset\)"):
         predictions_by_sample(trainer, rows, object())
+    with pytest.raises(TypeError, match=r"values is a tuple of 2 outputs; pass one of them, e.g. out.predictions\[0\]"):
+        predictions_by_sample(trainer, (rows, rows))
+    # the default is the loader used last (inside compute_metrics: the evaluation running), not always predict()'s
+    other = WFAPBatchSampler(np.array([3, 3]), PackingConfig(max_tokens=16, packs_per_window=2), seed=0)
+    both = SimpleNamespace(_atac_eval_loaders={"test": (data, None, sampler), "eval": (object(), None, other)})
+    assert [x.shape for x in predictions_by_sample(both, np.zeros((1, 6)))] == [(3,), (3,)]
+    assert len(predictions_by_sample(both, rows, data)) == len(lengths)
     with pytest.raises(ValueError, match="no predict"):
         predictions_by_sample(SimpleNamespace(), rows)
     with pytest.raises(ValueError, match=rf"values have {len(packs) - 1} rows but the loader of the last predict\(\) "
-                                         rf"had {len(packs)} packs"):
+                                         rf"or evaluate\(\) had {len(packs)} packs"):
         predictions_by_sample(trainer, rows[1:])
     with pytest.raises(ValueError, match=r"row 0 has shape \(3, 2\), shorter than its pack's"):
         predictions_by_sample(trainer, rows[:, :3])

@@ -47,3 +47,24 @@ def test_packing_warnings_show_on_the_first_rank_only(rank):
         WFAPBatchSampler(np.array([5, 40]), PackingConfig(max_tokens=16, packs_per_window=2, overlength="error"))
     # warnings outside the block are untouched
     assert _warnings(lambda: warnings.warn("mine")) == ["mine"]
+
+
+def test_an_error_filter_still_raises_on_every_rank(rank):
+    """Only the display is dropped on the other ranks: ``filterwarnings("error")`` (or ``pytest -W error``) raises
+    there too, so no rank plans on while another stops (found by review: ``simplefilter("ignore")`` overrode it)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserWarning, match="longer than max_tokens=16"):
+            list(WFAPBatchSampler(np.array([5, 40, 3]), PackingConfig(max_tokens=16, packs_per_window=2), seed=0))
+
+
+def test_a_stream_remembers_the_rank_that_built_it(monkeypatch):
+    """A DataLoader worker started by spawn has no process group: the stream's warnings follow the rank of the
+    process that built it (rank 1 here), not "no group, so first"."""
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
+    config = PackingConfig(max_tokens=16, packs_per_window=2)
+    stream = PackedIterableDataset([{"input_ids": list(range(n))} for n in (5, 40, 3)], config)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)  # (as in a spawned worker)
+    assert is_first_rank() and is_first_rank(False) is False
+    assert not any("longer than max_tokens" in m for m in _warnings(lambda: list(stream)))

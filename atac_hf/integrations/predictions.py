@@ -12,66 +12,67 @@ pack. Loss-only evaluation (``prediction_loss_only``, no ``compute_metrics``) mo
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from transformers import Trainer
 from transformers.trainer_pt_utils import nested_detach
 
-__all__ = ["full_row_predictions", "predictions_by_sample", "replica_gather", "wants_predictions"]
-
-_LOOP_SIGNATURE = inspect.signature(Trainer.evaluation_loop)
-
-
-def wants_predictions(trainer: Any, args: tuple, kwargs: dict) -> bool:
-    """Whether Trainer's ``evaluation_loop(*args, **kwargs)`` asks ``prediction_step`` for logits (its own rule:
-    ``prediction_loss_only`` as passed, else ``TrainingArguments.prediction_loss_only``)."""
-    try:
-        bound = _LOOP_SIGNATURE.bind(trainer, *args, **kwargs)
-    except TypeError:  # a call Trainer's loop would refuse too: let it say so
-        return False
-    given = bound.arguments.get("prediction_loss_only")
-    return not (trainer.args.prediction_loss_only if given is None else given)
-
+__all__ = ["full_row_predictions", "predictions_by_sample", "replica_gather"]
 
 def replica_gather(trainer: Any):
-    """The evaluation loop's ``gather_function`` where every CP and TP rank of a replica returns the same pack's
-    loss, logits and labels (:func:`full_row_predictions`): gathered over the world like ``accelerator.gather``,
-    then only each replica's first CP and TP rank's rows kept. One collective here (which ranks those are)."""
-    acc = trainer.accelerator
-    first = int(trainer.cp_rank == 0 and getattr(trainer, "atac_tp_rank", 0) == 0)
-    flags = acc.gather(torch.tensor([first], device=acc.device)).reshape(-1)
-    keep = torch.nonzero(flags).reshape(-1)
-    world = int(flags.numel())
+    """The evaluation loop's ``gather_function`` under CP or TP, where every CP and TP rank of a replica returns the
+    same pack's loss, logits and labels (:func:`full_row_predictions`): each tensor all-gathered over this rank's DP
+    group (the ranks of its CP and TP coordinates, one per replica, in replica order), so every rank gets each
+    replica's rows once, as ``accelerator.gather`` gives them at ``cp_size=1`` (never ``world`` copies of a row)."""
+    group = _dp_group(trainer.accelerator.torch_device_mesh)
 
-    def select(x: Any) -> Any:
+    def gather(x: Any) -> Any:
         if isinstance(x, Mapping):
-            return type(x)({k: select(v) for k, v in x.items()})
+            return type(x)({k: gather(v) for k, v in x.items()})
         if isinstance(x, (tuple, list)):
-            return type(x)(select(v) for v in x)
-        if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[0] % world:
+            return type(x)(gather(v) for v in x)
+        if not isinstance(x, torch.Tensor):
             return x
-        rows = x.reshape(world, x.shape[0] // world, *x.shape[1:])
-        return rows.index_select(0, keep.to(x.device)).reshape(-1, *x.shape[1:])
+        x = x.reshape(1) if x.dim() == 0 else x.contiguous()  # (a scalar as one row, as accelerate gathers it)
+        if group is None:
+            return x
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x, group=group)
+        return torch.cat(parts)
 
-    return lambda x: select(acc.gather(x))
+    return gather
 
 
-def full_row_predictions(trainer: Any, inputs: Mapping[str, Any], result: tuple) -> tuple:
+def _dp_group(mesh: Any) -> Any:
+    """The DP process group of this rank (``mesh["dp"]``), or None with one replica (no "dp" axis)."""
+    try:
+        sub = mesh["dp"] if mesh is not None else None
+    except (KeyError, RuntimeError, ValueError):
+        return None
+    return None if sub is None or sub.size() == 1 else sub.get_group()
+
+
+def full_row_predictions(trainer: Any, inputs: Mapping[str, Any], result: tuple, rows: bool = True) -> tuple:
     """``(loss, logits, labels)`` of one pack, as at ``cp_size=1``, from this CP rank's ``prediction_step`` result.
 
-    The loss is the pack's (the CP ranks' shares averaged over the group); every tensor of ``logits`` shaped
-    ``(1, this rank's tokens, ...)`` is gathered into ``(B, S, ...)`` row order; the labels are the pack's
-    (``inputs``, before sharding). Other outputs cannot be put back in row order and are refused.
+    The loss is the pack's (the CP ranks' shares averaged over the group). With ``rows`` (Trainer asked for
+    predictions), every tensor of ``logits`` shaped ``(1, this rank's tokens, ...)`` is gathered into ``(B, S, ...)``
+    row order and the labels are the pack's (``inputs``, before sharding); other outputs cannot be put back in row
+    order and are refused, on every process alike. Without, ``logits`` and ``labels`` are returned as given.
     """
-    loss, logits, _ = result
+    loss, logits, labels = result
     sharder = trainer.atac_sharder
     plan, rank, group = sharder.last_plan, sharder.cp_rank, sharder.cp_group
     cp = plan.cp_size
+    if isinstance(loss, torch.Tensor):  # the pack's loss: the mean of the CP ranks' shares
+        total = loss.detach().reshape(1).to(torch.float64)
+        dist.all_reduce(total, group=group)
+        loss = (total[0] / cp).to(loss.dtype).reshape(loss.shape)
+    if not rows:
+        return loss, logits, labels
     counts = [int(n) for n in plan.rank_num_tokens()]
     ids = inputs.get(getattr(trainer.model, "main_input_name", "input_ids")) if isinstance(inputs, Mapping) else None
     B, S = (int(ids.shape[0]), int(ids.shape[1])) if isinstance(ids, torch.Tensor) and ids.dim() == 2 else (1, -1)
@@ -80,23 +81,19 @@ def full_row_predictions(trainer: Any, inputs: Mapping[str, Any], result: tuple)
     bad = next(((i, x) for i, x in enumerate(tensors) if x.dim() < 2 or x.shape[0] != 1 or x.shape[1] != counts[rank]),
                None)
     # every process of the evaluation refuses alike (an output can be per-token on one rank or replica by chance),
-    # before any row is moved: none is left waiting in a collective the others skipped
+    # before any row is moved: none is left waiting in a collective the others skipped. (The highest refusing rank.)
     device = loss.device if isinstance(loss, torch.Tensor) else tensors[0].device if tensors else trainer.args.device
-    flag = torch.tensor([0.0 if bad is None else 1.0], dtype=torch.float64, device=device)
-    dist.all_reduce(flag)
+    flag = torch.tensor([0.0 if bad is None else dist.get_rank() + 1.0], dtype=torch.float64, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     if float(flag[0]) > 0:
-        i, x = bad if bad is not None else (None, None)
-        where = (f"prediction output {i} (the model's outputs other than the loss and ignore_keys, in order) has shape "
-                 f"{tuple(x.shape)}" if bad is not None else "a prediction output of another rank is not per-token")
+        where = (f"prediction output {bad[0]} (the model's outputs other than the loss and ignore_keys, in order) has "
+                 f"shape {tuple(bad[1].shape)}" if bad is not None else
+                 f"a prediction output of rank {int(flag[0]) - 1} is not per-token (its error names it)")
         raise ValueError(
             f"{where}: under context parallelism (cp_size={cp}) only per-token outputs of shape (1, this rank's "
             "tokens, ...) can be gathered back into the pack's rows for predict() and compute_metrics; leave it out "
             "with ignore_keys=[...] (evaluate/predict, or the model config's keys_to_ignore_at_inference), or set "
             "TrainingArguments(prediction_loss_only=True)")
-    if isinstance(loss, torch.Tensor):  # the pack's loss: the mean of the CP ranks' shares
-        total = loss.detach().reshape(1).to(torch.float64)
-        dist.all_reduce(total, group=group)
-        loss = (total[0] / cp).to(loss.dtype).reshape(loss.shape)
 
     def gather(x: Any) -> Any:
         if isinstance(x, Mapping):
@@ -152,10 +149,10 @@ def predictions_by_sample(trainer: Any, values: Any, dataset: Any = None) -> lis
     Args:
         trainer: the :class:`~atac_hf.integrations.ATACTrainer` that ran ``predict()`` / ``evaluate()``.
         values: an array of rows ``(packs, tokens, ...)`` from it (``predictions``, ``label_ids``, what
-            ``preprocess_logits_for_metrics`` returned, ``include_for_metrics`` inputs; numpy or torch), or the list
-            of per-batch arrays ``eval_do_concat_batches=False`` gives.
+            ``preprocess_logits_for_metrics`` returned, ``include_for_metrics`` inputs; numpy or torch; one output
+            of a tuple of several), or the list of per-batch arrays ``eval_do_concat_batches=False`` gives.
         dataset: the dataset given to ``predict()`` or evaluated by ``evaluate()`` (the same object); default: the
-            one of the trainer's last ``predict()``.
+            one of the trainer's last ``predict()`` or ``evaluate()`` (inside ``compute_metrics``: the one running).
 
     Returns:
         one numpy array per sample: its tokens' values ``(n_i, ...)``, in order; a sample split over packs (longer
@@ -167,16 +164,18 @@ def predictions_by_sample(trainer: Any, values: Any, dataset: Any = None) -> lis
             are not planned up front), or ``values`` whose rows are not that loader's packs (counts, lengths).
         TypeError: ``values`` is not an array or a list of arrays.
     """
-    held = trainer.__dict__.get("_atac_eval_loaders", {})
+    held = trainer.__dict__.get("_atac_eval_loaders", {})  # kind -> (dataset, loader, sampler), the last used last
     if dataset is None:
-        entry = held.get("test")
-        what = "the last predict()"
+        entry = list(held.values())[-1] if held else None
+        what = "the last predict() or evaluate()"
     else:
         entry = next((e for e in held.values() if e[0] is dataset), None)
         what = f"this {type(dataset).__name__}"
     if entry is None:
-        raise ValueError(f"predictions_by_sample: this trainer has no predict() or evaluate() loader of {what}; "
-                         "call trainer.predict(dataset) (or evaluate) first and pass the same dataset object")
+        have = ", ".join(f"{kind} ({type(e[0]).__name__})" for kind, e in held.items()) or "none"
+        raise ValueError(f"predictions_by_sample: this trainer has no predict() or evaluate() loader of {what} (it "
+                         f"holds: {have}); call trainer.predict(dataset) (or evaluate) first and pass the same "
+                         "dataset object")
     if entry[2] is None:
         raise ValueError("predictions_by_sample: a streaming dataset is packed window by window, so its packs are not "
                          "kept; predict on a map-style dataset (datasets.Dataset, a list of samples)")
@@ -212,6 +211,9 @@ def _rows(values: Any) -> list[np.ndarray]:
             return x
         raise TypeError(f"predictions_by_sample: values must be an array of rows (packs, tokens, ...) or a list of "
                         f"such arrays, got {type(x).__name__}")
-    if isinstance(values, (list, tuple)):
+    if isinstance(values, tuple):  # Trainer's predictions of several outputs (logits, hidden states, ...)
+        raise TypeError(f"predictions_by_sample: values is a tuple of {len(values)} outputs; pass one of them, e.g. "
+                        "out.predictions[0] (the logits)")
+    if isinstance(values, list):  # eval_do_concat_batches=False: one array per batch
         return [r for v in values for r in as_np(v)]
     return list(as_np(values))

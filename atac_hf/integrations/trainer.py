@@ -33,8 +33,10 @@ What it changes, and where:
   seen. A streaming run's ``atac_stream.json`` holds the packed stream's pass and position; on
   resume it is checked and restored and Trainer skips nothing (:mod:`.stream_state`).
 * guards (:mod:`.trainer_guards`): a ``compute_loss`` override that bypasses Trainer's, a loss that ignores
-  ``num_items_in_batch``, a best metric never reported under CP, an ``evaluate()`` before ``train()`` that
-  would keep DDP off; another trainer's ``prediction_step`` (TRL's) gets the pack sharded too.
+  ``num_items_in_batch``, an ``evaluate()`` before ``train()`` that would keep DDP off; another trainer's
+  ``prediction_step`` (TRL's) gets the pack sharded too.
+* evaluation (:mod:`.predictions`): under CP the pack's loss, and where Trainer asks for predictions its
+  logits in row order with its labels, on every CP rank; gathered over the DP group, one copy per replica.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ from .sharded_check import check_model_sharded
 from .sharder import BatchSharder, check_position_limit, prepare_model, unwrap_base_model
 from .stream_state import SAMPLER_STATE_NAME, STREAM_STATE_NAME, StreamResumeMixin, stream_dispatch
 from .rollback import refused_changes_nothing
-from .predictions import full_row_predictions, replica_gather, wants_predictions
+from .predictions import full_row_predictions, replica_gather
 from .tensor_parallel import (apply_tensor_parallel, check_optimizers_unstepped, check_tp_refusals, dp_cp_group,
                               full_state_dict, remap_optimizer_params, sync_tp_gradients, tp_head_split)
 from .trainer_guards import (LossGuardMixin, check_label_names, check_late_loss_settings,
@@ -339,9 +341,9 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, ConvertedCheckpointMixin, T
     def evaluation_loop(self, *args: Any, **kwargs: Any):
         """Trainer's loop (``evaluate`` and ``predict``), every CP rank's loss gathered: each is a
         share of the same pack, which ``gather_for_metrics`` (Trainer's reset after every loop)
-        would drop as "duplicates" at the end of the loader. With predictions under CP or TP, every rank of a
-        replica returns the same pack's: one copy kept (:func:`~atac_hf.integrations.predictions.replica_gather`)."""
-        shared = (self.atac_config.cp_size > 1 or self.atac_tp_size > 1) and wants_predictions(self, args, kwargs)
+        would drop as "duplicates" at the end of the loader. Under CP or TP every rank of a replica returns the same
+        pack's loss and rows: gathered over the DP group (:func:`~atac_hf.integrations.predictions.replica_gather`)."""
+        shared = self.atac_config.cp_size > 1 or self.atac_tp_size > 1
         self.gather_function = replica_gather(self) if shared else self.accelerator.gather
         try:
             return super().evaluation_loop(*args, **kwargs)
@@ -400,16 +402,15 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, ConvertedCheckpointMixin, T
         return loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        """Trainer's step on this rank's shard; with predictions under CP, the pack's loss, logits in row order and
-        labels on every CP rank (:func:`~atac_hf.integrations.predictions.full_row_predictions`)."""
+        """Trainer's step on this rank's shard; under CP the pack's loss (and, with predictions, its logits in row
+        order and labels) on every CP rank (:func:`~atac_hf.integrations.predictions.full_row_predictions`)."""
         check_step_model(self, model, training=False)
         check_label_names(self, inputs)
         install_loss_override_check(self, self.atac_config.cp_size)
         check_late_loss_settings(self, self.atac_config.cp_size)
         out = sharded_prediction_step(self, ATACTrainer, super().prediction_step, model, inputs, prediction_loss_only,
                                       ignore_keys)  # (TRL's SFTTrainer's step too, after this one in the MRO)
-        return full_row_predictions(self, inputs, out) if self.atac_config.cp_size > 1 and not prediction_loss_only \
-            else out
+        return full_row_predictions(self, inputs, out, not prediction_loss_only) if self.atac_config.cp_size > 1 else out
 
     # ------------------------------------------------------------------ logging
     def _finalize_training(self, trial: Any, num_train_samples: Any, start_time: float, *args: Any, **kwargs: Any):

@@ -20,7 +20,7 @@ from ...cost import CostModel
 from ..config import MAX_LENGTH, PackingConfig
 from ..validate import (InputTypeError, _is_int, _short, check_token_ids, state_bool, state_int, state_list,
                         state_spans, state_value_int)
-from .ranks import first_rank_warnings
+from .ranks import first_rank_warnings, is_first_rank
 from .window_planner import WindowPlanner, _check_common, _config_parts, _fingerprint
 
 __all__ = ["PackedIterableDataset", "check_reiterable"]
@@ -106,6 +106,7 @@ class PackedIterableDataset(IterableDataset):
         #: the settings behind the fingerprint, by name (a refused state names those that differ)
         self.settings = json.loads(json.dumps(parts, default=str))
         self._roll_over = False
+        self._first_rank = is_first_rank()  # (its warnings shown there only; a spawned worker has no process group)
         # rows yielded in DataLoader workers since this process last iterated or loaded a state: shared
         # memory, so the main process sees what a worker's copy did (fork, spawn and forkserver alike)
         self._worker_rows = _shared_counter()
@@ -217,7 +218,7 @@ class PackedIterableDataset(IterableDataset):
                     st["lookahead"].append(sid)
             ids, st["lookahead"] = st["lookahead"][:k], st["lookahead"][k:]
             lengths = [len(st["data"][sid]["input_ids"]) for sid in ids]
-            with first_rank_warnings():  # (every rank packs the same stream)
+            with first_rank_warnings(is_first_rank(self._first_rank)):  # (every rank packs the same stream)
                 packs = self._planner.add(ids, lengths, last=st["exhausted"] and not st["lookahead"])
             st["pending"] = [[list(s) for s in p] for p in packs]
             self._keep_snapshot()

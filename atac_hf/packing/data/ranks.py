@@ -6,25 +6,33 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Iterator
+from typing import Any, Iterator
 
 __all__ = ["first_rank_warnings", "is_first_rank"]
 
 
-def is_first_rank() -> bool:
-    """True outside a process group, else on global rank 0 (also in its forked DataLoader workers)."""
+def is_first_rank(default: bool = True) -> bool:
+    """True on global rank 0 of an initialised process group (also in its forked DataLoader workers); ``default``
+    without one (a spawned worker: pass what the process that built the dataset found)."""
     import torch.distributed as dist
 
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+    if not (dist.is_available() and dist.is_initialized()):
+        return default
+    return dist.get_rank() == 0
+
+
+def _not_shown(*args: Any, **kwargs: Any) -> None:
+    return None
 
 
 @contextlib.contextmanager
-def first_rank_warnings() -> Iterator[None]:
-    """Warnings raised inside the block are shown on the first rank only (the others raise the same ones);
-    errors are raised everywhere."""
-    if is_first_rank():
+def first_rank_warnings(first: bool | None = None) -> Iterator[None]:
+    """Warnings raised inside the block are displayed on the first rank only (``first``: None asks
+    :func:`is_first_rank`). Elsewhere every warning filter still applies, so an ``"error"`` filter raises on
+    every rank alike; only the display is dropped."""
+    if is_first_rank() if first is None else first:
         yield
         return
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        warnings.showwarning = _not_shown
         yield
