@@ -29,13 +29,7 @@ def replica_gather(trainer: Any):
     replica's rows once, as ``accelerator.gather`` gives them at ``cp_size=1`` (never ``world`` copies of a row)."""
     group = _dp_group(trainer.accelerator.torch_device_mesh)
 
-    def gather(x: Any) -> Any:
-        if isinstance(x, Mapping):
-            return type(x)({k: gather(v) for k, v in x.items()})
-        if isinstance(x, (tuple, list)):
-            return type(x)(gather(v) for v in x)
-        if not isinstance(x, torch.Tensor):
-            return x
+    def gather(x: torch.Tensor) -> torch.Tensor:
         x = x.reshape(1) if x.dim() == 0 else x.contiguous()  # (a scalar as one row, as accelerate gathers it)
         if group is None:
             return x
@@ -43,7 +37,7 @@ def replica_gather(trainer: Any):
         dist.all_gather(parts, x, group=group)
         return torch.cat(parts)
 
-    return gather
+    return lambda x: _map_tensors(gather, x)
 
 
 def _dp_group(mesh: Any) -> Any:
@@ -95,22 +89,23 @@ def full_row_predictions(trainer: Any, inputs: Mapping[str, Any], result: tuple,
             "with ignore_keys=[...] (evaluate/predict, or the model config's keys_to_ignore_at_inference), or set "
             "TrainingArguments(prediction_loss_only=True)")
 
-    def gather(x: Any) -> Any:
-        if isinstance(x, Mapping):
-            return type(x)({k: gather(v) for k, v in x.items()})
-        if isinstance(x, (tuple, list)):
-            return type(x)(gather(v) for v in x)
-        if not isinstance(x, torch.Tensor):
-            return x
-        return _row_order(x, plan, rank, group, counts)[: B * S].reshape(B, S, *x.shape[2:])
-
-    logits = gather(logits)
+    logits = _map_tensors(lambda x: _row_order(x, plan, rank, group, counts)[: B * S].reshape(B, S, *x.shape[2:]),
+                          logits)
     labels = None
     if trainer.label_names and isinstance(inputs, Mapping) and all(inputs.get(k) is not None
                                                                     for k in trainer.label_names):
         labels = nested_detach(tuple(trainer._prepare_input(inputs[k]) for k in trainer.label_names))
         labels = labels[0] if len(labels) == 1 else labels
     return loss, logits, labels
+
+
+def _map_tensors(fn: Any, x: Any) -> Any:
+    """``x`` with ``fn`` applied to every tensor of its nest of mappings, tuples and lists (other values kept)."""
+    if isinstance(x, Mapping):
+        return type(x)({k: _map_tensors(fn, v) for k, v in x.items()})
+    if isinstance(x, (tuple, list)):
+        return type(x)(_map_tensors(fn, v) for v in x)
+    return fn(x) if isinstance(x, torch.Tensor) else x
 
 
 def _tensors(x: Any) -> list:
