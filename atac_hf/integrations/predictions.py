@@ -5,9 +5,10 @@ order), so its logits are its own tokens'. Where Trainer asks for predictions (`
 ``evaluate()`` with a ``compute_metrics``), every per-token output is gathered back into the pack's
 row order on every CP rank, the labels are the pack's own (as Trainer took them before sharding),
 and the loss is the pack's (the mean of the ranks' shares). Every CP (and TP) rank of a replica then
-returns the same row, so the evaluation loop keeps one copy per replica (:func:`replica_gather`):
+returns the same row, so the evaluation loop gathers over the DP group only (:func:`replica_gather`):
 ``compute_metrics`` and ``predict()`` get exactly what they get at ``cp_size=1``, one packed row per
-pack. Loss-only evaluation (``prediction_loss_only``, no ``compute_metrics``) moves no logits.
+pack, and :func:`predictions_by_sample` splits such rows back into samples. Loss-only evaluation
+(``prediction_loss_only``, no ``compute_metrics``) moves no logits.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch.distributed as dist
 from transformers.trainer_pt_utils import nested_detach
 
 __all__ = ["full_row_predictions", "predictions_by_sample", "replica_gather"]
+
 
 def replica_gather(trainer: Any):
     """The evaluation loop's ``gather_function`` under CP or TP, where every CP and TP rank of a replica returns the

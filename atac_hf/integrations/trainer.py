@@ -220,8 +220,8 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, ConvertedCheckpointMixin, T
         super().__init__(model=model, args=args, data_collator=data_collator or PackedDataCollator(),
                          train_dataset=train_dataset, eval_dataset=eval_dataset, **kwargs)
         bypass_torch_cp_hooks(self.accelerator)
-        # every CP rank's loss is a share of the same batch: gather them all (gather_for_metrics
-        # would drop "duplicates" at the end of the loader)
+        # gather, not gather_for_metrics (it would drop "duplicates" at the end of the loader; each
+        # evaluation_loop sets its own)
         self.gather_function = self.accelerator.gather
         self.model_accepts_loss_kwargs = self.model_accepts_loss_kwargs or stale
         if not self.model_accepts_loss_kwargs:
@@ -339,10 +339,10 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, ConvertedCheckpointMixin, T
         return self._atac_eval_loader(test_dataset, "test")
 
     def evaluation_loop(self, *args: Any, **kwargs: Any):
-        """Trainer's loop (``evaluate`` and ``predict``), every CP rank's loss gathered: each is a
-        share of the same pack, which ``gather_for_metrics`` (Trainer's reset after every loop)
-        would drop as "duplicates" at the end of the loader. Under CP or TP every rank of a replica returns the same
-        pack's loss and rows: gathered over the DP group (:func:`~atac_hf.integrations.predictions.replica_gather`)."""
+        """Trainer's loop (``evaluate`` and ``predict``) with ``accelerator.gather``, not ``gather_for_metrics``
+        (Trainer's reset after every loop), which would drop the last packs as "duplicates" at the end of the loader.
+        Under CP or TP every rank of a replica returns the same pack's loss and rows: gathered over the DP group
+        only (:func:`~atac_hf.integrations.predictions.replica_gather`)."""
         shared = self.atac_config.cp_size > 1 or self.atac_tp_size > 1
         self.gather_function = replica_gather(self) if shared else self.accelerator.gather
         try:
