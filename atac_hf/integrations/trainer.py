@@ -410,7 +410,8 @@ class ATACTrainer(StreamResumeMixin, LossGuardMixin, ConvertedCheckpointMixin, T
         check_late_loss_settings(self, self.atac_config.cp_size)
         out = sharded_prediction_step(self, ATACTrainer, super().prediction_step, model, inputs, prediction_loss_only,
                                       ignore_keys)  # (TRL's SFTTrainer's step too, after this one in the MRO)
-        return full_row_predictions(self, inputs, out, not prediction_loss_only) if self.atac_config.cp_size > 1 else out
+        shared = self.atac_config.cp_size > 1 and isinstance(out, tuple) and len(out) == 3  # (Trainer's contract)
+        return full_row_predictions(self, inputs, out, not prediction_loss_only) if shared else out
 
     # ------------------------------------------------------------------ logging
     def _finalize_training(self, trial: Any, num_train_samples: Any, start_time: float, *args: Any, **kwargs: Any):
