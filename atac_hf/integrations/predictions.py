@@ -91,8 +91,8 @@ def full_row_predictions(trainer: Any, inputs: Mapping[str, Any], result: tuple,
             "with ignore_keys=[...] (evaluate/predict, or the model config's keys_to_ignore_at_inference), or set "
             "TrainingArguments(prediction_loss_only=True)")
 
-    logits = _map_tensors(lambda x: _row_order(x, plan, rank, group, counts)[: B * S].reshape(B, S, *x.shape[2:]),
-                          logits)
+    where = [plan.rank_token_indices(r) for r in range(cp)]  # (once per pack, for every output)
+    logits = _map_tensors(lambda x: _row_order(x, where, rank, group)[: B * S].reshape(B, S, *x.shape[2:]), logits)
     labels = None
     if trainer.label_names and isinstance(inputs, Mapping) and all(inputs.get(k) is not None
                                                                     for k in trainer.label_names):
@@ -119,17 +119,17 @@ def _tensors(x: Any) -> list:
     return [x] if isinstance(x, torch.Tensor) else []
 
 
-def _row_order(local: torch.Tensor, plan: Any, rank: int, group: Any, counts: list[int]) -> torch.Tensor:
-    """Every CP rank's ``(1, n_r, ...)`` tensor in the pack's row order, ``(N, ...)``, on every rank: one broadcast
-    per rank into the result (peak memory: the row and one rank's share, not the padded all-gather of
-    :func:`~atac_hf.attention.unshard`)."""
+def _row_order(local: torch.Tensor, where: list[np.ndarray], rank: int, group: Any) -> torch.Tensor:
+    """Every CP rank's ``(1, n_r, ...)`` tensor in the pack's row order, ``(N, ...)``, on every rank (``where[r]``:
+    rank r's token positions in the row): one broadcast per rank into the result (peak memory: the row and one
+    rank's share, not the padded all-gather of :func:`~atac_hf.attention.unshard`)."""
     x = local.detach()[0].contiguous()
-    out = torch.empty((plan.num_tokens, *x.shape[1:]), dtype=x.dtype, device=x.device)
-    for r, n in enumerate(counts):
-        buf = x if r == rank else torch.empty((n, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    out = torch.empty((sum(len(w) for w in where), *x.shape[1:]), dtype=x.dtype, device=x.device)
+    for r, idx in enumerate(where):
+        buf = x if r == rank else torch.empty((len(idx), *x.shape[1:]), dtype=x.dtype, device=x.device)
         src = r if group is None else dist.get_global_rank(group, r)
         dist.broadcast(buf, src=src, group=group)
-        out[torch.as_tensor(plan.rank_token_indices(r), device=x.device)] = buf
+        out[torch.as_tensor(idx, device=x.device)] = buf
     return out
 
 
@@ -184,13 +184,13 @@ def predictions_by_sample(trainer: Any, values: Any, dataset: Any = None) -> lis
                          "packs: pass an array from this trainer's predict()/evaluate() of that dataset, one row per pack")
     n = int(entry[2].lengths.size)
     pieces: list[list] = [[] for _ in range(n)]
+    tokens = np.add.reduceat(spans[:, 2] - spans[:, 1], offsets[:-1]) if packs else []  # each pack's
     for b, row in enumerate(rows):
+        if row.ndim < 1 or row.shape[0] < tokens[b]:
+            raise ValueError(f"predictions_by_sample: row {b} has shape {tuple(row.shape)}, shorter than its pack's "
+                             f"{int(tokens[b])} tokens: pass (packs, tokens, ...) rows from predict()/evaluate()")
         at = 0
         for sample, start, end in spans[offsets[b]:offsets[b + 1]].tolist():
-            if row.ndim < 1 or row.shape[0] < at + end - start:
-                raise ValueError(f"predictions_by_sample: row {b} has shape {tuple(row.shape)}, shorter than its pack's "
-                                 f"{int((spans[offsets[b]:offsets[b + 1], 2] - spans[offsets[b]:offsets[b + 1], 1]).sum())} "
-                                 "tokens: pass (packs, tokens, ...) rows from predict()/evaluate()")
             pieces[sample].append((start, row[at:at + end - start]))
             at += end - start
     tail = rows[0].shape[1:] if len(rows) else ()
