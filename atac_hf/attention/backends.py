@@ -187,6 +187,13 @@ def _masked_rows(kernel, q, k, v, ds: int, de: int, lo: int, window: int | None)
         return kernel(q, k, v, None)
     if de - ds <= QUERY_BLOCK:
         return kernel(q, k, v, _segment_mask(ds, de, lo, window, q.device))
+    H, K = q.shape[0], k.shape[0]
+    if H != K:
+        # grouped K/V heads expanded once for the chunk: the kernels would expand each block's keys
+        # again, and autograd keeps every block's copy (a chunk of n rows deep in a long document held
+        # about n / QUERY_BLOCK expanded copies of its prefix until backward)
+        k = k.repeat_interleave(H // K, dim=0)
+        v = v.repeat_interleave(H // K, dim=0)
     outs = []
     for p0 in range(ds, de, QUERY_BLOCK):
         p1 = min(p0 + QUERY_BLOCK, de)

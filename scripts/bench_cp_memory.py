@@ -1,0 +1,190 @@
+#!/usr/bin/env python
+"""Activation memory per CP rank on CPU: what each rank keeps for backward, strategies side by side.
+
+Context parallelism is there so that a pack too long for one device's activations fits over C.
+For 1, 2 and 4 gloo processes, a small Llama-like model (hidden 256, GQA 8/2 heads of 32,
+2 layers) and packs drawn from the long-tail workload, this counts, on each rank, the bytes
+of every tensor autograd saves for backward during the forward of its shard (distinct
+storages, through ``torch.autograd.graph.saved_tensors_hooks``): the activations a rank
+holds at the peak of a step, weights and optimizer state left out. The count is exact and does
+not depend on the machine's load; it is not the allocator's peak (transients of one layer
+come and go).
+
+Rows: ``cp 1, stock sdpa`` (the model's own attention on the packed row, position ids
+restarting per document: Transformers builds a document mask), ``cp 1, atac_cp`` (the same
+row through the add-on at one rank), then each strategy at C ranks: the largest rank's bytes
+against the add-on's one-rank figure, and 1/C, what a perfect split would give.
+``--masked-rows`` runs every chunk that starts inside its document through the row-block
+masked path (what the ``sdpa`` backend does on GPU, where the CPU prefix-merge kernel does
+not exist).
+
+    python scripts/bench_cp_memory.py                  # 8K and 16K-token packs (~1 min on 2 cores)
+    python scripts/bench_cp_memory.py --masked-rows
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+STRATEGIES = ("atp", "zigzag", "contiguous", "per_doc")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--pack-tokens", type=int, nargs="+", default=[8192, 16384])
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--workload", default="longtail", help="a built-in workload name (atac_hf.workloads)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--masked-rows", action="store_true",
+                   help="run chunks that start inside their document as masked row blocks (the GPU sdpa path)")
+    p.add_argument("--json-out", help="write every rank's bytes to this JSON file")
+    return p.parse_args(argv)
+
+
+def make_pack(workload: str, tokens: int, seed: int) -> list[int]:
+    """One pack of exactly ``tokens`` tokens: the workload's lengths in drawn order, the longest first."""
+    from atac_hf.workloads import load_workload
+
+    pool = load_workload(workload)
+    rng = np.random.default_rng(seed)
+    out, left = [], tokens
+    while left > 0:
+        n = int(min(left, max(1, rng.choice(pool))))
+        out.append(n)
+        left -= n
+    return sorted(out, reverse=True)
+
+
+def build_model(layers: int, max_len: int):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    import atac_hf.attention  # noqa: F401  (registers atac_cp)
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=layers, num_attention_heads=8,
+                      num_key_value_heads=2, vocab_size=1000, max_position_embeddings=max_len)
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.float32).train()
+
+
+def make_batch(lengths: list[int]) -> dict:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 1000, (1, sum(lengths)), generator=g)
+    pos = torch.cat([torch.arange(n) for n in lengths])[None]
+    labels = ids.clone()
+    labels[pos == 0] = -100
+    return {"input_ids": ids, "position_ids": pos, "labels": labels, "seq_lengths": [list(lengths)]}
+
+
+def saved_bytes(run) -> int:
+    """Bytes of the distinct storages autograd saves while ``run()`` builds its graph."""
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = run()
+    out.loss.backward()
+    return sum(seen.values())
+
+
+def _worker(rank: int, world: int, init_file: str, lengths, strategies, layers: int, masked: bool, out_file: str):
+    import atac_hf.attention.backends as kernels
+    from atac_hf import check_model
+    from atac_hf.attention import shard_batch
+    from atac_hf.sharding import plan_shards
+
+    torch.set_num_threads(1)
+    if masked:
+        kernels.MERGE_MIN_PAIRS = 1 << 62
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    model = build_model(layers, sum(lengths))
+    check_model(model)
+    model.set_attn_implementation("atac_cp")
+    batch = make_batch(lengths)
+    res = {}
+    for s in strategies:
+        plan = plan_shards(np.asarray(lengths), world, s)
+        local = shard_batch(batch, plan, rank)
+        model.zero_grad(set_to_none=True)
+        res[s] = dict(bytes=saved_bytes(lambda: model(**local)), tokens=int(local["input_ids"].shape[1]))
+    gathered = [None] * world
+    dist.all_gather_object(gathered, res)
+    if rank == 0:
+        with open(out_file, "w") as f:
+            json.dump(gathered, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def per_rank(world: int, lengths, strategies, layers: int, masked: bool) -> list[dict]:
+    fd, init_file = tempfile.mkstemp(prefix="atac_mem_")
+    os.close(fd)
+    os.unlink(init_file)
+    out_file = init_file + ".json"
+    try:
+        mp.spawn(_worker, args=(world, init_file, lengths, strategies, layers, masked, out_file), nprocs=world)
+        with open(out_file) as f:
+            return json.load(f)
+    finally:
+        for p in (init_file, out_file):
+            if os.path.exists(p):
+                os.unlink(p)
+
+
+def one_device(lengths, layers: int) -> int:
+    """Stock sdpa on the packed row in this process."""
+    model = build_model(layers, sum(lengths))
+    b = make_batch(lengths)
+    return saved_bytes(lambda: model(input_ids=b["input_ids"], position_ids=b["position_ids"], labels=b["labels"],
+                                     use_cache=False))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    mib = 2.0 ** 20
+    print(f"Saved-for-backward MiB per rank ({args.layers} layers, hidden 256, GQA 8/2 x 32, fp32"
+          f"{', masked row blocks' if args.masked_rows else ''})\n")
+    print("| pack tokens | documents (longest) | CP | strategy | tokens / rank (max) | MiB max / mean over ranks "
+          "| max vs cp 1 atac_cp | 1/C |")
+    print("|---|---|---|---|---|---|---|---|")
+    rows = []
+    for i, tokens in enumerate(args.pack_tokens):
+        lengths = make_pack(args.workload, tokens, args.seed + i)
+        head = f"| {tokens} | {len(lengths)} ({lengths[0]}) "
+        stock = one_device(lengths, args.layers)
+        base = per_rank(1, lengths, ["atp"], args.layers, args.masked_rows)[0]["atp"]["bytes"]
+        print(f"{head}| 1 | stock sdpa | {tokens} | {stock / mib:.1f} | {stock / base:.2f} | 1 |")
+        print(f"{head}| 1 | atac_cp | {tokens} | {base / mib:.1f} | 1.00 | 1 |")
+        rows.append(dict(pack=lengths, cp=1, strategy="stock sdpa", bytes=[stock]))
+        rows.append(dict(pack=lengths, cp=1, strategy="atac_cp", bytes=[base]))
+        for world in args.world_sizes:
+            ranks = per_rank(world, lengths, list(STRATEGIES), args.layers, args.masked_rows)
+            for s in STRATEGIES:
+                b = [r[s]["bytes"] for r in ranks]
+                rows.append(dict(pack=lengths, cp=world, strategy=s, bytes=b))
+                t = max(r[s]["tokens"] for r in ranks)
+                print(f"{head}| {world} | {s} | {t} | {max(b) / mib:.1f} / {np.mean(b) / mib:.1f} "
+                      f"| {max(b) / base:.2f} | {1 / world:.2f} |")
+        sys.stdout.flush()
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"masked_rows": args.masked_rows, "layers": args.layers, "rows": rows}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
