@@ -16,10 +16,12 @@ row through the add-on at one rank), then each strategy at C ranks: the largest 
 against the add-on's one-rank figure, and 1/C, what a perfect split would give.
 ``--masked-rows`` runs every chunk that starts inside its document through the row-block
 masked path (what the ``sdpa`` backend does on GPU, where the CPU prefix-merge kernel does
-not exist).
+not exist); ``--expand-heads`` expands grouped K/V heads to every query head before the kernels,
+as the masked kernels off CPU need (torch's CPU flash kernel takes grouped heads as they are).
 
-    python scripts/bench_cp_memory.py                  # 8K and 16K-token packs (~1 min on 2 cores)
-    python scripts/bench_cp_memory.py --masked-rows
+    python scripts/bench_cp_memory.py                  # 8K and 16K-token packs (~2.5 min on 2 cores)
+    python scripts/bench_cp_memory.py --masked-rows --expand-heads --pack-tokens 16384
+    python scripts/bench_cp_memory.py --grouped-speed    # the CPU kernels' time, grouped heads kept vs expanded
 """
 
 from __future__ import annotations
@@ -47,7 +49,11 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--masked-rows", action="store_true",
                    help="run chunks that start inside their document as masked row blocks (the GPU sdpa path)")
+    p.add_argument("--expand-heads", action="store_true",
+                   help="expand grouped K/V heads to every query head, as the kernels off CPU need")
     p.add_argument("--json-out", help="write every rank's bytes to this JSON file")
+    p.add_argument("--grouped-speed", action="store_true",
+                   help="instead: time the CPU kernels on grouped K/V heads kept against expanded, side by side")
     return p.parse_args(argv)
 
 
@@ -100,8 +106,10 @@ def saved_bytes(run) -> int:
     return sum(seen.values())
 
 
-def _worker(rank: int, world: int, init_file: str, lengths, strategies, layers: int, masked: bool, out_file: str):
+def _worker(rank: int, world: int, init_file: str, lengths, strategies, layers: int, masked: bool, expand: bool,
+            out_file: str):
     import atac_hf.attention.backends as kernels
+    import atac_hf.attention.cpu_kernels as cpu_kernels
     from atac_hf import check_model
     from atac_hf.attention import shard_batch
     from atac_hf.sharding import plan_shards
@@ -109,6 +117,8 @@ def _worker(rank: int, world: int, init_file: str, lengths, strategies, layers: 
     torch.set_num_threads(1)
     if masked:
         kernels.MERGE_MIN_PAIRS = 1 << 62
+    if expand:
+        kernels.groups_heads_natively = cpu_kernels.groups_heads_natively = lambda device: False
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     model = build_model(layers, sum(lengths))
     check_model(model)
@@ -129,13 +139,13 @@ def _worker(rank: int, world: int, init_file: str, lengths, strategies, layers: 
     dist.destroy_process_group()
 
 
-def per_rank(world: int, lengths, strategies, layers: int, masked: bool) -> list[dict]:
+def per_rank(world: int, lengths, strategies, layers: int, masked: bool, expand: bool) -> list[dict]:
     fd, init_file = tempfile.mkstemp(prefix="atac_mem_")
     os.close(fd)
     os.unlink(init_file)
     out_file = init_file + ".json"
     try:
-        mp.spawn(_worker, args=(world, init_file, lengths, strategies, layers, masked, out_file), nprocs=world)
+        mp.spawn(_worker, args=(world, init_file, lengths, strategies, layers, masked, expand, out_file), nprocs=world)
         with open(out_file) as f:
             return json.load(f)
     finally:
@@ -152,12 +162,51 @@ def one_device(lengths, layers: int) -> int:
                                      use_cache=False))
 
 
+def grouped_speed(repeats: int = 5) -> None:
+    """CPU time of forward + backward of one chunk (2,000 queries after a 6,000-token prefix, 16 query heads
+    over 4 K/V heads of 64, fp32, one thread) through the prefix merge and the masked row blocks, with the
+    grouped K/V heads kept and expanded, alternately; best of ``repeats``."""
+    import time
+
+    import atac_hf.attention.backends as kernels
+    import atac_hf.attention.cpu_kernels as cpu_kernels
+
+    if not cpu_kernels.groups_heads_natively("cpu"):
+        print("this torch's CPU flash kernel does not take grouped K/V heads: nothing to compare")
+        return
+    H, K, D, n_pre, n = 16, 4, 64, 6000, 2000
+    paths = {"prefix merge": lambda q, k, v: cpu_kernels._prefix_chunk(q, k, v, n_pre, D ** -0.5),
+             "masked row blocks": lambda q, k, v: kernels._masked_rows(
+                 lambda qb, kb, vb, m: kernels._sdpa(qb, kb, vb, m, D ** -0.5), q, k, v, n_pre, n_pre + n, 0, None)}
+    native = (kernels.groups_heads_natively, cpu_kernels.groups_heads_natively)
+    print("| CPU kernel | grouped heads kept (s) | expanded (s) | ratio |\n|---|---|---|---|")
+    for name, fn in paths.items():
+        best = {True: float("inf"), False: float("inf")}
+        for _ in range(repeats):
+            for keep in (True, False):
+                g = torch.Generator().manual_seed(0)
+                q = torch.randn(H, n, D, generator=g, requires_grad=True)
+                k, v = (torch.randn(K, n_pre + n, D, generator=g, requires_grad=True) for _ in range(2))
+                if not keep:
+                    kernels.groups_heads_natively = cpu_kernels.groups_heads_natively = lambda device: False
+                try:
+                    t0 = time.process_time()
+                    fn(q, k, v).sum().backward()
+                    best[keep] = min(best[keep], time.process_time() - t0)
+                finally:
+                    kernels.groups_heads_natively, cpu_kernels.groups_heads_natively = native
+        print(f"| {name} | {best[True]:.3f} | {best[False]:.3f} | {best[True] / best[False]:.3f} |")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
+    if args.grouped_speed:
+        grouped_speed()
+        return 0
     mib = 2.0 ** 20
     print(f"Saved-for-backward MiB per rank ({args.layers} layers, hidden 256, GQA 8/2 x 32, fp32"
-          f"{', masked row blocks' if args.masked_rows else ''})\n")
+          f"{', masked row blocks' if args.masked_rows else ''}{', K/V heads expanded' if args.expand_heads else ''})\n")
     print("| pack tokens | documents (longest) | CP | strategy | tokens / rank (max) | MiB max / mean over ranks "
           "| max vs cp 1 atac_cp | 1/C |")
     print("|---|---|---|---|---|---|---|---|")
@@ -166,13 +215,13 @@ def main(argv=None) -> int:
         lengths = make_pack(args.workload, tokens, args.seed + i)
         head = f"| {tokens} | {len(lengths)} ({lengths[0]}) "
         stock = one_device(lengths, args.layers)
-        base = per_rank(1, lengths, ["atp"], args.layers, args.masked_rows)[0]["atp"]["bytes"]
+        base = per_rank(1, lengths, ["atp"], args.layers, args.masked_rows, args.expand_heads)[0]["atp"]["bytes"]
         print(f"{head}| 1 | stock sdpa | {tokens} | {stock / mib:.1f} | {stock / base:.2f} | 1 |")
         print(f"{head}| 1 | atac_cp | {tokens} | {base / mib:.1f} | 1.00 | 1 |")
         rows.append(dict(pack=lengths, cp=1, strategy="stock sdpa", bytes=[stock]))
         rows.append(dict(pack=lengths, cp=1, strategy="atac_cp", bytes=[base]))
         for world in args.world_sizes:
-            ranks = per_rank(world, lengths, list(STRATEGIES), args.layers, args.masked_rows)
+            ranks = per_rank(world, lengths, list(STRATEGIES), args.layers, args.masked_rows, args.expand_heads)
             for s in STRATEGIES:
                 b = [r[s]["bytes"] for r in ranks]
                 rows.append(dict(pack=lengths, cp=world, strategy=s, bytes=b))
@@ -182,7 +231,8 @@ def main(argv=None) -> int:
         sys.stdout.flush()
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump({"masked_rows": args.masked_rows, "layers": args.layers, "rows": rows}, f)
+            json.dump({"masked_rows": args.masked_rows, "expand_heads": args.expand_heads, "layers": args.layers,
+                       "rows": rows}, f)
     return 0
 
 

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from ..sharding.plan import LocalLayout
 from .varlen import VARLEN_KERNELS, Wait, auto_backend, make_varlen_backend, varlen_attention_reference
-from .cpu_kernels import _math_block, _prefix_chunk, _sink_flash, prefix_merge_available
+from .cpu_kernels import _math_block, _prefix_chunk, _sink_flash, groups_heads_natively, prefix_merge_available
 
 __all__ = ["BACKENDS", "SEGMENT_BACKENDS", "attend_segment", "auto_backend", "prefix_merge_available",
            "resolve_backend", "run_backend", "varlen_attention_reference"]
@@ -91,6 +91,9 @@ def _sdpa(q, k, v, mask, scaling):
         out = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=scaling,
                                              enable_gqa=H != K)
         return out[0]
+    if H != K and groups_heads_natively(q.device):  # CPU: the flash kernel takes the mask and grouped heads
+        return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scaling,
+                                              enable_gqa=True)[0]
     if H != K:
         k = k.repeat_interleave(H // K, dim=0)
         v = v.repeat_interleave(H // K, dim=0)
@@ -188,7 +191,7 @@ def _masked_rows(kernel, q, k, v, ds: int, de: int, lo: int, window: int | None)
     if de - ds <= QUERY_BLOCK:
         return kernel(q, k, v, _segment_mask(ds, de, lo, window, q.device))
     H, K = q.shape[0], k.shape[0]
-    if H != K:
+    if H != K and not groups_heads_natively(q.device):
         # grouped K/V heads expanded once for the chunk: the kernels would expand each block's keys
         # again, and autograd keeps every block's copy (a chunk of n rows deep in a long document held
         # about n / QUERY_BLOCK expanded copies of its prefix until backward)

@@ -8,10 +8,56 @@ Shape legend: H query heads, K key/value heads, L tokens, D head dim.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 _CPU_FLASH_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_flash_groups_heads() -> bool:
+    """Whether torch's CPU flash kernel takes fewer K/V heads than query heads (grouped-query
+    attention, torch 2.13 does) and gives, forward and backward, masked and causal, exactly what it
+    gives on K/V expanded to every query head: probed once on tiny float64 tensors, so a torch whose
+    kernel lacks it (an error, or other values) expands K/V as before."""
+    if _CPU_FLASH is None or _CPU_FLASH_BWD is None:
+        return False
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):  # the caller's autocast would cast the probe
+        return _probe_grouped_heads()
+
+
+def _probe_grouped_heads() -> bool:
+    g = torch.Generator().manual_seed(0)
+    H, K, D, Lq, Lk = 4, 2, 8, 5, 7
+    f64 = dict(dtype=torch.float64, device="cpu")
+    q = torch.randn(1, H, Lq, D, generator=g, **f64)
+    k, v = (torch.randn(1, K, Lk, D, generator=g, **f64) for _ in range(2))
+    d_out = torch.randn(1, H, Lq, D, generator=g, **f64)
+    mask = torch.zeros(Lq, Lk, **f64).masked_fill(
+        ~torch.ones(Lq, Lk, dtype=torch.bool, device="cpu").tril(Lk - Lq), float("-inf"))
+    try:
+        for kk, vv, causal, m in ((k, v, False, mask), (k[:, :, :Lq], v[:, :, :Lq], True, None)):
+            ke, ve = kk.repeat_interleave(H // K, dim=1), vv.repeat_interleave(H // K, dim=1)
+            o, lse = _CPU_FLASH(q, kk, vv, 0.0, causal, attn_mask=m, scale=0.5)
+            o_e, lse_e = _CPU_FLASH(q, ke, ve, 0.0, causal, attn_mask=m, scale=0.5)
+            grads = _CPU_FLASH_BWD(d_out, q, kk, vv, o, lse, 0.0, causal, attn_mask=m, scale=0.5)
+            grads_e = _CPU_FLASH_BWD(d_out, q, ke, ve, o_e, lse_e, 0.0, causal, attn_mask=m, scale=0.5)
+            grads_e = (grads_e[0], *(x.unflatten(1, (K, H // K)).sum(2) for x in grads_e[1:]))
+            if not all(a.shape == b.shape and torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+                       for a, b in zip((o, lse, *grads), (o_e, lse_e, *grads_e))):
+                return False
+    except (RuntimeError, TypeError, ValueError):
+        return False
+    return True
+
+
+def groups_heads_natively(device: torch.device | str) -> bool:
+    """Whether the CPU kernels take grouped K/V heads as they are (no expanded copy of the keys
+    kept for backward): on CPU where torch's CPU flash kernel does (:func:`_cpu_flash_groups_heads`);
+    never off CPU (the masked SDPA kernels there do not)."""
+    return torch.device(device).type == "cpu" and _cpu_flash_groups_heads()
 
 
 def prefix_merge_available(device: torch.device | str) -> bool:
@@ -26,7 +72,8 @@ class _PrefixChunkAttention(torch.autograd.Function):
     causal kernel, merged by their log-sum-exps. Both are fused unmasked kernels, where one
     masked call would compute and mask whole rectangles. Backward: the same two kernels'
     backward with the merged output and log-sum-exp (the partitioned-softmax identity).
-    Inputs (1, H, L, D), K/V already expanded to H heads. ``sinks`` (H,) or None: attention
+    Inputs (1, H, L, D) and K/V (1, K, L, D): K = H, or grouped heads where the kernel takes them
+    (:func:`groups_heads_natively`). ``sinks`` (H,) or None: attention
     sinks, a third part of the softmax with a zero value (see :class:`_SinkChunkAttention`)."""
 
     @staticmethod
@@ -65,7 +112,7 @@ def _sink_grad(grad_out, out, lse, s, dtype):
 def _prefix_chunk(q, k, v, n_pre: int, scaling: float, sinks=None) -> torch.Tensor:
     """q (H, Lq, D) at the last Lq of k/v's (K, n_pre + Lq, D) positions. Returns (H, Lq, D)."""
     H, K = q.shape[0], k.shape[0]
-    if H != K:
+    if H != K and not groups_heads_natively(q.device):
         k = k.repeat_interleave(H // K, dim=0)
         v = v.repeat_interleave(H // K, dim=0)
     k, v = k[None], v[None]
@@ -108,7 +155,7 @@ class _SinkChunkAttention(torch.autograd.Function):
     the kernel's backward with the final output and ``lse`` (the sink's column has a zero value,
     so it adds nothing to ``dP`` and the kernel's ``rowsum(dO * out)`` stays right), and the
     sinks' gradient ``-sum_rows exp(sink - lse) * rowsum(dO * out)``. Inputs (1, H, L, D), K/V
-    expanded to H heads; ``mask`` a float (Lq, Lk) mask (0 / -inf) or None with ``causal``."""
+    (1, K, L, D) as in :class:`_PrefixChunkAttention`; ``mask`` a float (Lq, Lk) mask (0 / -inf) or None with ``causal``."""
 
     @staticmethod
     def forward(ctx, q, k, v, sinks, mask, causal, scale):
@@ -132,7 +179,7 @@ def _sink_flash(q, k, v, mask, scaling: float, sinks) -> torch.Tensor:
     """q (H, Lq, D), k/v (K, Lk, D), ``mask`` (Lq, Lk) bool or None (plain causal, Lq == Lk),
     sinks (H,): :class:`_SinkChunkAttention`. Returns (H, Lq, D)."""
     H, K = q.shape[0], k.shape[0]
-    if H != K:
+    if H != K and not groups_heads_natively(q.device):
         k = k.repeat_interleave(H // K, dim=0)
         v = v.repeat_interleave(H // K, dim=0)
     fmask = None if mask is None else torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(
