@@ -58,7 +58,8 @@ def parse_args(argv=None):
 
 
 def make_pack(workload: str, tokens: int, seed: int) -> list[int]:
-    """One pack of exactly ``tokens`` tokens: the workload's lengths in drawn order, the longest first."""
+    """One pack of exactly ``tokens`` tokens: lengths drawn from the workload until it is full (the last
+    one cut to fit), longest first."""
     from atac_hf.workloads import load_workload
 
     pool = load_workload(workload)

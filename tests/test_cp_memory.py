@@ -148,8 +148,9 @@ def test_saved_activations_per_rank_fall_with_the_cp_size(tmp_path):
     from atac_hf.attention.cpu_kernels import groups_heads_natively
 
     out = tmp_path / "mem.json"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_cp_memory.py"), "--pack-tokens", "4096",
-                    "--json-out", str(out)], check=True, cwd=ROOT, timeout=600, capture_output=True)
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_cp_memory.py"), "--pack-tokens", "4096",
+                          "--json-out", str(out)], cwd=ROOT, timeout=600, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     base = next(r["bytes"][0] for r in rows if r["strategy"] == "atac_cp")
     stock = next(r["bytes"][0] for r in rows if r["strategy"] == "stock sdpa")
