@@ -44,11 +44,11 @@ def test_masked_row_blocks_keep_at_most_one_copy_of_grouped_keys(monkeypatch, wi
     output and the gradients are those of one masked call over the whole chunk."""
     from atac_hf.attention import backends, cpu_kernels
 
-    if native and not cpu_kernels.groups_heads_natively("cpu"):
+    if native and not cpu_kernels.groups_heads_natively("cpu", torch.float32):
         pytest.skip("this torch's CPU flash kernel does not take grouped K/V heads")
     monkeypatch.setattr(backends, "MERGE_MIN_PAIRS", 1 << 62)
     if not native:
-        monkeypatch.setattr(backends, "groups_heads_natively", lambda device: False)
+        monkeypatch.setattr(backends, "groups_heads_natively", lambda device, dtype: False)
     H, K, D, ds, de = 8, 2, 16, 3072, 4096
     lo = 0 if window is None else ds - window + 1
     g = torch.Generator().manual_seed(0)
@@ -88,7 +88,7 @@ def test_cpu_prefix_merge_keeps_grouped_keys_unexpanded():
     gradients equal the expanded computation's."""
     from atac_hf.attention import cpu_kernels
 
-    if not cpu_kernels.groups_heads_natively("cpu"):
+    if not cpu_kernels.groups_heads_natively("cpu", torch.float32):
         pytest.skip("this torch's CPU flash kernel does not take grouped K/V heads")
     H, K, D, n_pre, n = 8, 2, 16, 3000, 512
     g = torch.Generator().manual_seed(1)
@@ -130,11 +130,34 @@ def test_grouped_head_probe_refuses_a_kernel_that_differs(monkeypatch):
         cpu_kernels._cpu_flash_groups_heads.cache_clear()
         monkeypatch.setattr(cpu_kernels, "_CPU_FLASH", fake)
         try:
-            assert cpu_kernels.groups_heads_natively("cpu") is False
+            assert cpu_kernels.groups_heads_natively("cpu", torch.float32) is False
         finally:
             monkeypatch.setattr(cpu_kernels, "_CPU_FLASH", real)
             cpu_kernels._cpu_flash_groups_heads.cache_clear()
-    assert cpu_kernels.groups_heads_natively("meta") is False
+    assert cpu_kernels.groups_heads_natively("meta", torch.float32) is False
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_keeps_expanding_grouped_heads(dtype):
+    """In half precision the CPU kernels still get K/V expanded to every query head (the kernel would sum a
+    group's K/V gradients at the inputs' precision: bf16 dK/dV about 25% further from float64 than autograd's
+    float32 sum of the expanded heads' gradients), so their gradients are those of the expanded computation
+    exactly."""
+    from atac_hf.attention import cpu_kernels
+
+    assert cpu_kernels.groups_heads_natively("cpu", dtype) is False
+    H, K, D, n_pre, n = 4, 2, 16, 300, 200
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(H, n, D, generator=g).to(dtype).requires_grad_()
+    k, v = (torch.randn(K, n_pre + n, D, generator=g).to(dtype).requires_grad_() for _ in range(2))
+    out = cpu_kernels._prefix_chunk(q, k, v, n_pre, D ** -0.5)
+    got = torch.autograd.grad(out.float().sum(), (k, v))
+    ke, ve = (t.detach().repeat_interleave(H // K, 0).requires_grad_() for t in (k, v))
+    ref = cpu_kernels._prefix_chunk(q.detach(), ke, ve, n_pre, D ** -0.5)
+    want = torch.autograd.grad(ref.float().sum(), (ke, ve))
+    assert torch.equal(out, ref)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b.unflatten(0, (K, H // K)).sum(1), rtol=0, atol=0)
 
 
 @pytest.mark.slow  # ~40 s on 2 cores: gloo groups of 2 and 4 processes
@@ -155,7 +178,7 @@ def test_saved_activations_per_rank_fall_with_the_cp_size(tmp_path):
     base = next(r["bytes"][0] for r in rows if r["strategy"] == "atac_cp")
     stock = next(r["bytes"][0] for r in rows if r["strategy"] == "stock sdpa")
     assert stock > base
-    bound = {2: 0.56, 4: 0.34} if groups_heads_natively("cpu") else {2: 0.62, 4: 0.42}
+    bound = {2: 0.56, 4: 0.34} if groups_heads_natively("cpu", torch.float32) else {2: 0.62, 4: 0.42}
     seen = set()
     for r in rows:
         if r["cp"] > 1:

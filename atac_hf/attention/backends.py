@@ -91,7 +91,7 @@ def _sdpa(q, k, v, mask, scaling):
         out = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=scaling,
                                              enable_gqa=H != K)
         return out[0]
-    if H != K and groups_heads_natively(q.device):  # CPU: the flash kernel takes the mask and grouped heads
+    if H != K and groups_heads_natively(q.device, q.dtype):  # CPU: the flash kernel takes the mask and grouped heads
         return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scaling,
                                               enable_gqa=True)[0]
     if H != K:
@@ -191,7 +191,7 @@ def _masked_rows(kernel, q, k, v, ds: int, de: int, lo: int, window: int | None)
     if de - ds <= QUERY_BLOCK:
         return kernel(q, k, v, _segment_mask(ds, de, lo, window, q.device))
     H, K = q.shape[0], k.shape[0]
-    if H != K and not groups_heads_natively(q.device):
+    if H != K and not groups_heads_natively(q.device, q.dtype):
         # grouped K/V heads expanded once for the chunk: the kernels would expand each block's keys
         # again, and autograd keeps every block's copy (a chunk of n rows deep in a long document held
         # about n / QUERY_BLOCK expanded copies of its prefix until backward)

@@ -53,11 +53,14 @@ def _probe_grouped_heads() -> bool:
     return True
 
 
-def groups_heads_natively(device: torch.device | str) -> bool:
+def groups_heads_natively(device: torch.device | str, dtype: torch.dtype) -> bool:
     """Whether the CPU kernels take grouped K/V heads as they are (no expanded copy of the keys
-    kept for backward): on CPU where torch's CPU flash kernel does (:func:`_cpu_flash_groups_heads`);
-    never off CPU (the masked SDPA kernels there do not)."""
-    return torch.device(device).type == "cpu" and _cpu_flash_groups_heads()
+    kept for backward): for float32 / float64 inputs on CPU where torch's CPU flash kernel does
+    (:func:`_cpu_flash_groups_heads`). Never off CPU (the masked SDPA kernels there do not), nor for
+    half-precision inputs: the kernel sums a group's K/V gradients at the inputs' precision, where the
+    expanded heads' gradients are summed by autograd in float32 (bf16 dK/dV relative errors about 25%
+    larger against float64 on torch 2.13; at float32 both are at its rounding)."""
+    return torch.device(device).type == "cpu" and dtype in (torch.float32, torch.float64) and _cpu_flash_groups_heads()
 
 
 def prefix_merge_available(device: torch.device | str) -> bool:
@@ -112,7 +115,7 @@ def _sink_grad(grad_out, out, lse, s, dtype):
 def _prefix_chunk(q, k, v, n_pre: int, scaling: float, sinks=None) -> torch.Tensor:
     """q (H, Lq, D) at the last Lq of k/v's (K, n_pre + Lq, D) positions. Returns (H, Lq, D)."""
     H, K = q.shape[0], k.shape[0]
-    if H != K and not groups_heads_natively(q.device):
+    if H != K and not groups_heads_natively(q.device, q.dtype):
         k = k.repeat_interleave(H // K, dim=0)
         v = v.repeat_interleave(H // K, dim=0)
     k, v = k[None], v[None]
@@ -155,7 +158,8 @@ class _SinkChunkAttention(torch.autograd.Function):
     the kernel's backward with the final output and ``lse`` (the sink's column has a zero value,
     so it adds nothing to ``dP`` and the kernel's ``rowsum(dO * out)`` stays right), and the
     sinks' gradient ``-sum_rows exp(sink - lse) * rowsum(dO * out)``. Inputs (1, H, L, D), K/V
-    (1, K, L, D) as in :class:`_PrefixChunkAttention`; ``mask`` a float (Lq, Lk) mask (0 / -inf) or None with ``causal``."""
+    (1, K, L, D) as in :class:`_PrefixChunkAttention`; ``mask`` a float (Lq, Lk) mask (0 / -inf) or
+    None with ``causal``."""
 
     @staticmethod
     def forward(ctx, q, k, v, sinks, mask, causal, scale):
@@ -179,7 +183,7 @@ def _sink_flash(q, k, v, mask, scaling: float, sinks) -> torch.Tensor:
     """q (H, Lq, D), k/v (K, Lk, D), ``mask`` (Lq, Lk) bool or None (plain causal, Lq == Lk),
     sinks (H,): :class:`_SinkChunkAttention`. Returns (H, Lq, D)."""
     H, K = q.shape[0], k.shape[0]
-    if H != K and not groups_heads_natively(q.device):
+    if H != K and not groups_heads_natively(q.device, q.dtype):
         k = k.repeat_interleave(H // K, dim=0)
         v = v.repeat_interleave(H // K, dim=0)
     fmask = None if mask is None else torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(
