@@ -27,6 +27,7 @@ as the masked kernels off CPU need (torch's CPU flash kernel takes grouped heads
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -107,10 +108,35 @@ def saved_bytes(run) -> int:
     return sum(seen.values())
 
 
+@contextlib.contextmanager
+def grouped_heads(keep: bool):
+    """Inside: the CPU kernels take grouped K/V heads as they are (``keep``) or expanded to every query
+    head, whatever the dtype and the torch."""
+    import atac_hf.attention.backends as kernels
+    import atac_hf.attention.cpu_kernels as cpu_kernels
+
+    saved = (kernels.groups_heads_natively, cpu_kernels.groups_heads_natively)
+    kernels.groups_heads_natively = cpu_kernels.groups_heads_natively = lambda device, dtype: keep
+    try:
+        yield
+    finally:
+        kernels.groups_heads_natively, cpu_kernels.groups_heads_natively = saved
+
+
+def chunk_paths(n_pre: int, n: int, scale: float) -> dict:
+    """The two CPU paths of a chunk of ``n`` queries after ``n_pre`` tokens of its document, as
+    ``fn(q (H, n, D), k, v (K, n_pre + n, D))``: the prefix merge and the masked row blocks."""
+    import atac_hf.attention.backends as kernels
+    import atac_hf.attention.cpu_kernels as cpu_kernels
+
+    return {"prefix merge": lambda q, k, v: cpu_kernels._prefix_chunk(q, k, v, n_pre, scale),
+            "masked row blocks": lambda q, k, v: kernels._masked_rows(
+                lambda qb, kb, vb, m: kernels._sdpa(qb, kb, vb, m, scale), q, k, v, n_pre, n_pre + n, 0, None)}
+
+
 def _worker(rank: int, world: int, init_file: str, lengths, strategies, layers: int, masked: bool, expand: bool,
             out_file: str):
     import atac_hf.attention.backends as kernels
-    import atac_hf.attention.cpu_kernels as cpu_kernels
     from atac_hf import check_model
     from atac_hf.attention import shard_batch
     from atac_hf.sharding import plan_shards
@@ -118,19 +144,18 @@ def _worker(rank: int, world: int, init_file: str, lengths, strategies, layers: 
     torch.set_num_threads(1)
     if masked:
         kernels.MERGE_MIN_PAIRS = 1 << 62
-    if expand:
-        kernels.groups_heads_natively = cpu_kernels.groups_heads_natively = lambda device, dtype: False
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     model = build_model(layers, sum(lengths))
     check_model(model)
     model.set_attn_implementation("atac_cp")
     batch = make_batch(lengths)
     res = {}
-    for s in strategies:
-        plan = plan_shards(np.asarray(lengths), world, s)
-        local = shard_batch(batch, plan, rank)
-        model.zero_grad(set_to_none=True)
-        res[s] = dict(bytes=saved_bytes(lambda: model(**local)), tokens=int(local["input_ids"].shape[1]))
+    with grouped_heads(False) if expand else contextlib.nullcontext():
+        for s in strategies:
+            plan = plan_shards(np.asarray(lengths), world, s)
+            local = shard_batch(batch, plan, rank)
+            model.zero_grad(set_to_none=True)
+            res[s] = dict(bytes=saved_bytes(lambda: model(**local)), tokens=int(local["input_ids"].shape[1]))
     gathered = [None] * world
     dist.all_gather_object(gathered, res)
     if rank == 0:
@@ -169,41 +194,29 @@ def grouped_speed(repeats: int = 5) -> None:
     grouped K/V heads kept and expanded, alternately; best of ``repeats``."""
     import time
 
-    import atac_hf.attention.backends as kernels
     import atac_hf.attention.cpu_kernels as cpu_kernels
 
     if not cpu_kernels.groups_heads_natively("cpu", torch.float32):
         print("this torch's CPU flash kernel does not take grouped K/V heads: nothing to compare")
         return
     H, K, D, n_pre, n = 16, 4, 64, 6000, 2000
-    paths = {"prefix merge": lambda q, k, v: cpu_kernels._prefix_chunk(q, k, v, n_pre, D ** -0.5),
-             "masked row blocks": lambda q, k, v: kernels._masked_rows(
-                 lambda qb, kb, vb, m: kernels._sdpa(qb, kb, vb, m, D ** -0.5), q, k, v, n_pre, n_pre + n, 0, None)}
-    native = (kernels.groups_heads_natively, cpu_kernels.groups_heads_natively)
     print("| CPU kernel | grouped heads kept (s) | expanded (s) | ratio |\n|---|---|---|---|")
-    for name, fn in paths.items():
+    for name, fn in chunk_paths(n_pre, n, D ** -0.5).items():
         best = {True: float("inf"), False: float("inf")}
         for _ in range(repeats):
             for keep in (True, False):
                 g = torch.Generator().manual_seed(0)
                 q = torch.randn(H, n, D, generator=g, requires_grad=True)
                 k, v = (torch.randn(K, n_pre + n, D, generator=g, requires_grad=True) for _ in range(2))
-                if not keep:
-                    kernels.groups_heads_natively = cpu_kernels.groups_heads_natively = lambda device, dtype: False
-                try:
+                with grouped_heads(keep):
                     t0 = time.process_time()
                     fn(q, k, v).sum().backward()
                     best[keep] = min(best[keep], time.process_time() - t0)
-                finally:
-                    kernels.groups_heads_natively, cpu_kernels.groups_heads_natively = native
         print(f"| {name} | {best[True]:.3f} | {best[False]:.3f} | {best[True] / best[False]:.3f} |")
     print("\nRelative L2 error of dK / dV against float64 (the same chunk, 8 query heads over 2 K/V heads, "
           "1,100 queries after 1,500 tokens, 4 seeds), grouped heads kept (forced in half precision) vs expanded:\n")
     print("| CPU kernel | dtype | kept: dK / dV | expanded: dK / dV |\n|---|---|---|---|")
-    for name, fn_of in (("prefix merge", lambda pre: lambda q, k, v: cpu_kernels._prefix_chunk(q, k, v, pre, 0.125)),
-                        ("masked row blocks", lambda pre: lambda q, k, v: kernels._masked_rows(
-                            lambda qb, kb, vb, m: kernels._sdpa(qb, kb, vb, m, 0.125), q, k, v, pre, pre + 1100, 0,
-                            None))):
+    for name, fn in chunk_paths(1500, 1100, 0.125).items():
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
             err = {True: [0.0, 0.0], False: [0.0, 0.0]}
             for seed in range(4):
@@ -212,19 +225,13 @@ def grouped_speed(repeats: int = 5) -> None:
                 k0, v0 = (torch.randn(2, 2600, 64, generator=g) for _ in range(2))
                 grads = {}
                 for keep, dt in ((True, torch.float64), (True, dtype), (False, dtype)):
-                    flag = (lambda device, dtype: True) if keep else (lambda device, dtype: False)
-                    kernels.groups_heads_natively = cpu_kernels.groups_heads_natively = flag
-                    try:
+                    with grouped_heads(keep):
                         q, k, v = (t.to(dt).requires_grad_() for t in (q0, k0, v0))
-                        out = fn_of(1500)(q, k, v)
-                        grads[(keep, dt)] = torch.autograd.grad((out.double() * w.double()).sum(), (k, v))
-                    finally:
-                        kernels.groups_heads_natively, cpu_kernels.groups_heads_natively = native
+                        grads[(keep, dt)] = torch.autograd.grad((fn(q, k, v).double() * w.double()).sum(), (k, v))
                 ref = grads[(True, torch.float64)]
                 for keep in (True, False):
                     for i in range(2):
-                        d = grads[(keep, dtype)][i].double() - ref[i]
-                        err[keep][i] += float(d.norm() / ref[i].norm()) / 4
+                        err[keep][i] += float((grads[(keep, dtype)][i].double() - ref[i]).norm() / ref[i].norm()) / 4
             print(f"| {name} | {str(dtype).replace('torch.', '')} | {err[True][0]:.2e} / {err[True][1]:.2e} "
                   f"| {err[False][0]:.2e} / {err[False][1]:.2e} |")
 
