@@ -6,7 +6,8 @@ import argparse
 import os
 from typing import Any
 
-__all__ = ["DEFAULT_MODEL", "model_arg", "model_or_preset", "parse_float", "parse_int", "parse_tokens", "profile_model"]
+__all__ = ["DEFAULT_MODEL", "model_arg", "model_or_preset", "parse_float", "parse_int", "parse_tokens", "profile_model",
+           "read_model_config"]
 
 
 def _ascii_number(text: str, convert: Any, what: str) -> Any:
@@ -38,46 +39,50 @@ def parse_tokens(text: str) -> int:
 
 
 def model_arg(spec: str) -> Any:
-    """``--model``: a model preset name (lower-cased) or the fields of an HF ``config.json`` (or of the one
-    in a checkpoint folder)."""
-    from .cost import MODEL_PRESETS
+    """``--model``: a model preset name (lower-cased), or the :class:`~atac_hf.cost.ModelDims` of an HF
+    ``config.json`` (or of the one in a checkpoint folder), read as :func:`read_model_config` reads it."""
+    from .cost import MODEL_PRESETS, ModelDims
 
     if spec.lower() in MODEL_PRESETS:
         return spec.lower()
-    spec = _config_file(spec)
-    if os.path.exists(spec):
-        from ._io import load_json  # bounded: regular files only, size and depth capped
-
-        data = load_json(spec, "--model config", "--model")  # HF config.json fields
-        if not isinstance(data, dict):
-            raise ValueError(f"--model {spec!r} must hold a JSON object (an HF config.json), got {type(data).__name__}")
-        if "hidden_size" not in data and isinstance(data.get("text_config"), dict):
-            return _text_model(data, spec)
-        return data
-    raise ValueError(f"--model {spec!r} is neither a preset {sorted(MODEL_PRESETS)} nor an existing config.json")
-
-
-def _text_model(data: dict, spec: str) -> Any:
-    """The text model of a composite config.json (a vision-language model's ``text_config``), as
-    :class:`~atac_hf.cost.ModelDims`: read through its transformers config class where transformers
-    knows the ``model_type`` (the file leaves out the fields equal to that class's defaults, such as
-    Gemma 3's heads), else from the file's own fields."""
-    from .cost import ModelDims
-
-    config: Any = data["text_config"]
-    try:
-        from transformers import AutoConfig
-
-        config = AutoConfig.for_model(**data).get_text_config()
-    except Exception:  # noqa: BLE001 - no transformers, or a model_type it does not know: the file's fields
-        pass
+    config = read_model_config(spec)
     try:
         return ModelDims.from_hf_config(config)
     except (TypeError, ValueError) as e:
-        from .cost import MODEL_PRESETS
+        raise ValueError(f"--model {spec!r}: {e}; give --model a preset {sorted(MODEL_PRESETS)} or a config.json "
+                         "with those fields") from None
 
-        raise ValueError(f"--model {spec!r}: its text_config cannot be read: {e}; give --model a preset "
-                         f"{sorted(MODEL_PRESETS)} or a config.json whose text_config has those fields") from None
+
+def read_model_config(spec: str) -> Any:
+    """The HF ``config.json`` at ``spec`` (or in the checkpoint folder ``spec``) as transformers reads it:
+    through its config class where transformers knows its ``model_type``, which maps the file's field
+    aliases (GPT-2's ``n_embd``, Falcon's ``n_head``), fills the fields the file leaves at their defaults
+    and derives the rest (``layer_types`` from Gemma's ``sliding_window_pattern``); else the file's own
+    fields (a dict). Raises ValueError for a path that is not a JSON object's file."""
+    from .cost import MODEL_PRESETS
+
+    path = _config_file(spec)
+    if not os.path.exists(path):
+        raise ValueError(f"--model {spec!r} is neither a preset {sorted(MODEL_PRESETS)} nor an existing config.json "
+                         "(or a checkpoint folder holding one)")
+    from ._io import load_json  # bounded: regular files only, size and depth capped
+
+    data = load_json(path, "--model config", "--model")  # HF config.json fields
+    if not isinstance(data, dict):
+        raise ValueError(f"--model {spec!r} must hold a JSON object (an HF config.json), got {type(data).__name__}")
+    if not isinstance(data.get("model_type"), str):
+        return data
+    try:
+        import transformers
+
+        verbosity = transformers.logging.get_verbosity()
+        transformers.logging.set_verbosity_error()  # (a config class's notes on its own defaults)
+        try:
+            return transformers.AutoConfig.for_model(**data)
+        finally:
+            transformers.logging.set_verbosity(verbosity)
+    except Exception:  # noqa: BLE001 - no transformers, a model_type it does not know, or fields its class
+        return data  # refuses: the file's own fields, which ModelDims checks and names
 
 
 def model_or_preset(spec: str) -> Any:

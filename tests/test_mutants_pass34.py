@@ -155,7 +155,9 @@ def test_model_or_preset_reads_a_file_only_and_model_arg_lower_cases_presets_and
     with pytest.raises(ValueError, match=r"must hold a JSON object"):
         model_or_preset(str(path))
     path.write_text(json.dumps(CONFIG))
-    assert model_or_preset(str(path)) == CONFIG
+    from atac_hf.cost import ModelDims
+
+    assert model_or_preset(str(path)) == ModelDims.from_hf_config(CONFIG)  # (read, since red-team 53, to its ModelDims)
 
 
 @pytest.mark.parametrize("argv, flag", [(["plan", "--doc-lengths", "9,5", "--cp-size", "2", "--profile"], "--profile"),

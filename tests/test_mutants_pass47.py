@@ -54,10 +54,13 @@ def test_model_arg_names_the_flag_for_an_unreadable_config_and_reads_plain_confi
             "text_config": {"hidden_size": 2048, "num_attention_heads": 16, "num_hidden_layers": 4}}
     path = tmp_path / "both.json"
     path.write_text(json.dumps(both))
-    assert model_arg(str(path)) == both  # top-level dimensions: the config itself, not its text_config
+    dims = model_arg(str(path))  # (read to its ModelDims since red-team 53)
+    assert (dims.hidden_size, dims.num_heads, dims.num_layers) == (1024, 8, 2)  # top-level: not its text_config
     plain = tmp_path / "plain.json"
     plain.write_text(json.dumps({"model_type": "x"}))
-    assert model_arg(str(plain)) == {"model_type": "x"}  # no text_config: its fields (refused later, by name)
+    with pytest.raises(ValueError, match=r"^--model '.*plain.json': cannot read model dimensions: the config has no "
+                                         r"hidden_size.*give --model a preset"):
+        model_arg(str(plain))  # no text_config: its own fields, refused by name
 
 
 # ------------------------------------------------------------------------------------------ bench --profile

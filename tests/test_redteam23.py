@@ -281,7 +281,10 @@ def test_plan_and_pack_take_a_checkpoint_folder_as_model(tmp_path):
     cfg = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 2,
            "num_hidden_layers": 4, "intermediate_size": 512, "vocab_size": 1000}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    assert model_or_preset(str(tmp_path)) == model_arg(str(tmp_path)) == model_arg(str(tmp_path / "config.json")) == cfg
+    from atac_hf.cost import ModelDims
+
+    dims = ModelDims.from_hf_config(cfg)  # (--model reads a config.json to its ModelDims since red-team 53)
+    assert model_or_preset(str(tmp_path)) == model_arg(str(tmp_path)) == model_arg(str(tmp_path / "config.json")) == dims
     empty = tmp_path / "empty"
     empty.mkdir()
     assert model_or_preset(str(empty)) == str(empty)  # no config.json: left to the preset check (refused there)

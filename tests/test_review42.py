@@ -78,6 +78,6 @@ def test_composite_config_without_text_dimensions_is_refused_naming_the_presets(
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "no-such-vlm", "text_config": {"vocab_size": 100}}))
-    with pytest.raises(ValueError, match=r"--model '.*config\.json': its text_config cannot be read: .*"
-                                         r"hidden_size.*give --model a preset \['13b'.*or a config\.json"):
+    with pytest.raises(ValueError, match=r"--model '.*config\.json': cannot read model dimensions: the config's "
+                                         r"text_config has no hidden_size.*give --model a preset \['13b'.*or a config\.json"):
         model_arg(str(path))

@@ -94,6 +94,10 @@ class ModelDims:
             ``tie_word_embeddings``: Gemma, Llama 3.2 1B/3B), so the model holds one
             ``vocab_size x hidden_size`` matrix, not two (the simulator's memory check). False
             (the default, and the presets'): a separate LM head, as Llama 2/3 7B-70B.
+        attn_params: weights of one layer's attention projections where they are not
+            ``hidden_size x (num_heads + num_kv_heads) x (head_dim + v_head_dim)``: multi-head
+            latent attention's low-rank projections (DeepSeek-V2/V3's ``q_lora_rank`` and
+            ``kv_lora_rank``); None: that product.
     """
 
     hidden_size: int
@@ -107,6 +111,7 @@ class ModelDims:
     sliding_window_layers: int | None = None
     v_head_dim: int | None = None
     tie_word_embeddings: bool = False
+    attn_params: int | None = None
 
     def __post_init__(self) -> None:
         for f in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
@@ -114,7 +119,7 @@ class ModelDims:
             v = getattr(self, f)
             if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)) or v <= 0:
                 raise ValueError(f"ModelDims.{f} must be a positive int, got {v!r}")
-        for f in ("sliding_window", "v_head_dim"):
+        for f in ("sliding_window", "v_head_dim", "attn_params"):
             v = getattr(self, f)
             if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)) or v <= 0):
                 raise ValueError(f"ModelDims.{f} must be None or a positive int, got {v!r}")
@@ -163,14 +168,16 @@ class ModelDims:
 
         hidden, heads, depth = get("hidden_size"), get("num_attention_heads"), get("num_hidden_layers")
         if any(v is None for v in (hidden, heads, depth)):
+            which = "the config's text_config" if config is not outer else "the config"
             raise ValueError(
-                "cannot read model dimensions: the config has no hidden_size/num_attention_heads/num_hidden_layers "
+                f"cannot read model dimensions: {which} has no "
+                "hidden_size/num_attention_heads/num_hidden_layers "
                 f"ints (got {_short(hidden)}/{_short(heads)}/{_short(depth)}; pass ModelDims(...) explicitly)"
             )
 
         def size(k: str, default: Any = None) -> Any:  # a size the config gives: a positive int
             v = get(k)
-            if default is not None and (v is None or (_ints(v) and v == 0)):  # unset (GLM-5 writes head_dim 0)
+            if default is not None and (v is None or (k == "head_dim" and _ints(v) and v == 0)):  # unset (GLM-5: 0)
                 return default
             if not _ints(v) or v <= 0:
                 raise ValueError(f"cannot read model dimensions: the config's {k}={_short(v)} is not a positive int "
@@ -180,20 +187,26 @@ class ModelDims:
         hidden, heads, depth = size("hidden_size"), size("num_attention_heads"), size("num_hidden_layers")
         head_dim, v_head_dim = key_value_widths(get, size("head_dim", hidden // heads))
         window = get("sliding_window") if get("use_sliding_window", True) else None
-        window = int(window) if _ints(window) and window > 0 else None
+        if window is not None and not (_ints(window) and window >= 0):
+            raise ValueError(f"cannot read model dimensions: the config's sliding_window={_short(window)} is not a "
+                             "window in tokens (an int > 0; null or 0: none); check that field of the model config, or "
+                             "pass ModelDims(...) explicitly")
+        window = int(window) if window else None
         window_layers = None if window is None else _window_layers(whole, int(depth))
+        kv_heads = size("num_key_value_heads", heads)
         return cls(
             hidden_size=int(hidden),
             num_layers=int(depth),
             num_heads=int(heads),
-            num_kv_heads=size("num_key_value_heads", heads),
+            num_kv_heads=kv_heads,
             head_dim=int(head_dim),
-            intermediate_size=_active_mlp_width(get, int(depth), size("intermediate_size", 4 * hidden)),
+            intermediate_size=_active_mlp_width(get, whole, int(depth), size("intermediate_size", 4 * hidden)),
             vocab_size=size("vocab_size", 32000),
             sliding_window=window if window_layers != 0 else None,
             sliding_window_layers=window_layers if window_layers != 0 else None,
             v_head_dim=v_head_dim if v_head_dim != head_dim else None,
             tie_word_embeddings=_tied(whole, outer),
+            attn_params=_latent_attention_params(get, hidden, heads, head_dim, v_head_dim),
         )
 
     @property
@@ -207,7 +220,8 @@ class ModelDims:
     def params_per_layer(self) -> int:
         """Weights of one decoder layer (attention projections + gated MLP; an MoE layer's active experts)."""
         v = self.head_dim if self.v_head_dim is None else self.v_head_dim
-        attn = self.hidden_size * (self.num_heads + self.num_kv_heads) * (self.head_dim + v)
+        attn = self.hidden_size * (self.num_heads + self.num_kv_heads) * (self.head_dim + v) \
+            if self.attn_params is None else self.attn_params
         mlp = 3 * self.hidden_size * self.intermediate_size
         return attn + mlp
 
@@ -216,11 +230,38 @@ def key_value_widths(get: Any, head_dim: int) -> tuple[int, int]:
     """The per-head widths ``(keys, values)`` of a config read by ``get(name, default=None)``: ``head_dim``
     for both, but under multi-head latent attention (DeepSeek-V3) ``qk_nope_head_dim + qk_rope_head_dim``
     for the keys and ``v_head_dim`` (else the keys' width) for the values."""
-    nope, rope = get("qk_nope_head_dim"), get("qk_rope_head_dim")
-    if not _ints(nope, rope):
+    nope, rope = _field(get, "qk_nope_head_dim"), _field(get, "qk_rope_head_dim")
+    if nope is None or rope is None or nope + rope == 0:
         return head_dim, head_dim
-    v = get("v_head_dim")
-    return int(nope) + int(rope), int(v) if _ints(v) and v > 0 else int(nope) + int(rope)
+    v = _field(get, "v_head_dim")
+    return nope + rope, v if v else nope + rope
+
+
+def _latent_attention_params(get: Any, hidden: int, heads: int, k_dim: int, v_dim: int) -> int | None:
+    """Weights of one layer's multi-head latent attention (DeepSeek-V2/V3): queries through a
+    ``q_lora_rank`` bottleneck (or one ``hidden x heads x k_dim`` projection without it), keys and values
+    through a ``kv_lora_rank`` latent plus the shared RoPE key, and the output projection; None for a
+    config without ``kv_lora_rank`` (the projections of :attr:`ModelDims.params_per_layer`)."""
+    kv_rank = _field(get, "kv_lora_rank", 1)
+    rope, nope = _field(get, "qk_rope_head_dim"), _field(get, "qk_nope_head_dim")
+    if kv_rank is None or rope is None or nope is None:
+        return None
+    q_rank = _field(get, "q_lora_rank", 1)
+    q = hidden * heads * k_dim if q_rank is None else hidden * q_rank + q_rank * heads * k_dim
+    kv = hidden * (kv_rank + rope) + kv_rank * heads * (nope + v_dim)
+    return q + kv + heads * v_dim * hidden
+
+
+def _field(get: Any, k: str, minimum: int = 0) -> int | None:
+    """The config's int field ``k`` (None where unset), or ValueError naming it (a string, a float, a
+    bool or a value below ``minimum``: never read as unset)."""
+    v = get(k)
+    if v is None:
+        return None
+    if not _ints(v) or v < minimum:
+        raise ValueError(f"cannot read model dimensions: the config's {k}={_short(v)} is not an int >= {minimum} "
+                         "(check that field of the model config, or pass ModelDims(...) explicitly)")
+    return int(v)
 
 
 def _short(v: Any) -> str:
@@ -263,32 +304,58 @@ def _window_layers(get: Any, depth: int) -> int | None:  # get: the config's own
     ``"sliding_attention"`` / ``"full_attention"``) or Qwen2's ``max_window_layers`` (the layers
     from that index on slide); None (all) where the config says neither."""
     types = get("layer_types")
-    if isinstance(types, (list, tuple)) and len(types) == depth and all(isinstance(t, str) for t in types):
+    if types is not None:
+        if not (isinstance(types, (list, tuple)) and len(types) == depth and all(isinstance(t, str) for t in types)):
+            raise ValueError(f"cannot read model dimensions: the config's layer_types={_short(types)} is not a list of "
+                             f"num_hidden_layers={depth} layer type names ('sliding_attention', 'full_attention'); check "
+                             "that field of the model config, or pass ModelDims(...) explicitly")
         return sum(t == "sliding_attention" for t in types)
+    for key in ("sliding_window_pattern", "_sliding_window_pattern"):  # Gemma 3, Cohere 2: every p-th layer is full
+        pattern = _field(get, key, 1)
+        if pattern is not None:
+            return depth - depth // pattern
     first = get("max_window_layers")
     if _ints(first) and get("use_sliding_window", False) is True:
         return depth - min(max(int(first), 0), depth)
     return None
 
 
-def _active_mlp_width(get: Any, depth: int, dense: int) -> int:
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+_TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "num_experts_per_token", "moe_topk")
+_SHARED_KEYS = ("n_shared_experts", "moe_num_shared_experts", "num_shared_experts")
+
+
+def _active_mlp_width(get: Any, whole: Any, depth: int, dense: int) -> int:
     """The MLP width one token runs through, averaged over the layers: a mixture-of-experts
     layer runs ``num_experts_per_tok`` experts of ``moe_intermediate_size`` (else
-    ``intermediate_size``) plus its shared experts; DeepSeek's ``first_k_dense_replace`` first
-    layers are dense."""
-    experts = next((get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts") if _ints(get(k))), None)
-    top_k = next((get(k) for k in ("num_experts_per_tok", "experts_per_token", "num_experts_per_token",
-                                    "moe_topk") if _ints(get(k))), None)
-    if not (_ints(experts, top_k) and experts > 1 and top_k >= 1):
+    ``intermediate_size``) plus its shared experts (``shared_expert_intermediate_size``, or a count of
+    experts' width: DeepSeek's ``n_shared_experts``, Aria's ``moe_num_shared_experts``, Llama 4's one,
+    which no field names); DeepSeek's ``first_k_dense_replace`` first layers and the layers outside
+    Llama 4's ``moe_layers`` (``intermediate_size_mlp`` wide) are dense. ``is_moe`` false (Doge): dense.
+    ``whole``: the config's fields with lists kept."""
+    if get("is_moe") is False:
         return dense
-    width = int(get("moe_intermediate_size")) if _ints(get("moe_intermediate_size")) else dense
-    shared = get("shared_expert_intermediate_size")
-    if not _ints(shared):
-        n_shared = get("n_shared_experts")
-        shared = int(n_shared) * width if _ints(n_shared) else 0
-    moe = int(top_k) * width + int(shared)
-    dense_layers = get("first_k_dense_replace")
-    k = min(max(int(dense_layers), 0), depth) if _ints(dense_layers) else 0
+    experts = next((v for k in _EXPERT_KEYS if (v := _field(get, k)) is not None), None)
+    top_k = next((v for k in _TOP_K_KEYS if (v := _field(get, k)) is not None), None)
+    if experts is None or top_k is None or experts <= 1 or top_k < 1:
+        return dense
+    if top_k > experts:
+        raise ValueError(f"cannot read model dimensions: the config routes each token to {top_k} experts of "
+                         f"{experts} (num_experts_per_tok > the experts); check those fields of the model config, "
+                         "or pass ModelDims(...) explicitly")
+    width = _field(get, "moe_intermediate_size", 1) or dense
+    shared = _field(get, "shared_expert_intermediate_size")
+    if shared is None:
+        n_shared = next((v for k in _SHARED_KEYS if (v := _field(get, k)) is not None), None)
+        if n_shared is None and str(get("model_type", "")).startswith("llama4"):
+            n_shared = 1
+        shared = (n_shared or 0) * width
+    moe = top_k * width + shared
+    k = min(_field(get, "first_k_dense_replace") or 0, depth)
+    layers = whole("moe_layers")
+    if isinstance(layers, (list, tuple)) and all(_ints(i) for i in layers):
+        k = depth - len({int(i) for i in layers if 0 <= i < depth})
+        dense = _field(get, "intermediate_size_mlp", 1) or dense
     return max(1, round((k * dense + (depth - k) * moe) / depth))
 
 

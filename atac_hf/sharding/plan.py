@@ -136,13 +136,13 @@ class ShardPlan:
         return int(self.doc_lengths[self.gathered_docs].sum())
 
     def kv_bytes(self, kv_bytes_per_token: float) -> float:
-        """Bytes a rank receives per layer in the forward K/V exchange: for the all-gather, the
-        ring's ``(C - 1) / C`` of the gathered tokens; for the all-to-all, the most any rank
-        receives (:attr:`kv_recv_tokens`)."""
+        """Bytes a rank receives in the forward K/V exchange given one token's (one layer's, as
+        :attr:`CostModel.kv_bytes_per_token`, or all layers'): the all-gather's ring ``(C - 1) / C`` of the
+        gathered tokens; the all-to-all's most any rank receives (:attr:`kv_recv_tokens`)."""
         b = kv_bytes_per_token  # a finite number >= 0, never a bool (np.bool_ is no np.integer)
         if isinstance(b, bool) or not isinstance(b, (int, float, np.integer, np.floating)) or not 0 <= b < np.inf:
             raise ValueError(f"kv_bytes_per_token={kv_bytes_per_token!r} is invalid: a finite number >= 0 (K/V bytes "
-                             "of one token, all layers: CostModel.kv_bytes_per_token)")
+                             "of one token: one layer's, CostModel.kv_bytes_per_token, or all layers)")
         if self.cp_size <= 1:
             return 0.0
         if self.kv_exchange == "all_to_all":

@@ -172,11 +172,13 @@ def run_simulate(args: argparse.Namespace) -> int:
         return _run_robustness(args, cluster, lengths, t0, combos)
     res = simulate(lengths, cluster, combos=combos, num_steps=args.steps, seed=args.seed,
                    windows=args.windows, workload=workload_name(args.workload))
+    refusal = model_refusal(args.model)
     if args.json:
-        print(json.dumps({**res.to_dict(), "workload_info": workload_info(args.workload, lengths, seed=args.seed)},
-                         default=float))
+        print(json.dumps({**res.to_dict(), "workload_info": workload_info(args.workload, lengths, seed=args.seed),
+                          **({"model_refusal": refusal} if refusal else {})}, default=float))
         return 0
-    what_if = "; ".join(cluster.what_if_reasons())
+    what_if = "; ".join(cluster.what_if_reasons() + ((f"the atac_cp attention refuses this model: {refusal}; "
+                                                      "every layer priced as softmax attention",) if refusal else ()))
     print(f"{cluster.describe()} ({'what-if: ' + what_if if what_if else 'runs with the atac-hf integration'}); "
           f"workload {res.workload}; {res.num_samples} samples simulated; {time.perf_counter() - t0:.1f} s")
     print(combo_table(res))
@@ -192,6 +194,26 @@ def run_simulate(args: argparse.Namespace) -> int:
     elif "ATAC" in res.refused:
         print("ATAC refused: no speedup computed")
     return 0
+
+
+def model_refusal(spec: str) -> str | None:
+    """Why the ``atac_cp`` attention refuses the model of ``--model``'s config.json by its config alone
+    (an encoder-decoder, non-attention layers, chunked or sparse attention, position-dependent RoPE: the
+    rules ``atac-hf check-model`` applies before its probe), or None: a preset, a config transformers does not know, or
+    one those rules accept (``atac-hf check-model --config`` runs the probe too)."""
+    from .._argtypes import read_model_config
+
+    if spec.lower() in MODEL_PRESETS:
+        return None
+    config = read_model_config(spec)
+    if isinstance(config, dict):
+        return None
+    if getattr(config, "is_encoder_decoder", False):
+        return "is an encoder-decoder model: ATP-CP shards the packed rows of decoder-only causal LMs"
+    from ..attention.model_check import config_refusal
+
+    got = config_refusal(config)
+    return None if got is None else got[1]
 
 
 def _run_robustness(args: argparse.Namespace, cluster: Any, lengths: Any, t0: float, combos: Any) -> int:
