@@ -186,3 +186,31 @@ def test_saved_activations_per_rank_fall_with_the_cp_size(tmp_path):
             assert max(r["bytes"]) <= bound[r["cp"]] * base, (r["cp"], r["strategy"], max(r["bytes"]) / base)
             seen.add((r["cp"], r["strategy"]))
     assert seen == {(c, s) for c in (2, 4) for s in ("atp", "zigzag", "contiguous", "per_doc")}
+
+
+def test_cpu_autocast_expands_grouped_heads_where_sdpa_runs_in_half_precision(monkeypatch):
+    """Under CPU autocast (bf16) float32 inputs reach the masked SDPA blocks, which autocast runs in bf16:
+    there, as for bf16 inputs, the kernel gets K/V expanded to every query head (red-team 54: it got them
+    grouped, keyed on the inputs' float32); without autocast it gets them grouped."""
+    from atac_hf.attention import backends
+
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, *args, **kwargs):
+        out = sdpa(q, k, v, *args, **kwargs)
+        seen.append((k.shape[1], out.dtype))  # (the dtype the kernel ran in: autocast casts inside the call)
+        return out
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    H, K, D, ds, de = 4, 2, 16, 300, 700
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(H, de - ds, D, generator=g)
+    k, v = (torch.randn(K, de, D, generator=g) for _ in range(2))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        backends._masked_rows(lambda *a: backends._sdpa(*a, D ** -0.5), q, k, v, ds, de, 0, None)
+    assert seen and all(heads == H and dtype == torch.bfloat16 for heads, dtype in seen)
+    seen.clear()
+    backends._masked_rows(lambda *a: backends._sdpa(*a, D ** -0.5), q, k, v, ds, de, 0, None)
+    native = backends.groups_heads_natively("cpu", torch.float32)
+    assert seen and all(heads == (K if native else H) and dtype == torch.float32 for heads, dtype in seen)

@@ -80,6 +80,15 @@ def _sdpa_tables(layout: LocalLayout, window: int | None, device, cache: dict):
     return cache[key]
 
 
+def _sdpa_dtype(q: torch.Tensor) -> torch.dtype:
+    """The dtype SDPA computes ``q`` in: CPU autocast's half precision for float32 inputs where it is on
+    (SDPA is on its lower-precision list; the CPU prefix merge's direct kernel calls are not), else
+    ``q``'s. Grouped K/V heads are kept by that dtype (:func:`groups_heads_natively`)."""
+    if q.device.type == "cpu" and q.dtype == torch.float32 and torch.is_autocast_enabled("cpu"):
+        return torch.get_autocast_dtype("cpu")
+    return q.dtype
+
+
 def _sdpa(q, k, v, mask, scaling):
     """q (H, Lq, D), k/v (K, Lk, D); mask None -> causal. Returns (H, Lq, D).
 
@@ -91,7 +100,7 @@ def _sdpa(q, k, v, mask, scaling):
         out = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=scaling,
                                              enable_gqa=H != K)
         return out[0]
-    if H != K and groups_heads_natively(q.device, q.dtype):  # CPU: the flash kernel takes the mask and grouped heads
+    if H != K and groups_heads_natively(q.device, _sdpa_dtype(q)):  # CPU: the flash kernel takes the mask and grouped heads
         return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scaling,
                                               enable_gqa=True)[0]
     if H != K:
@@ -191,7 +200,7 @@ def _masked_rows(kernel, q, k, v, ds: int, de: int, lo: int, window: int | None)
     if de - ds <= QUERY_BLOCK:
         return kernel(q, k, v, _segment_mask(ds, de, lo, window, q.device))
     H, K = q.shape[0], k.shape[0]
-    if H != K and not groups_heads_natively(q.device, q.dtype):
+    if H != K and not groups_heads_natively(q.device, _sdpa_dtype(q)):
         # grouped K/V heads expanded once for the chunk: the kernels would expand each block's keys
         # again, and autograd keeps every block's copy (a chunk of n rows deep in a long document held
         # about n / QUERY_BLOCK expanded copies of its prefix until backward)
