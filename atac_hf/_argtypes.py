@@ -70,7 +70,7 @@ def read_model_config(spec: str) -> Any:
     data = load_json(path, "--model config", "--model")  # HF config.json fields
     if not isinstance(data, dict):
         raise ValueError(f"--model {spec!r} must hold a JSON object (an HF config.json), got {type(data).__name__}")
-    if not isinstance(data.get("model_type"), str):
+    if not isinstance(data.get("model_type"), str) or not _few_layers(data):
         return data
     try:
         import transformers
@@ -83,6 +83,20 @@ def read_model_config(spec: str) -> Any:
             transformers.logging.set_verbosity(verbosity)
     except Exception:  # noqa: BLE001 - no transformers, a model_type it does not know, or fields its class
         return data  # refuses: the file's own fields, which ModelDims checks and names
+
+
+#: Layer counts above this are not handed to a transformers config class, which builds per-layer lists
+#: (``layer_types``) of that length at once: the file's own fields are read instead (no real model comes near).
+MAX_CONFIG_LAYERS = 1 << 16
+
+
+def _few_layers(data: Any) -> bool:
+    """Whether every int field of ``data`` (and of the mappings in it) named like a layer count is at most
+    :data:`MAX_CONFIG_LAYERS`."""
+    if isinstance(data, dict):
+        return all(_few_layers(v) and not ("layer" in str(k) and isinstance(v, int) and v > MAX_CONFIG_LAYERS)
+                   for k, v in data.items())
+    return all(_few_layers(v) for v in data) if isinstance(data, list) else True
 
 
 def model_or_preset(spec: str) -> Any:

@@ -153,3 +153,12 @@ def test_simulate_says_an_encoder_decoder_is_refused(tmp_path, capsys):
     assert main(["simulate", "--steps", "1", "--dp", "1", "--pp", "1", "--cp", "2", "--micro-batches", "2",
                  "--max-tokens", "4K", "--combos", "named", "--model", _file(tmp_path, bart)]) == 0
     assert "the atac_cp attention refuses this model: is an encoder-decoder model" in capsys.readouterr().out
+
+
+def test_a_file_with_an_absurd_layer_count_is_read_from_its_own_fields(tmp_path):
+    """A config class builds per-layer lists of ``num_hidden_layers`` entries at once: 10**12 layers hung
+    `--model` (and a CLI run) before its fields were read; such a file is read as its own fields."""
+    huge = {"model_type": "gemma3_text", "hidden_size": 256, "num_hidden_layers": 10**12, "num_attention_heads": 4,
+            "sliding_window": 64, "sliding_window_pattern": 6}
+    dims = model_arg(_file(tmp_path, huge))
+    assert (dims.num_layers, dims.sliding_window_layers) == (10**12, 10**12 - 10**12 // 6)
