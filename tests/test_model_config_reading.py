@@ -162,3 +162,48 @@ def test_a_file_with_an_absurd_layer_count_is_read_from_its_own_fields(tmp_path)
             "sliding_window": 64, "sliding_window_pattern": 6}
     dims = model_arg(_file(tmp_path, huge))
     assert (dims.num_layers, dims.sliding_window_layers) == (10**12, 10**12 - 10**12 // 6)
+
+
+def _decoder_weights(config) -> int:
+    """Weights of a causal LM built from ``config`` on the meta device, its embeddings and LM head left out."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    skip = ("embed", "lm_head", "wte", "wpe")
+    return sum(p.numel() for n, p in model.named_parameters() if not any(s in n for s in skip))
+
+
+@pytest.mark.parametrize("model_type", sorted(
+    __import__("atac_hf.cost.presets", fromlist=["x"]).PLAIN_MLP_MODEL_TYPES
+    | {"llama", "qwen2", "qwen3", "mistral", "gemma2", "olmo2", "phi3", "granite", "cohere2", "deepseek_v3"}))
+def test_the_priced_weights_of_a_layer_are_the_models(model_type):
+    """A layer's linear work is priced by its weights (``params_per_layer``): within 5% of transformers' own
+    decoder layers (default config; red-team 53: the two-matrix MLPs of GPT-2, GPT-NeoX, Falcon, BLOOM, OPT,
+    Phi-2, StarCoder 2, ... were priced a third over, as gated; DeepSeek's latent attention 1.69x)."""
+    import warnings
+
+    from transformers import CONFIG_MAPPING
+
+    config = CONFIG_MAPPING[model_type]()
+    if model_type == "deepseek_v3":  # dense: its MoE layers are priced at their active experts, not all of them
+        config.first_k_dense_replace = config.num_hidden_layers
+    dims = ModelDims.from_hf_config(config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        real = _decoder_weights(config)
+    assert dims.num_layers * dims.params_per_layer == pytest.approx(real, rel=0.05)
+
+
+def test_calibration_measures_a_plain_mlp_for_a_plain_mlp_model():
+    """`atac-hf calibrate` times the layer it prices: two MLP matrices for a GPT-2-style model, three for Llama's."""
+    from atac_hf.cost.calibrate import _Block
+
+    plain = ModelDims.from_hf_config({"model_type": "gpt2", "hidden_size": 64, "num_attention_heads": 4,
+                                      "num_hidden_layers": 2, "intermediate_size": 128})
+    assert plain.gated_mlp is False
+    for dims, gated in ((plain, False), (ModelDims.from_hf_config({**LLAMA, "hidden_size": 64}), True)):
+        block = _Block(dims, 1, "cpu", torch.float32, 0, "sdpa")
+        assert (block.gate is not None) is gated
+        x = block.input(8)
+        assert block.layer(x, None).shape == (8, 64)

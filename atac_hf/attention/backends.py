@@ -100,7 +100,7 @@ def _sdpa(q, k, v, mask, scaling):
         out = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=scaling,
                                              enable_gqa=H != K)
         return out[0]
-    if H != K and groups_heads_natively(q.device, _sdpa_dtype(q)):  # CPU: the flash kernel takes the mask and grouped heads
+    if H != K and groups_heads_natively(q.device, _sdpa_dtype(q)):  # CPU: its flash kernel takes the mask, grouped heads
         return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scaling,
                                               enable_gqa=True)[0]
     if H != K:

@@ -4,8 +4,8 @@ the :class:`~atac_hf.cost.CostModel` coefficients.
 What is measured (forward + backward, the minimum over ``repeats`` timed rounds after a
 warm-up):
 
-* **linear**: RMSNorm, Q/K/V/O projections and a gated MLP on ``n`` tokens (the
-  attention is replaced by an element-wise stand-in), for a grid of ``n``;
+* **linear**: RMSNorm, Q/K/V/O projections and a gated MLP (two matrices where the model's is plain:
+  ``ModelDims.gated_mlp``) on ``n`` tokens (the attention is replaced by an element-wise stand-in), for a grid of ``n``;
   fits ``linear_s_per_token`` (least squares on ``n`` plus an intercept that is
   dropped: the cost model has no per-call constant).
 * **attention**, through the attention backend's own per-segment kernel
@@ -226,7 +226,8 @@ class _Block:
 
         self.q, self.k, self.v = lin(h, self.heads * self.hd), lin(h, self.kv_heads * self.hd), lin(h, self.kv_heads * self.hd)
         self.o = lin(self.heads * self.hd, h)
-        self.gate, self.up, self.down = lin(h, inter), lin(h, inter), lin(inter, h)
+        self.gate = lin(h, inter) if dims.gated_mlp else None  # (a plain MLP: up, activation, down)
+        self.up, self.down = lin(h, inter), lin(inter, h)
         self.n1 = nn.RMSNorm(h).to(device=device, dtype=dtype)
         self.n2 = nn.RMSNorm(h).to(device=device, dtype=dtype)
         self.h, self.device, self.dtype, self.g = h, device, dtype, g
@@ -264,6 +265,8 @@ class _Block:
         a = self._attend(q, k, v, lengths).transpose(0, 1).reshape(n, self.heads * self.hd)
         x = x + self.o(a)
         y = self.n2(x)
+        if self.gate is None:
+            return x + self.down(F.gelu(self.up(y)))
         return x + self.down(F.silu(self.gate(y)) * self.up(y))
 
     def attention_only(self, segments: Sequence[tuple[int, int, int]]):
