@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-__all__ = ["DEFAULT_MODEL", "model_arg", "model_or_preset", "parse_float", "parse_int", "parse_tokens", "profile_model",
+__all__ = ["DEFAULT_MODEL", "config_dims", "model_arg", "model_or_preset", "parse_float", "parse_int", "parse_tokens", "profile_model",
            "read_model_config"]
 
 
@@ -41,11 +41,18 @@ def parse_tokens(text: str) -> int:
 def model_arg(spec: str) -> Any:
     """``--model``: a model preset name (lower-cased), or the :class:`~atac_hf.cost.ModelDims` of an HF
     ``config.json`` (or of the one in a checkpoint folder), read as :func:`read_model_config` reads it."""
-    from .cost import MODEL_PRESETS, ModelDims
+    from .cost import MODEL_PRESETS
 
     if spec.lower() in MODEL_PRESETS:
         return spec.lower()
-    config = read_model_config(spec)
+    return config_dims(spec, read_model_config(spec))
+
+
+def config_dims(spec: str, config: Any) -> Any:
+    """The :class:`~atac_hf.cost.ModelDims` of ``config``, ``--model spec``'s file as :func:`read_model_config`
+    read it; ValueError naming ``--model`` where its fields cannot be read."""
+    from .cost import MODEL_PRESETS, ModelDims
+
     try:
         return ModelDims.from_hf_config(config)
     except (TypeError, ValueError) as e:

@@ -15,6 +15,7 @@ import torch
 from atac_hf._argtypes import model_arg, model_or_preset
 from atac_hf.cli import main
 from atac_hf.cost import ModelDims
+from atac_hf.cost.presets import PLAIN_MLP_MODEL_TYPES
 
 LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000}
@@ -174,9 +175,8 @@ def _decoder_weights(config) -> int:
     return sum(p.numel() for n, p in model.named_parameters() if not any(s in n for s in skip))
 
 
-@pytest.mark.parametrize("model_type", sorted(
-    __import__("atac_hf.cost.presets", fromlist=["x"]).PLAIN_MLP_MODEL_TYPES
-    | {"llama", "qwen2", "qwen3", "mistral", "gemma2", "olmo2", "phi3", "granite", "cohere2", "deepseek_v3"}))
+@pytest.mark.parametrize("model_type", sorted(PLAIN_MLP_MODEL_TYPES | {
+    "llama", "qwen2", "qwen3", "mistral", "gemma2", "olmo2", "phi3", "granite", "cohere2", "deepseek_v3"}))
 def test_the_priced_weights_of_a_layer_are_the_models(model_type):
     """A layer's linear work is priced by its weights (``params_per_layer``): within 5% of transformers' own
     decoder layers (default config; red-team 53: the two-matrix MLPs of GPT-2, GPT-NeoX, Falcon, BLOOM, OPT,

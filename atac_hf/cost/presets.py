@@ -200,12 +200,11 @@ class ModelDims:
                              "pass ModelDims(...) explicitly")
         window = int(window) if window else None
         window_layers = None if window is None else _window_layers(whole, int(depth))
-        kv_heads = size("num_key_value_heads", heads)
         return cls(
             hidden_size=int(hidden),
             num_layers=int(depth),
             num_heads=int(heads),
-            num_kv_heads=kv_heads,
+            num_kv_heads=size("num_key_value_heads", heads),
             head_dim=int(head_dim),
             intermediate_size=_active_mlp_width(get, whole, int(depth), size("intermediate_size", 4 * hidden)),
             vocab_size=size("vocab_size", 32000),

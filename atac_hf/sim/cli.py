@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from .._argtypes import model_arg, parse_float, parse_int, parse_tokens
+from .._argtypes import config_dims, parse_float, parse_int, parse_tokens, read_model_config
 from ..cost import HARDWARE_PRESETS, MODEL_PRESETS
 # the bounds of one run (packs, pack tokens, steps): the CLI checks its flags against the same
 # numbers ClusterConfig and simulate() check their arguments against
@@ -152,10 +152,12 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     combos = parse_combos(args.combos)  # before any work: a bad or duplicated entry costs nothing
     _check_sim_sizes(args)
+    config = None if args.model.lower() in MODEL_PRESETS else read_model_config(args.model)  # read once
+    model = args.model.lower() if config is None else config_dims(args.model, config)
     try:
         cluster = ClusterConfig(dp_size=args.dp, pp_size=args.pp, cp_size=args.cp, tp_size=args.tp,
                                 num_micro_batches=args.micro_batches, max_tokens=args.max_tokens,
-                                model=model_arg(args.model), hardware=args.hardware, profile=args.profile,
+                                model=model, hardware=args.hardware, profile=args.profile,
                                 efficiency=args.efficiency, num_gpus=args.num_gpus,
                                 max_tokens_per_rank=getattr(args, "max_tokens_per_rank", None))
     except ValueError as e:
@@ -172,7 +174,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         return _run_robustness(args, cluster, lengths, t0, combos)
     res = simulate(lengths, cluster, combos=combos, num_steps=args.steps, seed=args.seed,
                    windows=args.windows, workload=workload_name(args.workload))
-    refusal = model_refusal(args.model)
+    refusal = model_refusal(config)
     if args.json:
         print(json.dumps({**res.to_dict(), "workload_info": workload_info(args.workload, lengths, seed=args.seed),
                           **({"model_refusal": refusal} if refusal else {})}, default=float))
@@ -196,17 +198,13 @@ def run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def model_refusal(spec: str) -> str | None:
-    """Why the ``atac_cp`` attention refuses the model of ``--model``'s config.json by its config alone
-    (an encoder-decoder, non-attention layers, chunked or sparse attention, position-dependent RoPE: the
-    rules ``atac-hf check-model`` applies before its probe), or None: a preset, a config transformers does not know, or
-    one those rules accept (``atac-hf check-model --config`` runs the probe too)."""
-    from .._argtypes import read_model_config
-
-    if spec.lower() in MODEL_PRESETS:
-        return None
-    config = read_model_config(spec)
-    if isinstance(config, dict):
+def model_refusal(config: Any) -> str | None:
+    """Why the ``atac_cp`` attention refuses the model of ``--model``'s config.json (``config``, as
+    :func:`~atac_hf._argtypes.read_model_config` read it) by its config alone (an encoder-decoder,
+    non-attention layers, chunked or sparse attention, position-dependent RoPE: the rules ``atac-hf
+    check-model`` applies before its probe), or None: a preset (``config`` None), a config transformers does
+    not know (a dict), or one those rules accept (``atac-hf check-model --config`` runs the probe too)."""
+    if config is None or isinstance(config, dict):
         return None
     if getattr(config, "is_encoder_decoder", False):
         return "is an encoder-decoder model: ATP-CP shards the packed rows of decoder-only causal LMs"
